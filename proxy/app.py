@@ -1,0 +1,145 @@
+"""The Starlette application: routes wired to the services, and errors answered in OpenAI's shape.
+
+Handlers are thin: each authenticates, delegates to one service and returns JSON. Every error — ours,
+Starlette's (unknown route, wrong method) or an unexpected one — leaves through `openai_error`, so a client
+never sees anything but `{"error": {...}}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.auth import authenticate
+from proxy.config import Config
+from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
+from proxy.inspection import page_params
+from proxy.services import Services, open_services
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(config: Config) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_services(config) as services:
+            app.state.services = services
+            log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
+            yield
+
+    routes = [
+        Route("/v1/chat/completions", _chat, methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/healthz", _health, methods=["GET"]),
+        Route("/sessions", _sessions, methods=["GET"]),
+        Route("/sessions/{session_id}", _session, methods=["GET"]),
+        Route("/sessions/{session_id}/summarize", _summarize, methods=["POST"]),
+        Route("/journal", _journal, methods=["GET"]),
+        Route("/journal/{step_id}", _journal_step, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+    )
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def _chat(request: Request) -> Response:
+    return await _services(request).chat(request)
+
+
+async def _models(request: Request) -> Response:
+    services = _services(request)
+    authenticate(request.headers, services.config.auth)
+    created = int(time.time())
+    data = [
+        {"id": m.name, "object": "model", "created": created, "owned_by": "context-infinity"}
+        for m in services.config.models
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _health(request: Request) -> Response:
+    services = _services(request)
+    await services.db.fetchone("SELECT 1")
+    return JSONResponse({"status": "ok", "models": len(services.config.models)})
+
+
+async def _sessions(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
+    return JSONResponse(await services.inspector.sessions(caller.tenant, limit, offset))
+
+
+async def _session(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    return JSONResponse(await services.inspector.session(caller.tenant, request.path_params["session_id"]))
+
+
+async def _summarize(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    return JSONResponse(await services.inspector.summarize(caller.tenant, request.path_params["session_id"]))
+
+
+async def _journal(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
+    status = request.query_params.get("status")
+    session_id = request.query_params.get("session_id")
+    return JSONResponse(await services.inspector.steps(caller.tenant, status, session_id, limit, offset))
+
+
+async def _journal_step(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    text = request.path_params["step_id"]
+    if not text.isascii() or not text.isdigit():
+        raise InvalidRequest(f"Journal step ids are whole numbers, got '{text}'.", param="step_id")
+    return JSONResponse(await services.inspector.step(caller.tenant, int(text)))
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    status, body, headers = openai_error(exc)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error: ProxyError = NotFound(f"Invalid URL ({request.method} {request.url.path})", code="unknown_url")
+    else:
+        error = ProxyError(
+            str(exc.detail),
+            status=exc.status_code,
+            error_type="invalid_request_error",
+            code="method_not_allowed" if exc.status_code == 405 else None,
+        )
+    return await _proxy_error(request, error)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected failure on %s %s", request.method, request.url.path, exc_info=exc)
+    return await _proxy_error(request, exc)

@@ -1,0 +1,103 @@
+"""An answer from its chunks: what the journal stores as a step's text, tool calls, finish_reason and usage.
+
+One function for every place that needs it — the journal as chunks are appended, recovery reading events
+back, the chat pipeline — so a streamed answer, a replayed one and a recovered one are assembled alike. A
+chat.completion is treated as a one-chunk stream (its choice's `message` read like a `delta`). Only choice 0
+is assembled (the proxy answers `n=1`; other choices stay in the stored chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Chunk = dict[str, Any]
+"""An OpenAI chat.completion.chunk (stream) or chat.completion (non-stream) JSON object."""
+
+
+@dataclass
+class _ToolCall:
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Assembly:
+    """The answer put together from chunks: choice 0's text, tool calls by index, finish_reason, usage.
+
+    A chat.completion is treated as a one-chunk stream (its `message` read like a `delta`), so one function
+    assembles both kinds.
+    """
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _ToolCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or choice.get("message")
+            if delta:
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    self.text.append(content)
+                for position, call in enumerate(delta.get("tool_calls") or ()):
+                    self._add_call(position, call)
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish_reason = reason
+
+    def _add_call(self, position: int, delta: dict[str, Any]) -> None:
+        # The first fragment of a call carries id, type and function name; later ones append arguments.
+        index = delta.get("index")
+        call = self.calls.setdefault(index if isinstance(index, int) else position, _ToolCall())
+        if delta.get("id") and call.id is None:
+            call.id = delta["id"]
+        if delta.get("type"):
+            call.type = delta["type"]
+        function = delta.get("function") or {}
+        if function.get("name") and not call.name:
+            call.name = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            call.arguments.append(arguments)
+
+    @property
+    def content(self) -> str | None:
+        return "".join(self.text) or None
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]] | None:
+        if not self.calls:
+            return None
+        return [
+            {
+                "id": call.id or f"call_{index}",
+                "type": call.type,
+                "function": {"name": call.name, "arguments": "".join(call.arguments)},
+            }
+            for index, call in sorted(self.calls.items())
+        ]
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message this answer is, as stored in history."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        tool_calls = self.tool_calls
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return message
+
+
+def assemble(chunks: Iterable[Chunk]) -> Assembly:
+    assembly = Assembly()
+    for chunk in chunks:
+        assembly.add(chunk)
+    return assembly

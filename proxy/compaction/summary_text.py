@@ -1,0 +1,331 @@
+"""The text side of summaries: the summarizer's prompt, the no-LLM fallback, and tool-output reduction.
+
+Everything here is pure so that it can be tested exhaustively and so that the fallback is deterministic: when
+the summarizer model fails, `extractive_summary` still keeps the request alive with the lines most likely to
+matter later (identifiers, paths, numbers, key=value facts, decisions, errors, open tasks). Long tool outputs
+are reduced to the tool, its key inputs and its outcome before any summarizer sees them, because a 50k-token
+log is mostly noise and would not fit the summarizer's own context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.tokens import content_text, count_text
+
+SUMMARY_HEADER = "[Earlier conversation summary]"
+"""Starts every summary message, so both the model and a re-summarization can tell summaries from turns."""
+
+DEFAULT_TARGET_RATIO = 0.15
+DEFAULT_SUMMARY_MIN = 64
+"""Below this a summary cannot name what happened, however short the original."""
+DEFAULT_SUMMARY_MAX = 2_048
+"""Above this summaries stop being cheap; hierarchical summarization takes over."""
+
+TOOL_OUTPUT_LIMIT = 400
+"""Tokens a single tool result may take in the summarizer's transcript before it is reduced."""
+KEY_INPUT_FIELDS = (
+    "path", "file", "file_path", "filename", "filepath", "command", "cmd", "query", "url", "id", "name",
+    "pattern", "directory", "dir",
+)  # fmt: skip
+"""Tool-call arguments that say what a call was about; everything else is detail the outcome carries."""
+KEY_INPUT_MAX_CHARS = 120
+HEAD_LINES = 3
+TAIL_LINES = 5
+MAX_LINE_CHARS = 240
+"""Long lines (minified JSON, base64) are cut: their first characters say what they are."""
+MAX_MISSES = 8
+"""Lines tried in a row that no longer fit before a reduction stops: the limit is then all but used."""
+MAX_SEGMENT_CHARS = 400
+MAX_ARGUMENTS_CHARS = 300
+"""Longer tool-call arguments (a whole file being written) are shown as their key inputs only."""
+FALLBACK_SENTENCE_CHARS = 160
+
+INSTRUCTION = """\
+You summarize an earlier part of a conversation between a user and an AI assistant (with tool calls) so \
+that the assistant can continue the conversation from the summary alone.
+Write a dense, chronological summary in at most about {target} tokens. Keep every fact, decision and its \
+reason, identifier (function, class, variable and table names), file path, URL, command, number, setting, \
+error message, and every open task or unanswered question. Prefer exact strings over paraphrase. Earlier \
+summaries in the transcript are part of the history: merge them in order. Do not add a preamble, do not \
+address the user, do not invent anything."""
+
+_ERROR = re.compile(r"error|exception|failed|failure|traceback|fatal|panic", re.IGNORECASE)
+_WARNING = re.compile(r"warning|denied|refused|timed? ?out|not found", re.IGNORECASE)
+_EXIT = re.compile(r"exit(?:ed)?(?: with)?(?: code| status)?[ :=]*-?\d+|return ?code[ :=]*-?\d+", re.I)
+_COUNT = re.compile(
+    r"\b\d+ (?:passed|failed|errors?|warnings?|skipped|tests?|files?|lines?|matches|results?|rows?|items?)\b",
+    re.IGNORECASE,
+)
+_PATH = re.compile(r"(?:[\w.~-]*/[\w.-]+)+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|md|json|ya?ml|toml|sql|sh)\b")
+_IDENTIFIER = re.compile(
+    r"\b(?:[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*|[A-Za-z0-9]+_[A-Za-z0-9_]+|[A-Za-z_]\w*\.[A-Za-z_][\w.]*|\w+\(\))"
+)
+_NUMBER = re.compile(r"\d")
+_FACT = re.compile(r"\b[\w.-]+ ?(?:=|:) ?\S")
+_DECISION = re.compile(r"\b(?:decided|decide|we will|we'll|agreed|chose|choose|use |switch to|instead)", re.I)
+_TASK = re.compile(r"\b(?:TODO|FIXME|next|need to|needs to|should|must|remaining|open question)\b", re.I)
+_REDUCTION_MARK = re.compile(r"^\[.*\) output reduced: \d+ lines\]$|^\.\.\. \(\d+ lines\)$")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(\[])")
+
+_SCORES: tuple[tuple[re.Pattern[str], int], ...] = (
+    (_ERROR, 5),
+    (_EXIT, 4),
+    (_DECISION, 4),
+    (_TASK, 4),
+    (_FACT, 3),
+    (_PATH, 3),
+    (_IDENTIFIER, 2),
+    (_NUMBER, 1),
+)
+"""What makes a line worth keeping in the fallback, by how costly it is to lose."""
+SUMMARY_LABEL = "summary"
+SUMMARY_BONUS = 3
+"""Lines of an earlier summary were already chosen as worth keeping once."""
+
+
+def summary_message(content: str) -> dict[str, Any]:
+    """The message a summary is sent as: a system message, so every provider accepts it anywhere."""
+    return {"role": "system", "content": SUMMARY_HEADER + "\n" + content}
+
+
+def target_tokens(
+    original_tokens: int,
+    ratio: float = DEFAULT_TARGET_RATIO,
+    low: int = DEFAULT_SUMMARY_MIN,
+    high: int = DEFAULT_SUMMARY_MAX,
+) -> int:
+    """How long a summary of `original_tokens` tokens (what the summarizer reads) should be."""
+    return max(low, min(high, math.ceil(round(ratio * original_tokens, 6))))
+
+
+def is_summary(message: Mapping[str, Any]) -> bool:
+    return content_text(message.get("content")).startswith(SUMMARY_HEADER)
+
+
+def summarizer_messages(messages: Sequence[Mapping[str, Any]], target: int) -> list[dict[str, Any]]:
+    """The summarizer's prompt: the instruction, then the transcript of `messages` as one user message."""
+    transcript = "\n\n".join(_render(messages))
+    return [
+        {"role": "system", "content": INSTRUCTION.format(target=target)},
+        {"role": "user", "content": f"Transcript to summarize:\n\n{transcript}\n\nWrite the summary now."},
+    ]
+
+
+def reduce_tool_output(name: str | None, arguments: str | None, output: str, limit_tokens: int) -> str:
+    """A tool result over `limit_tokens` cut to the tool, its key inputs and its outcome, within the limit."""
+    if count_text(output) <= limit_tokens:
+        return output
+    lines = [_clip(line, MAX_LINE_CHARS) for line in output.splitlines()]
+    header = f"[{name or 'tool'}({key_inputs(arguments)}) output reduced: {len(lines)} lines]"
+    chosen: set[int] = set()
+    text = _truncate(header, limit_tokens)
+    misses = 0
+    for index in _outcome_order(lines):
+        candidate = _assemble(header, lines, chosen | {index})
+        if count_text(candidate) > limit_tokens:
+            misses += 1
+            if misses >= MAX_MISSES:
+                break
+            continue
+        chosen.add(index)
+        text = candidate
+    return text
+
+
+def key_inputs(arguments: str | None) -> str:
+    """`path=src/app.py, command=pytest` from a tool call's JSON arguments (short scalar fields only)."""
+    if not arguments:
+        return ""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return _clip(arguments, KEY_INPUT_MAX_CHARS)
+    if not isinstance(parsed, dict):
+        return _clip(json.dumps(parsed), KEY_INPUT_MAX_CHARS)
+    pairs = [
+        f"{key}={_clip(str(value), KEY_INPUT_MAX_CHARS)}"
+        for key, value in parsed.items()
+        if key in KEY_INPUT_FIELDS and isinstance(value, str | int | float) and not isinstance(value, bool)
+    ]
+    return ", ".join(pairs)
+
+
+def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> str:
+    """The deterministic fallback summary: the best-scoring lines, in chronological order, within `target`."""
+    target = max(1, target)
+    segments = list(_segments(messages))
+    ranked = sorted((s for s in segments if s.score > 0), key=lambda s: (-s.score, s.position))
+    chosen: list[_Segment] = []
+    seen: set[str] = set()
+    used = 0
+    for segment in ranked:
+        if segment.text in seen:
+            continue
+        cost = count_text(segment.text) + 1  # + the newline joining it
+        if used + cost > target:
+            continue
+        chosen.append(segment)
+        seen.add(segment.text)
+        used += cost
+    text = "\n".join(s.text for s in sorted(chosen, key=lambda s: s.position))
+    while chosen and count_text(text) > target:
+        chosen.remove(min(chosen, key=lambda s: (s.score, -s.position)))
+        text = "\n".join(s.text for s in sorted(chosen, key=lambda s: s.position))
+    if text:
+        return text
+    fallback = _truncate(_first_sentences(messages), target)
+    return fallback or _truncate(f"{len(messages)} earlier messages", target)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    position: int
+    text: str
+    score: int
+
+
+def _segments(messages: Sequence[Mapping[str, Any]]) -> Iterator[_Segment]:
+    position = 0
+    for role, text in _labelled_texts(messages):
+        for line in text.splitlines():
+            for sentence in _SENTENCE_END.split(line.strip()):
+                sentence = sentence.strip()
+                if not sentence or not any(ch.isalnum() for ch in sentence):
+                    continue
+                labelled = f"{role}: {_clip(sentence, MAX_SEGMENT_CHARS)}"
+                bonus = SUMMARY_BONUS if role == SUMMARY_LABEL else 0
+                yield _Segment(position, labelled, _score(sentence) + bonus)
+                position += 1
+
+
+def _score(text: str) -> int:
+    return sum(weight for pattern, weight in _SCORES if pattern.search(text))
+
+
+def _first_sentences(messages: Sequence[Mapping[str, Any]]) -> str:
+    firsts = []
+    for role, text in _labelled_texts(messages):
+        stripped = text.strip()
+        if stripped:
+            first = _SENTENCE_END.split(stripped.splitlines()[0])[0]
+            firsts.append(f"{role}: {_clip(first, FALLBACK_SENTENCE_CHARS)}")
+    return "\n".join(firsts)
+
+
+def _labelled_texts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(label, text) per message: summaries unwrapped, tool calls named, tool outputs reduced."""
+    calls = _calls_by_id(messages)
+    for message in messages:
+        role = str(message.get("role") or "message")
+        text = content_text(message.get("content"))
+        if role == "tool":
+            # The call itself was already yielded with its key inputs: keep only the outcome lines.
+            name, arguments = calls.get(str(message.get("tool_call_id")), (None, None))
+            reduced = reduce_tool_output(name, arguments, text, TOOL_OUTPUT_LIMIT)
+            outcome = [line for line in reduced.splitlines() if not _REDUCTION_MARK.match(line)]
+            yield f"tool {name or ''}".rstrip(), "\n".join(outcome)
+            continue
+        if text.startswith(SUMMARY_HEADER):
+            yield SUMMARY_LABEL, text[len(SUMMARY_HEADER) :].strip()
+            continue
+        if text.strip():
+            yield role, text
+        for name, arguments in _tool_calls(message):
+            yield role, f"called {name}({key_inputs(arguments)})"
+
+
+def _render(messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+    calls = _calls_by_id(messages)
+    for message in messages:
+        role = str(message.get("role") or "message")
+        text = content_text(message.get("content"))
+        if role == "tool":
+            name, arguments = calls.get(str(message.get("tool_call_id")), (None, None))
+            reduced = reduce_tool_output(name, arguments, text, TOOL_OUTPUT_LIMIT)
+            yield f"TOOL RESULT ({name or 'unknown tool'}):\n{reduced}"
+            continue
+        if text.startswith(SUMMARY_HEADER):
+            yield f"Earlier summary: {text[len(SUMMARY_HEADER) :].strip()}"
+            continue
+        parts = [text] if text.strip() else []
+        parts += [f"-> {name}({_shown_arguments(arguments)})" for name, arguments in _tool_calls(message)]
+        yield f"{role.upper()}: " + "\n".join(parts)
+
+
+def _shown_arguments(arguments: str | None) -> str:
+    if arguments is None or len(arguments) <= MAX_ARGUMENTS_CHARS:
+        return arguments or ""
+    shown = key_inputs(arguments)
+    return f"{shown}, … {len(arguments)} characters" if shown else f"… {len(arguments)} characters"
+
+
+def _tool_calls(message: Mapping[str, Any]) -> Iterator[tuple[str, str | None]]:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return
+    for call in calls:
+        if isinstance(call, Mapping):
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
+            arguments = function.get("arguments")
+            yield str(function.get("name") or "tool"), arguments if isinstance(arguments, str) else None
+
+
+def _calls_by_id(messages: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    found: dict[str, tuple[str, str | None]] = {}
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            for call, named in zip((c for c in calls if isinstance(c, Mapping)), _tool_calls(message), strict=True):
+                found[str(call.get("id"))] = named
+    return found
+
+
+def _outcome_order(lines: Sequence[str]) -> list[int]:
+    """Line indices by what they say about the outcome: errors, exit codes and counts, the end, the start."""
+    signals = [i for i, line in enumerate(lines) if _ERROR.search(line) or _EXIT.search(line)]
+    counts = [i for i, line in enumerate(lines) if _COUNT.search(line) or _WARNING.search(line)]
+    tail = list(range(len(lines) - 1, max(-1, len(lines) - 1 - TAIL_LINES), -1))
+    head = list(range(min(HEAD_LINES, len(lines))))
+    order: list[int] = []
+    for index in [*signals[:1], *tail[:1], *head[:1], *signals[1:], *counts, *tail[1:], *head[1:]]:
+        if index not in order and lines[index].strip():
+            order.append(index)
+    return order
+
+
+def _assemble(header: str, lines: Sequence[str], chosen: set[int]) -> str:
+    out = [header]
+    previous = -1
+    for index in sorted(chosen):
+        if index != previous + 1:
+            out.append(f"... ({index - previous - 1} lines)")
+        out.append(lines[index])
+        previous = index
+    if chosen and previous != len(lines) - 1:
+        out.append(f"... ({len(lines) - 1 - previous} lines)")
+    return "\n".join(out)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _truncate(text: str, limit_tokens: int) -> str:
+    """The longest prefix of `text` within `limit_tokens` (binary search: tokens are not characters)."""
+    if count_text(text) <= limit_tokens:
+        return text
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count_text(text[:middle]) <= limit_tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]

@@ -1,0 +1,348 @@
+"""The proxy's configuration: one YAML (or JSON) file read once at startup into frozen dataclasses.
+
+Every other module receives the pieces it needs from the one `Config` built here; nothing reads the file or
+the environment later. A wrong file fails at startup with a `ConfigError` that names the key and the problem,
+because a typo found on the first request (or never) is far more expensive than one found at `serve`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+DEFAULT_STORE_PATH = "context-infinity.db"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_KEEP_EVENTS_S = 24 * 3600
+SYNCHRONOUS_MODES = ("NORMAL", "FULL")
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the person who wrote the file."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: Path = Path(DEFAULT_STORE_PATH)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model clients may ask for: `name` is what they send, `model` the LiteLLM model string."""
+
+    name: str
+    model: str
+    api_base: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    context_window: int | None = None
+    max_output: int | None = None
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    preserve_recent: int = 4
+    target_ratio: float = 0.15
+    safety_margin: float = 0.05
+    trigger_ratio: float = 1.0
+    compact_to: float = 0.55
+    summarizer_model: str | None = None
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    synchronous: str = "NORMAL"
+    finish_on_disconnect: bool = True
+    keep_events_s: float | None = DEFAULT_KEEP_EVENTS_S
+    """How long a sealed step keeps its events; None keeps them forever, 0 prunes on seal."""
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    num_retries: int = 0
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = ServerConfig()
+    store: StoreConfig = StoreConfig()
+    models: tuple[ModelEntry, ...] = ()
+    context: ContextConfig = ContextConfig()
+    journal: JournalConfig = JournalConfig()
+    limits: LimitsConfig = LimitsConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    auth: AuthConfig = AuthConfig()
+
+    def model(self, name: str) -> ModelEntry | None:
+        for entry in self.models:
+            if entry.name == name:
+                return entry
+        return None
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, expand and validate a config file; relative store paths are taken from the file's folder."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {file} is not UTF-8 text") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    return parse_config(raw, base_dir=file.resolve().parent, environ=os.environ if environ is None else environ)
+
+
+def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config:
+    root = _Section(_expand(raw, environ), "")
+    server = root.section("server")
+    store = root.section("store")
+    context = root.section("context")
+    journal = root.section("journal")
+    limits = root.section("limits")
+    upstream = root.section("upstream")
+    auth = root.section("auth")
+    root.reject_unknown({"server", "store", "models", "context", "journal", "limits", "upstream", "auth"})
+
+    store_path = Path(store.string("path", DEFAULT_STORE_PATH))
+    if not store_path.is_absolute():
+        store_path = base_dir / store_path
+
+    config = Config(
+        server=ServerConfig(
+            host=server.string("host", DEFAULT_HOST),
+            port=server.integer("port", DEFAULT_PORT, minimum=0, maximum=65535),
+        ),
+        store=StoreConfig(path=store_path),
+        models=_models(root),
+        context=ContextConfig(
+            preserve_recent=context.integer("preserve_recent", 4, minimum=0),
+            target_ratio=context.number("target_ratio", 0.15, low=0.0, high=1.0),
+            safety_margin=context.number("safety_margin", 0.05, low=0.0, high=0.5),
+            trigger_ratio=context.number("trigger_ratio", 1.0, low=0.1, high=1.0),
+            compact_to=context.number("compact_to", 0.55, low=0.05, high=1.0),
+            summarizer_model=context.optional_string("summarizer_model"),
+        ),
+        journal=JournalConfig(
+            synchronous=journal.choice("synchronous", "NORMAL", SYNCHRONOUS_MODES),
+            finish_on_disconnect=journal.boolean("finish_on_disconnect", True),
+            keep_events_s=journal.duration("keep_events", DEFAULT_KEEP_EVENTS_S),
+        ),
+        limits=LimitsConfig(max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024)),
+        upstream=UpstreamConfig(
+            timeout_s=upstream.number("timeout_s", DEFAULT_TIMEOUT_S, low=0.001, high=86400.0),
+            num_retries=upstream.integer("num_retries", 0, minimum=0, maximum=10),
+        ),
+        auth=AuthConfig(keys=auth.string_list("keys")),
+    )
+    for section, known in (
+        (server, {"host", "port"}),
+        (store, {"path"}),
+        (context, {f.name for f in ContextConfig.__dataclass_fields__.values()}),
+        (journal, {"synchronous", "finish_on_disconnect", "keep_events"}),
+        (limits, {"max_body_bytes"}),
+        (upstream, {"timeout_s", "num_retries"}),
+        (auth, {"keys"}),
+    ):
+        section.reject_unknown(known)
+    if config.context.compact_to > config.context.trigger_ratio:
+        raise ConfigError("context.compact_to must not be greater than context.trigger_ratio")
+    summarizer = config.context.summarizer_model
+    if summarizer is not None and config.model(summarizer) is None:
+        raise ConfigError(f"context.summarizer_model: {summarizer!r} is not the name of an entry in models")
+    return config
+
+
+def _models(root: _Section) -> tuple[ModelEntry, ...]:
+    raw = root.data.get("models", [])
+    if not isinstance(raw, list):
+        raise ConfigError("models: must be a list of model entries")
+    entries: list[ModelEntry] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        section = _Section(item, f"models[{index}]")
+        entry = ModelEntry(
+            name=section.required_string("name"),
+            model=section.required_string("model"),
+            api_base=section.optional_string("api_base"),
+            api_key=section.optional_string("api_key"),
+            context_window=section.optional_integer("context_window", minimum=256),
+            max_output=section.optional_integer("max_output", minimum=1),
+        )
+        section.reject_unknown({"name", "model", "api_base", "api_key", "context_window", "max_output"})
+        if entry.name in seen:
+            raise ConfigError(f"models[{index}].name: {entry.name!r} is listed twice")
+        if (
+            entry.context_window is not None
+            and entry.max_output is not None
+            and entry.max_output >= entry.context_window
+        ):
+            raise ConfigError(f"models[{index}].max_output must be smaller than its context_window")
+        seen.add(entry.name)
+        entries.append(entry)
+    return tuple(entries)
+
+
+def _expand(value: Any, environ: Mapping[str, str]) -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in every string; an unset variable without default is empty.
+
+    Empty rather than an error so that the example config starts on a machine without provider keys.
+    """
+    if isinstance(value, str):
+        return _ENV_REF.sub(lambda m: environ.get(m.group(1), m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [_expand(item, environ) for item in value]
+    if isinstance(value, dict):
+        return {key: _expand(item, environ) for key, item in value.items()}
+    return value
+
+
+class _Section:
+    """Typed access to one mapping of the file, so every error can name its full key."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where or 'config'}: must be a mapping of keys to values")
+        self.data: dict[str, Any] = data
+        self.where = where
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def section(self, name: str) -> _Section:
+        return _Section(self.data.get(name), self.key(name))
+
+    def reject_unknown(self, known: set[str]) -> None:
+        for name in self.data:
+            if name not in known:
+                raise ConfigError(f"{self.key(str(name))}: unknown key (known: {', '.join(sorted(known))})")
+
+    def _present(self, name: str) -> Any:
+        value = self.data.get(name)
+        return None if value == "" else value
+
+    def string(self, name: str, default: str) -> str:
+        value = self.optional_string(name)
+        return default if value is None else value
+
+    def optional_string(self, name: str) -> str | None:
+        value = self._present(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f"{self.key(name)}: must be a string")
+        return str(value)
+
+    def required_string(self, name: str) -> str:
+        value = self.optional_string(name)
+        if value is None:
+            raise ConfigError(f"{self.key(name)}: required")
+        return value
+
+    def optional_integer(self, name: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = self._present(name)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.key(name)}: must be a whole number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{self.key(name)}: must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{self.key(name)}: must be at most {maximum}, got {value}")
+        return value
+
+    def integer(self, name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
+        value = self.optional_integer(name, minimum, maximum)
+        return default if value is None else value
+
+    def number(self, name: str, default: float, low: float, high: float) -> float:
+        value = self._present(name)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{self.key(name)}: must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.key(name)}: must be a number, got {value!r}")
+        if not low <= value <= high:
+            raise ConfigError(f"{self.key(name)}: must be between {low} and {high}, got {value}")
+        return float(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._present(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.lower() in {"true", "false"}:
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.key(name)}: must be true or false, got {value!r}")
+        return value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.string(name, default).upper()
+        if value not in choices:
+            raise ConfigError(f"{self.key(name)}: must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def duration(self, name: str, default: float | None) -> float | None:
+        """Seconds from `90`, `30m`, `24h`, `7d`; `forever` keeps for ever."""
+        value = self._present(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.strip().lower() == "forever":
+            return None
+        match = _DURATION.match(str(value)) if not isinstance(value, bool) else None
+        if match is None:
+            raise ConfigError(f"{self.key(name)}: must be a duration like 0, 90s, 30m, 24h, 7d or 'forever'")
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+    def string_list(self, name: str) -> tuple[str, ...]:
+        value = self.data.get(name)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{self.key(name)}: must be a list of strings")
+        return tuple(item for item in value if item)

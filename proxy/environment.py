@@ -1,0 +1,39 @@
+"""Process environment that LiteLLM and tiktoken read, set before either is first used.
+
+- Offline start: `import litellm` fetches a model-cost map and `tiktoken.get_encoding` downloads BPE files
+  unless told otherwise; LiteLLM ships the two encodings we need, so tiktoken is pointed at them.
+- Forwarding path: `EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER` sends `openai/` models through LiteLLM's httpx
+  handler instead of the OpenAI SDK, which walks every message recursively (measured: 11 ms instead of 96 ms
+  per call at 500 messages). It is read from the environment on every call, hence set here, once.
+
+Only variables the operator has not set are filled in; calling `prepare()` again changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+DEFAULTS = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER": "true",
+    "HF_HUB_OFFLINE": "1",
+    "LITELLM_LOG": "ERROR",
+}
+
+
+def litellm_tokenizer_dir() -> Path:
+    """LiteLLM ships cl100k_base and o200k_base here, named as tiktoken's cache expects."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("litellm is not installed")
+    return Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+
+
+def prepare() -> None:
+    for name, value in DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(litellm_tokenizer_dir()))
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)

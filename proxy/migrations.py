@@ -1,0 +1,154 @@
+"""The schema, as an ordered list of named migrations; each runs once and is recorded in `migrations`.
+
+Never edit a migration that has shipped: add the next one. Tables are named for what they hold so that a user
+can open the file with `sqlite3` and read their conversations:
+
+- `sessions`: a tenant's named line of conversation and its head (latest message).
+- `messages`: the content-addressed chain; a message's id hashes its parent's id and its normalized content,
+  so a re-sent history maps onto stored rows and an edit starts a branch. Nothing is ever deleted.
+- `message_tokens`: each message's token count per tiktoken encoding, computed once.
+- `summaries`: a summary of the contiguous chain range from depth `start_depth` to the message `end_id`
+  (inclusive); valid on every branch that contains `end_id`. A summary replaced by a wider one is
+  `orphaned_at`, never deleted.
+- `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import aiosqlite
+
+Migration = Callable[[aiosqlite.Connection], Awaitable[None]]
+
+
+async def _script(connection: aiosqlite.Connection, sql: str) -> None:
+    for statement in sql.split(";"):
+        if statement.strip():
+            await connection.execute(statement)
+
+
+async def m001_history(connection: aiosqlite.Connection) -> None:
+    await _script(
+        connection,
+        """
+        CREATE TABLE sessions (
+            tenant TEXT NOT NULL,
+            id TEXT NOT NULL,
+            head_id TEXT REFERENCES messages(id),
+            model TEXT,
+            settings TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (tenant, id)
+        );
+        CREATE INDEX sessions_by_update ON sessions (tenant, updated_at);
+        CREATE TABLE messages (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT REFERENCES messages(id),
+            depth INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX messages_by_parent ON messages (parent_id);
+        CREATE TABLE message_tokens (
+            message_id TEXT NOT NULL REFERENCES messages(id),
+            encoding TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            PRIMARY KEY (message_id, encoding)
+        ) WITHOUT ROWID
+        """,
+    )
+
+
+async def m002_summaries(connection: aiosqlite.Connection) -> None:
+    await _script(
+        connection,
+        """
+        CREATE TABLE summaries (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            start_depth INTEGER NOT NULL,
+            end_depth INTEGER NOT NULL,
+            end_id TEXT NOT NULL REFERENCES messages(id),
+            content TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            original_tokens INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            generated_by TEXT NOT NULL CHECK (generated_by IN ('llm', 'fallback')),
+            replaces TEXT NOT NULL DEFAULT '[]',
+            orphaned_at REAL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX summaries_by_end ON summaries (end_id)
+        """,
+    )
+
+
+async def m003_journal(connection: aiosqlite.Connection) -> None:
+    await _script(
+        connection,
+        """
+        CREATE TABLE journal_steps (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            session_id TEXT,
+            model TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            idempotency_key TEXT,
+            stream INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('open', 'sealed', 'complete', 'interrupted', 'failed')),
+            parent_message_id TEXT REFERENCES messages(id),
+            message_id TEXT REFERENCES messages(id),
+            content TEXT,
+            tool_calls TEXT,
+            finish_reason TEXT,
+            usage TEXT,
+            error TEXT,
+            created_at REAL NOT NULL,
+            sealed_at REAL
+        );
+        CREATE INDEX journal_steps_by_status ON journal_steps (status);
+        CREATE INDEX journal_steps_by_session ON journal_steps (tenant, session_id);
+        CREATE UNIQUE INDEX journal_steps_by_idempotency_key
+            ON journal_steps (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL;
+        CREATE TABLE journal_events (
+            step_id INTEGER NOT NULL REFERENCES journal_steps(id),
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL CHECK (type IN ('text', 'tool_call', 'usage', 'done', 'error', 'chunk')),
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (step_id, seq)
+        ) WITHOUT ROWID
+        """,
+    )
+
+
+async def m004_journal_keys_and_encoding(connection: aiosqlite.Connection) -> None:
+    """A step remembers its tiktoken encoding, so recovery after a restart can seal its answer into history.
+
+    An Idempotency-Key is held only by a live or successful step (`open`, `sealed`, `complete`): a request
+    that failed or was interrupted can be retried with the same key, and every attempt stays readable.
+    """
+    await _script(
+        connection,
+        """
+        ALTER TABLE journal_steps ADD COLUMN encoding TEXT;
+        DROP INDEX journal_steps_by_idempotency_key;
+        CREATE UNIQUE INDEX journal_steps_by_idempotency_key
+            ON journal_steps (tenant, idempotency_key)
+            WHERE idempotency_key IS NOT NULL AND status IN ('open', 'sealed', 'complete');
+        CREATE INDEX journal_steps_by_key ON journal_steps (tenant, idempotency_key, id)
+            WHERE idempotency_key IS NOT NULL;
+        CREATE INDEX journal_steps_by_tenant ON journal_steps (tenant, id)
+        """,
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    m001_history,
+    m002_summaries,
+    m003_journal,
+    m004_journal_keys_and_encoding,
+)

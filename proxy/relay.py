@@ -1,0 +1,138 @@
+"""Relaying a stream: every upstream chunk is durable in the journal before the client can see it.
+
+Three parties per stream, so none waits on another more than it must:
+
+    reader task   upstream chunks → `pending` (as fast as the upstream sends)
+    pump task     takes everything pending as one group → `journal.append` (one commit) → `ready` queue
+    response      `ready` groups → SSE bytes to the client
+
+Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
+group rather than one per chunk, and no chunk is relayed before its commit (invariant 7). The pump owns the
+step's ending: seal on completion (the answer lands in history before the client's `[DONE]`), fail on an
+upstream error (sent as an SSE error event), interrupt when cancelled. If the client goes away, the pump by
+default reads the answer to its end and seals it — it was paid for — unless `finish_on_disconnect` is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from proxy.errors import openai_error
+from proxy.journal import Journal, Step
+from proxy.outbound import SSE_DONE, sse_event
+
+log = logging.getLogger(__name__)
+
+Chunk = dict[str, Any]
+
+
+class _Done:
+    """The stream's end marker in the ready queue."""
+
+
+DONE = _Done()
+
+
+class StreamRelay:
+    def __init__(
+        self,
+        journal: Journal,
+        step: Step,
+        chunks: AsyncIterator[Chunk],
+        *,
+        finish_on_disconnect: bool,
+        background: set[asyncio.Task[None]],
+    ) -> None:
+        self._journal = journal
+        self._step = step
+        self._chunks = chunks
+        self._finish_on_disconnect = finish_on_disconnect
+        self._pending: list[Chunk] = []
+        self._arrived = asyncio.Event()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._ready: asyncio.Queue[list[Chunk] | BaseException | _Done] = asyncio.Queue()
+        self._detached = False
+        self._pump = asyncio.create_task(self._run(), name=f"stream-step-{step.id}")
+        background.add(self._pump)
+        self._pump.add_done_callback(background.discard)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The client's side: SSE bytes of journaled groups, then `[DONE]` or an error event."""
+        finished = False
+        try:
+            while True:
+                item = await self._ready.get()
+                if isinstance(item, _Done):
+                    finished = True
+                    yield SSE_DONE
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    _status, body, _headers = openai_error(item)
+                    yield sse_event(body)
+                    return
+                yield b"".join(sse_event(chunk) for chunk in item)
+        finally:
+            if not finished:
+                self._client_gone()
+
+    def _client_gone(self) -> None:
+        self._detached = True
+        if self._finish_on_disconnect:
+            log.info("client left stream step %d; reading the answer to its end", self._step.id)
+        else:
+            self._pump.cancel()
+
+    async def _run(self) -> None:
+        reader = asyncio.create_task(self._read())
+        try:
+            while True:
+                await self._arrived.wait()
+                self._arrived.clear()
+                group, self._pending = self._pending, []
+                if group:
+                    await self._journal.append(self._step, group)
+                    self._publish(group)
+                if self._ended and not self._pending:
+                    break
+            if self._error is None:
+                await self._journal.seal(self._step)
+                self._publish(DONE)
+            else:
+                _status, body, _headers = openai_error(self._error)
+                await self._journal.fail(self._step, body["error"])
+                self._publish(self._error)
+        except asyncio.CancelledError:
+            reader.cancel()
+            await asyncio.shield(self._journal.interrupt(self._step))
+            raise
+        except Exception as exc:
+            # The journal itself failed (disk full, I/O error): nothing more can be made durable, so nothing
+            # more may be relayed. The client hears why; the step stays open and recovery classifies it.
+            log.exception("journal failed for stream step %d", self._step.id)
+            reader.cancel()
+            self._publish(exc)
+        finally:
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._chunks:
+                self._pending.append(chunk)
+                self._arrived.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Handed to the pump, which journals it as the step's error and sends it as an SSE error event.
+            self._error = exc
+        finally:
+            self._ended = True
+            self._arrived.set()
+
+    def _publish(self, item: list[Chunk] | BaseException | _Done) -> None:
+        if not self._detached:
+            self._ready.put_nowait(item)

@@ -1,0 +1,176 @@
+"""The summaries table: what older parts of a chain were compressed into, and by whom.
+
+A summary covers the contiguous chain range from depth `start_depth` to the message `end_id` (inclusive), so
+it is valid on every branch whose path contains `end_id`: an edit after the range keeps it, an edit inside it
+does not see it. A wider (hierarchical) summary marks the ones it replaces `orphaned_at`; they stay, and a
+branch that does not contain the wider summary's end still uses them (the builder prefers the widest span
+that applies). Re-summarizing a fallback range with the LLM likewise orphans the fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from proxy.compaction import Span
+from proxy.database import Database
+from proxy.history import StoredMessage
+
+Clock = Callable[[], float]
+
+_SELECT = (
+    "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "
+    "replaces, orphaned_at, created_at FROM summaries"
+)
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    id: int
+    start_depth: int
+    end_depth: int
+    end_id: str
+    content: str
+    tokens: int
+    """What the summary costs as sent: the whole summary message, header and overhead included."""
+    original_tokens: int
+    model: str
+    generated_by: str
+    """'llm', or 'fallback' for the extractive summary written when the summarizer failed."""
+    replaces: tuple[int, ...]
+    orphaned_at: float | None
+    created_at: float
+
+    def span(self) -> Span:
+        return Span(id=self.id, start=self.start_depth, end=self.end_depth + 1, tokens=self.tokens)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "range": [self.start_depth, self.end_depth + 1],
+            "tokens": self.tokens,
+            "original_tokens": self.original_tokens,
+            "ratio": round(self.tokens / self.original_tokens, 3) if self.original_tokens else None,
+            "model": self.model,
+            "generated_by": self.generated_by,
+            "replaces": list(self.replaces),
+            "orphaned": self.orphaned_at is not None,
+            "created_at": self.created_at,
+            "content": self.content,
+        }
+
+
+class Summaries:
+    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSummary]:
+        """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
+        if not path:
+            return []
+        ids = json.dumps([message.id for message in path])
+        rows = await self._db.fetchall(
+            f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id",
+            (tenant, ids),
+        )
+        depth_of = {message.id: message.depth for message in path}
+        return [
+            summary
+            for summary in map(_summary, rows)
+            if depth_of.get(summary.end_id) == summary.end_depth and summary.start_depth <= summary.end_depth
+        ]
+
+    async def add(
+        self,
+        tenant: str,
+        *,
+        start_depth: int,
+        end: StoredMessage,
+        content: str,
+        tokens: int,
+        original_tokens: int,
+        model: str,
+        generated_by: str,
+        replaces: Sequence[int] = (),
+    ) -> StoredSummary:
+        now = self._clock()
+        row = (
+            tenant,
+            start_depth,
+            end.depth,
+            end.id,
+            content,
+            tokens,
+            original_tokens,
+            model,
+            generated_by,
+            json.dumps(list(replaces)),
+            now,
+        )
+
+        async def write(connection: aiosqlite.Connection) -> int:
+            cursor = await connection.execute(
+                "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
+                "model, generated_by, replaces, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            new_id = cursor.lastrowid
+            if new_id is None:
+                raise sqlite3.IntegrityError("summary was not inserted")
+            if replaces:
+                await connection.execute(
+                    "UPDATE summaries SET orphaned_at = ? WHERE tenant = ? AND orphaned_at IS NULL "
+                    "AND id IN (SELECT value FROM json_each(?))",
+                    (now, tenant, json.dumps(list(replaces))),
+                )
+            return new_id
+
+        summary_id = await self._db.write(write)
+        return StoredSummary(
+            summary_id,
+            start_depth,
+            end.depth,
+            end.id,
+            content,
+            tokens,
+            original_tokens,
+            model,
+            generated_by,
+            tuple(replaces),
+            None,
+            now,
+        )
+
+
+def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:
+    """One summary per range (the newest: an LLM rewrite of a fallback wins), for the builder to choose from."""
+    newest: dict[tuple[int, str], StoredSummary] = {}
+    for summary in summaries:
+        key = (summary.start_depth, summary.end_id)
+        if key not in newest or summary.id > newest[key].id:
+            newest[key] = summary
+    return sorted(newest.values(), key=lambda s: (s.start_depth, s.end_depth))
+
+
+def _summary(row: sqlite3.Row) -> StoredSummary:
+    return StoredSummary(
+        id=row["id"],
+        start_depth=row["start_depth"],
+        end_depth=row["end_depth"],
+        end_id=row["end_id"],
+        content=row["content"],
+        tokens=row["tokens"],
+        original_tokens=row["original_tokens"],
+        model=row["model"],
+        generated_by=row["generated_by"],
+        replaces=tuple(json.loads(row["replaces"])),
+        orphaned_at=row["orphaned_at"],
+        created_at=row["created_at"],
+    )

@@ -1,0 +1,58 @@
+"""Shared fixtures: one fake upstream per test session, a served proxy per test, OpenAI SDK clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.fake_upstream import FakeUpstream
+from tests.proxy_server import ProxyServer, make_config
+
+ServeProxy = Callable[..., ProxyServer]
+
+
+@pytest.fixture(scope="session")
+def upstream_server() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(upstream_server: FakeUpstream) -> Iterator[FakeUpstream]:
+    upstream_server.reset()
+    yield upstream_server
+    upstream_server.reset()
+
+
+@pytest.fixture
+def serve_proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[ServeProxy]:
+    """Start a proxy on the fake upstream; keyword arguments replace top-level config sections."""
+    servers: list[ProxyServer] = []
+
+    def start(**overrides: Any) -> ProxyServer:
+        server = ProxyServer(make_config(tmp_path, fake.url, **overrides), tmp_path).__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in reversed(servers):
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def proxy(serve_proxy: ServeProxy) -> ProxyServer:
+    return serve_proxy()
+
+
+@pytest.fixture
+def client(proxy: ProxyServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20)
+
+
+@pytest.fixture
+def async_client(proxy: ProxyServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20)

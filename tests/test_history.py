@@ -1,0 +1,357 @@
+"""The conversation store on a real SQLite file: prefixes, branches, cached counts, tenants, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy import tokens
+from proxy.database import Database
+from proxy.errors import InvalidRequest
+from proxy.history import History
+
+ENCODING = "cl100k_base"
+MODEL = "gpt-4"
+
+
+class Counter:
+    """tiktoken, with a tally of the messages it was asked to count."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, message: Mapping[str, Any], encoding: str) -> int:
+        self.calls += 1
+        return tokens.count_message(message, encoding)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = await Database.open(tmp_path / "store.sqlite")
+    yield database
+    await database.close()
+
+
+@pytest.fixture
+def counter() -> Counter:
+    return Counter()
+
+
+@pytest.fixture
+def history(db: Database, counter: Counter) -> History:
+    return History(db, clock=Clock(), count=counter)
+
+
+def conversation(turns: int, tag: str = "") -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": f"be brief {tag}"}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"question {turn} {tag}"})
+        messages.append({"role": "assistant", "content": f"answer {turn} {tag}"})
+    return messages
+
+
+async def count(db: Database, table: str) -> int:
+    row = await db.fetchone(f"SELECT COUNT(*) FROM {table}")
+    assert row is not None
+    return int(row[0])
+
+
+async def test_extending_a_stored_path_writes_only_the_new_messages(db: Database, history: History) -> None:
+    first = await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    assert first.stored_before == 0
+    assert [m.depth for m in first.path] == [0, 1, 2]
+    assert first.session.head_id == first.path[-1].id
+    assert await count(db, "messages") == 3
+
+    second = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
+    assert second.stored_before == 3
+    assert [m.id for m in second.path[:3]] == [m.id for m in first.path]
+    assert second.path[3].parent_id == first.path[-1].id
+    assert await count(db, "messages") == 5
+    assert await count(db, "message_tokens") == 5
+    assert second.session.head_id == second.path[-1].id
+
+
+async def test_every_node_records_its_token_count(history: History) -> None:
+    result = await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    assert [m.tokens for m in result.path] == [tokens.count_message(m.message, ENCODING) for m in result.path]
+
+
+async def test_an_edit_starts_a_branch_and_keeps_the_old_one(db: Database, history: History) -> None:
+    original = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
+    edited = conversation(2)
+    edited[3] = {"role": "user", "content": "question 1, rephrased"}
+    branch = await history.reconcile("t", "s", edited[:4], MODEL, ENCODING)
+
+    assert branch.stored_before == 3
+    assert branch.path[3].parent_id == original.path[2].id
+    assert branch.path[3].id != original.path[3].id
+    assert await count(db, "messages") == 6
+    old = await history.path_to(original.path[-1].id)
+    assert [m.message for m in old] == conversation(2)
+    new = await history.path("t", "s")
+    assert new is not None
+    assert [m.message for m in new] == edited[:4]
+
+
+async def test_a_re_sent_history_counts_no_tokens(db: Database, history: History, counter: Counter) -> None:
+    messages = conversation(3)
+    first = await history.reconcile("t", "s", messages, MODEL, ENCODING)
+    assert counter.calls == len(messages)
+
+    again = await history.reconcile("t", "s", [dict(m) for m in messages], MODEL, ENCODING)
+    restarted = await History(db, count=counter).reconcile("t", "s", messages, MODEL, ENCODING)
+    assert counter.calls == len(messages)
+    for result in (again, restarted):
+        assert result.stored_before == len(messages)
+        assert [m.tokens for m in result.path] == [m.tokens for m in first.path]
+        assert [m.created_at for m in result.path] == [m.created_at for m in first.path]
+
+
+async def test_another_encoding_is_counted_once_lazily(
+    db: Database, history: History, counter: Counter
+) -> None:
+    await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    counter.calls = 0
+    path = await history.path("t", "s", "o200k_base")
+    assert path is not None
+    assert counter.calls == 3
+    assert await count(db, "message_tokens") == 6
+    await history.path("t", "s", "o200k_base")
+    await History(db, count=counter).reconcile("t", "s", conversation(1), "gpt-4o", "o200k_base")
+    assert counter.calls == 3
+
+
+async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    db = await Database.open(path)
+    before = await History(db).reconcile("t", "s", conversation(2), MODEL, ENCODING)
+    await db.close()
+
+    db = await Database.open(path)
+    try:
+        counter = Counter()
+        history = History(db, count=counter)
+        session = await history.session("t", "s")
+        assert session == before.session
+        stored = await history.path("t", "s")
+        assert stored == before.path
+        again = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
+        assert again.stored_before == 5
+        assert counter.calls == 0
+    finally:
+        await db.close()
+
+
+async def test_a_re_sent_answer_is_the_stored_answer(db: Database, history: History) -> None:
+    messages = [*conversation(1), {"role": "user", "content": "call the tool"}]
+    request = await history.reconcile("t", "s", messages, MODEL, ENCODING)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    answer = await history.append_answer(
+        "t", "s", request.path[-1].id, {"role": "assistant", "content": None, "tool_calls": [call]}, ENCODING
+    )
+    assert answer.depth == len(messages)
+    session = await history.session("t", "s")
+    assert session is not None
+    assert session.head_id == answer.id
+
+    echoed = {
+        "role": "assistant",
+        "content": "",
+        "refusal": None,
+        "audio": None,
+        "tool_calls": [{**call, "index": 0}],
+    }
+    follow_up = [*messages, echoed, {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    warm = await history.reconcile("t", "s", follow_up, MODEL, ENCODING)
+    assert warm.stored_before == len(messages) + 1
+    assert warm.path[len(messages)].id == answer.id
+    cold = await History(db).reconcile("t", "s", follow_up, MODEL, ENCODING)  # no cache: hashed and looked up
+    assert cold.stored_before == len(follow_up)
+    assert cold.path == warm.path
+    assert await count(db, "messages") == len(follow_up)
+
+
+async def test_append_answer_is_idempotent(db: Database, history: History) -> None:
+    request = await history.reconcile(
+        "t", "s", [*conversation(0), {"role": "user", "content": "hi"}], MODEL, ENCODING
+    )
+    answers = [
+        await history.append_answer(
+            "t", "s", request.path[-1].id, {"role": "assistant", "content": "yo"}, ENCODING
+        )
+        for _ in range(2)
+    ]
+    assert answers[0].id == answers[1].id
+    assert await count(db, "messages") == 3
+
+
+async def test_answer_writer_runs_inside_a_callers_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    db = await Database.open(path)
+    request = await History(db).reconcile("t", "s", [{"role": "user", "content": "hi"}], MODEL, ENCODING)
+    await db.close()
+
+    db = await Database.open(path)  # a fresh process: the parent's depth is not known in memory
+    try:
+        history = History(db)
+        stored, write = history.answer_writer("t", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
+        assert stored.depth == 1
+
+        async def seal(connection: Any) -> None:
+            await connection.execute("CREATE TABLE IF NOT EXISTS seal_marker (x)")
+            await write(connection)
+
+        await db.write(seal)
+        assert [m.id for m in await history.path("t", "s") or []] == [request.path[0].id, stored.id]
+    finally:
+        await db.close()
+
+
+async def test_answer_for_an_unknown_parent_or_session_fails(db: Database, history: History) -> None:
+    request = await history.reconcile("t", "s", [{"role": "user", "content": "hi"}], MODEL, ENCODING)
+    with pytest.raises(LookupError):
+        await history.append_answer("t", "s", "0" * 64, {"role": "assistant", "content": "x"}, ENCODING)
+    with pytest.raises(LookupError):
+        await history.append_answer("other", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
+    assert await count(db, "messages") == 1
+
+
+async def test_a_session_is_derived_from_the_opening_without_a_header(history: History) -> None:
+    first = await history.reconcile("t", None, conversation(1), MODEL, ENCODING)
+    second = await history.reconcile("t", None, conversation(2), MODEL, ENCODING)
+    assert first.session.id.startswith("s-")
+    assert second.session.id == first.session.id
+    assert second.stored_before == 3
+
+
+async def test_empty_messages_are_rejected(history: History) -> None:
+    with pytest.raises(InvalidRequest):
+        await history.reconcile("t", "s", [], MODEL, ENCODING)
+
+
+async def test_a_caller_mutating_a_returned_message_does_not_change_the_next_request(
+    history: History,
+) -> None:
+    first = await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    first.path[1].message["content"] = "tampered"
+    again = await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    assert again.path[1].message == conversation(1)[1]
+    assert again.stored_before == 3
+    tampered = conversation(1)
+    tampered[1]["content"] = "tampered"
+    assert (await history.reconcile("t", "s", tampered, MODEL, ENCODING)).stored_before == 1
+
+
+async def test_tenants_never_see_or_extend_each_others_sessions(db: Database, history: History) -> None:
+    ours = await history.reconcile("a", "shared", conversation(1), MODEL, ENCODING)
+    assert await history.session("b", "shared") is None
+    assert await history.path("b", "shared") is None
+    assert await history.sessions("b") == ([], False)
+    assert await history.update_settings("b", "shared", {"budget": 1}) is None
+
+    theirs = await history.reconcile("b", "shared", conversation(2), MODEL, ENCODING)
+    assert theirs.stored_before == 0
+    assert theirs.session.tenant == "b"
+    assert not {m.id for m in theirs.path} & {m.id for m in ours.path}
+    still_ours = await history.session("a", "shared")
+    assert still_ours is not None
+    assert still_ours.head_id == ours.path[-1].id
+    assert await count(db, "messages") == 3 + 5
+
+
+async def test_sessions_are_listed_newest_first_with_their_size(db: Database, history: History) -> None:
+    first = await history.reconcile("t", "one", conversation(1), MODEL, ENCODING)
+    await history.reconcile("t", "two", conversation(2, "b"), "gpt-4o", "o200k_base")
+    await history.reconcile("other", "three", conversation(1), MODEL, ENCODING)
+
+    async def summarize(end_id: str, orphaned_at: float | None) -> None:
+        async def write(connection: Any) -> None:
+            await connection.execute(
+                "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens,"
+                " original_tokens, model, generated_by, orphaned_at, created_at)"
+                " VALUES ('t', 0, 1, ?, 's', 1, 2, 'm', 'llm', ?, 0)",
+                (end_id, orphaned_at),
+            )
+
+        await db.write(write)
+
+    await summarize(first.path[1].id, None)
+    await summarize(first.path[1].id, 5.0)
+
+    page, more = await history.sessions("t", limit=1)
+    assert more
+    assert [info.id for info in page] == ["two"]
+    assert page[0].message_count == 5
+    assert page[0].model == "gpt-4o"
+    two = await history.path("t", "two")  # the default encoding, counted lazily for the listing
+    assert two is not None
+    assert page[0].history_tokens == sum(m.tokens for m in two)
+
+    page, more = await history.sessions("t", limit=1, offset=1)
+    assert not more
+    assert page[0].id == "one"
+    assert page[0].message_count == 3
+    assert page[0].history_tokens == sum(m.tokens for m in first.path)
+    assert page[0].summaries == 1
+
+
+async def test_settings_are_merged_and_scoped(history: History) -> None:
+    await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    await history.update_settings("t", "s", {"budget": 1000, "preserve_recent": 6})
+    updated = await history.update_settings("t", "s", {"budget": None, "mode": "auto"})
+    assert updated is not None
+    assert updated.settings == {"preserve_recent": 6, "mode": "auto"}
+    session = await history.session("t", "s")
+    assert session is not None
+    assert session.settings == updated.settings
+    assert await history.update_settings("t", "missing", {"budget": 1}) is None
+
+
+async def test_identical_concurrent_requests_store_each_node_once(db: Database, history: History) -> None:
+    await asyncio.gather(*(history.reconcile("t", "s", conversation(3), MODEL, ENCODING) for _ in range(10)))
+    assert await count(db, "messages") == 7
+    assert await count(db, "message_tokens") == 7
+
+
+async def test_fifty_concurrent_sessions(db: Database, history: History) -> None:
+    turns = 4
+
+    async def chat(index: int) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": f"session {index}"}]
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"turn {turn}"})
+            async with history.lock("t", f"s{index}"):
+                result = await history.reconcile("t", f"s{index}", messages, MODEL, ENCODING)
+                assert result.stored_before == (len(messages) - 1 if turn else 0)
+                answer = {"role": "assistant", "content": f"reply {turn}"}
+                await history.append_answer("t", f"s{index}", result.path[-1].id, answer, ENCODING)
+            messages.append({**answer, "refusal": None, "annotations": []})
+
+    await asyncio.gather(*(chat(index) for index in range(50)))
+    assert await count(db, "messages") == 50 * (1 + 2 * turns)
+    assert await count(db, "sessions") == 50
+    row = await db.fetchone("PRAGMA integrity_check")
+    assert row is not None
+    assert row[0] == "ok"
+    page, _ = await history.sessions("t", limit=100)
+    assert {info.message_count for info in page} == {1 + 2 * turns}
+
+
+def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:
+    lock = history.lock("t", "s")
+    assert history.lock("t", "s") is lock
+    assert history.lock("u", "s") is not lock
