@@ -8,6 +8,16 @@ without fsync (durable against a process kill, not a power cut), FULL fsyncs eve
 
 Run by hand: `.venv/bin/python bench/journal.py [--chunks N] [--dir DIR]`. The served end-to-end relay
 benchmark imports `journal_cost` and `relay_cost` from here.
+
+End to end (`--e2e [--rounds R] [--words W]`): a fake upstream streams a W-word reply (one chunk per word, no
+delay) and the client reads it through each target, in separate processes, alternating the order every round:
+
+    direct        the fake upstream itself (reference: what a client gets without any proxy)
+    off           context-proxy with a journal whose begin/append/seal/fail/interrupt do nothing
+    NORMAL, FULL  context-proxy with the journal on, `journal.synchronous` NORMAL or FULL
+
+It prints median chunks/s, MB/s and time to the first chunk, with ratios to `off` (target: NORMAL ≥ 90 %).
+`--profile FILE` writes a pyinstrument profile of the NORMAL proxy (HTML) for the same run.
 """
 
 from __future__ import annotations
@@ -15,11 +25,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 # Run as a script from a checkout that is not installed: make the repository's `proxy` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -98,14 +115,10 @@ async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], bat
         await db.close()
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS)
-    parser.add_argument("--dir", type=Path, default=None, help="where the SQLite files go (default: a temp dir)")
-    args = parser.parse_args()
-    chunks = small_chunks(args.chunks)
-    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
-        print(f"{args.chunks} chunks; chunks/s (ratio to journal off)")
+async def storage_section(chunk_count: int, folder_root: Path | None) -> None:
+    chunks = small_chunks(chunk_count)
+    with tempfile.TemporaryDirectory(dir=folder_root) as folder:
+        print(f"{chunk_count} chunks; chunks/s (ratio to journal off)")
         print(f"{'batch':>6} {'journal off':>12} " + " ".join(f"{mode:>20}" for mode in MODES))
         for batch in BATCHES:
             off = max([await relay_cost(chunks, batch) for _ in range(3)])
@@ -116,5 +129,261 @@ async def main() -> None:
             print(f"{batch:>6} {off:>12,.0f} " + " ".join(f"{cell:>20}" for cell in cells))
 
 
+# --- end to end: served proxies, a fake upstream, all in their own processes ---------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+E2E_WORDS = 2_000
+E2E_ROUNDS = 7
+E2E_WARMUP = 2
+TARGETS = ("direct", "off", "NORMAL", "FULL")
+PROXIES = {"off": "NORMAL", "NORMAL": "NORMAL", "FULL": "FULL"}
+"""Proxy target → its `journal.synchronous` (the `off` proxy's journal writes nothing, so it does not matter)."""
+BIG_WINDOW = 1_000_000
+
+
+def serve_fake(port: int, reply_words: int) -> None:
+    """The fake upstream, answering every request with `reply_words` words streamed as fast as it can."""
+    import uvicorn
+
+    from tests.fake_upstream import FakeUpstream, Reply
+
+    reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
+    fake = FakeUpstream(context_window=BIG_WINDOW, chunk_delay_s=0.0)
+    fake.responder = lambda body: reply
+    uvicorn.run(fake._app, host=HOST, port=port, log_level="warning", lifespan="off")
+
+
+def disable_journal() -> None:
+    """Make `proxy.journal.Journal` write nothing: begin hands out an in-memory step, the rest are no-ops.
+
+    `append` still returns the chunks' JSON when the real one does (the relay sends those bytes), so `off`
+    differs from `on` by the storage alone, not by the encoding the relay needs anyway.
+    """
+    import inspect
+
+    from proxy import journal
+
+    returns_texts = inspect.signature(journal.Journal.append).return_annotation not in (None, "None")
+    encoder = json.JSONEncoder(separators=(",", ":"))
+
+    async def begin(self: journal.Journal, **fields: Any) -> journal.Step:
+        keep = ("tenant", "session_id", "model", "stream", "parent_message_id")
+        return journal.Step(0, **{name: fields[name] for name in keep}, encoding=fields["encoding"])
+
+    async def append(self: journal.Journal, step: journal.Step, chunks: list[Chunk]) -> list[str] | None:
+        return [encoder.encode(chunk) for chunk in chunks] if returns_texts else None
+
+    async def seal(self: journal.Journal, step: journal.Step, response: Chunk | None = None) -> journal.StepRecord:
+        empty = dict.fromkeys(("sealed_at", "content", "tool_calls", "finish_reason", "usage", "error", "message_id"))
+        return journal.StepRecord(
+            id=step.id,
+            tenant=step.tenant,
+            session_id=step.session_id,
+            model=step.model,
+            stream=step.stream,
+            status="sealed",
+            created_at=step.created_at,
+            events=0,
+            **empty,
+        )
+
+    async def end(self: journal.Journal, step: journal.Step, *args: Any) -> None:
+        return None
+
+    for name, method in {"begin": begin, "append": append, "seal": seal, "fail": end, "interrupt": end}.items():
+        setattr(journal.Journal, name, method)
+
+
+def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | None) -> None:
+    """`context-proxy serve`, with the journal on or off, optionally under pyinstrument."""
+    from proxy import environment
+
+    environment.prepare()
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.config import load_config
+
+    if not journal_on:
+        disable_journal()
+    app = create_app(load_config(config_path))
+    if profile is None:
+        uvicorn.run(app, host=HOST, port=port, log_level="warning", lifespan="on")
+        return
+    import signal
+
+    from pyinstrument import Profiler
+
+    profiler = Profiler(async_mode="enabled")
+    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="on"))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    profiler.start()
+    try:
+        server.run()
+    finally:
+        profiler.stop()
+        profile.write_text(profiler.output_html())
+        print(profiler.output_text(unicode=True, color=False, show_all=False), file=sys.stderr)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def process(args: list[str], health: str, log: Path) -> Iterator[None]:
+    """A child Python process, up once `health` answers; terminated on exit."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("ab") as out:
+        child = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(health, timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or child.poll() is not None:
+                    raise RuntimeError(f"{args} did not start; see {log}") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        child.terminate()
+        child.wait(30)
+
+
+def stream_once(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float, int, int]:
+    """(time to the first chunk, total time, SSE chunks, bytes) of one streamed answer."""
+    started = time.perf_counter()
+    first: float | None = None
+    received = events = 0
+    with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        for data in response.iter_bytes():
+            if first is None:
+                first = time.perf_counter() - started
+            received += len(data)
+            events += data.count(b"data: ")
+    total = time.perf_counter() - started
+    return first if first is not None else total, total, events - 1, received  # `[DONE]` is not a chunk
+
+
+def e2e_run(rounds: int, reply_words: int, workdir: Path, profile: Path | None) -> dict[str, list[tuple[float, ...]]]:
+    fake_port = free_port()
+    upstream = f"http://{HOST}:{fake_port}/v1"
+    ports = {target: free_port() for target in PROXIES}
+    urls = {"direct": f"{upstream}/chat/completions"}
+    this = str(Path(__file__).resolve())
+    body = {"model": "fake", "messages": [{"role": "user", "content": "Count."}], "stream": True}
+    samples: dict[str, list[tuple[float, ...]]] = {target: [] for target in TARGETS}
+    with ExitStack() as stack:
+        stack.enter_context(
+            process(
+                [this, "--serve-fake", str(fake_port), str(reply_words)], f"{upstream}/models", workdir / "fake.log"
+            )
+        )
+        for target, synchronous in PROXIES.items():
+            config = {
+                "store": {"path": str(workdir / f"{target}.db")},
+                "models": [
+                    {
+                        "name": "fake",
+                        "model": "openai/fake-model",
+                        "api_base": upstream,
+                        "api_key": "sk-bench",
+                        "context_window": BIG_WINDOW,
+                        "max_output": 4096,
+                    }
+                ],
+                "journal": {"synchronous": synchronous},
+            }
+            config_path = workdir / f"{target}.json"
+            config_path.write_text(json.dumps(config))
+            args = [
+                this,
+                "--serve-proxy",
+                str(config_path),
+                str(ports[target]),
+                "--journal",
+                "off" if target == "off" else "on",
+            ]
+            if profile is not None and target == "NORMAL":
+                args += ["--profile", str(profile)]
+            url = f"http://{HOST}:{ports[target]}"
+            stack.enter_context(process(args, f"{url}/healthz", workdir / f"{target}.log"))
+            urls[target] = f"{url}/v1/chat/completions"
+        client = stack.enter_context(httpx.Client(timeout=120))
+        for target in TARGETS:  # warm-up: lazy imports, the session's first write, connection pools
+            for _ in range(E2E_WARMUP):
+                stream_once(client, urls[target], body)
+        for round_index in range(rounds):
+            shift = round_index % len(TARGETS)
+            order = TARGETS[shift:] + TARGETS[:shift]
+            for target in order if round_index % 2 == 0 else order[::-1]:
+                samples[target].append(stream_once(client, urls[target], body))
+    return samples
+
+
+def e2e_table(samples: dict[str, list[tuple[float, ...]]]) -> None:
+    rows = {}
+    for target, runs in samples.items():
+        ttfc = statistics.median(run[0] for run in runs) * 1000
+        total = statistics.median(run[1] for run in runs)
+        chunks = statistics.median(run[2] for run in runs)
+        rate = statistics.median(run[2] / run[1] for run in runs)
+        mbps = statistics.median(run[3] / run[1] for run in runs) / 1e6
+        rows[target] = (ttfc, total * 1000, chunks, rate, mbps)
+    off_rate, off_ttfc = rows["off"][3], rows["off"][0]
+    header = (
+        f"{'target':<8} {'chunks':>7} {'total ms':>9} {'chunks/s':>10} {'MB/s':>7} {'vs off':>7} "
+        f"{'TTFC ms':>8} {'TTFC − off':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for target, (ttfc, total_ms, chunks, rate, mbps) in rows.items():
+        print(
+            f"{target:<8} {chunks:>7.0f} {total_ms:>9.1f} {rate:>10,.0f} {mbps:>7.2f} {rate / off_rate:>7.1%} "
+            f"{ttfc:>8.2f} {ttfc - off_ttfc:>+11.2f}"
+        )
+    rounds = len(next(iter(samples.values())))
+    print(
+        f"\nmedians of {rounds} alternating rounds; 'vs off' = chunks/s ÷ the journal-off proxy's; "
+        "MB/s counts the SSE bytes the client received"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS)
+    parser.add_argument("--dir", type=Path, default=None, help="where the SQLite files go (default: a temp dir)")
+    parser.add_argument("--e2e", action="store_true", help="the served end-to-end benchmark instead")
+    parser.add_argument("--rounds", type=int, default=E2E_ROUNDS)
+    parser.add_argument("--words", type=int, default=E2E_WORDS, help="words (chunks) in the streamed reply")
+    parser.add_argument("--profile", type=Path, help="profile the NORMAL proxy with pyinstrument into this HTML")
+    parser.add_argument("--serve-fake", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--journal", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_fake:
+        serve_fake(*args.serve_fake)
+    elif args.serve_proxy:
+        serve_proxy(args.serve_proxy[0], int(args.serve_proxy[1]), args.journal == "on", args.profile)
+    elif args.e2e:
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-journal-") as folder:
+            samples = e2e_run(args.rounds, args.words, Path(folder), args.profile)
+        print(f"{args.words}-word reply streamed through each target")
+        e2e_table(samples)
+        print(f"({time.monotonic() - started:.0f} s)")
+    else:
+        asyncio.run(storage_section(args.chunks, args.dir))
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,13 +38,14 @@ from proxy.journal import Journal, Step, StepRecord, chunks_from_record, complet
 from proxy.limits import Budget, ModelLimits, effective_budget, model_limits
 from proxy.outbound import SSE_DONE, SSE_HEADERS, ContextReport, sse_event
 from proxy.relay import StreamRelay
+from proxy.summarizer import MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE
 from proxy.tokens import count_prompt, encoding_for_model
 
 log = logging.getLogger(__name__)
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-SUMMARIZER_OUTPUT_RESERVE = 4096
-"""Output kept free in the summarizer model's window when sizing what it may read."""
+SUMMARIZER_PROMPT_OVERHEAD = 256
+"""The summarizer's instruction and transcript framing, beyond the messages it reads."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ class ChatCompletions:
     async def _remember_settings(self, tenant: str, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         settings = dict(reconciled.session.settings)
         if options.reset_budget:
-            settings.pop("budget", None)
+            if "budget" in settings:
+                settings["budget"] = None  # update_settings merges: only a None value removes the key
         elif options.budget is not None:
             settings["budget"] = options.budget
         if settings == reconciled.session.settings:
@@ -208,9 +211,11 @@ class ChatCompletions:
         name = self._config.context.summarizer_model
         summarizer = self._config.model(name) if name else entry
         limits = self.limits(summarizer or entry)
-        return effective_budget(
-            limits, min(SUMMARIZER_OUTPUT_RESERVE, limits.max_output), self._config.context.safety_margin
-        ).input_budget
+        room = effective_budget(limits, 0, self._config.context.safety_margin).input_budget - SUMMARIZER_PROMPT_OVERHEAD
+        # Its max_tokens (OUTPUT_ALLOWANCE x a target of target_ratio of what it reads, at least MIN_OUTPUT_TOKENS)
+        # counts against the same window: what it may read shrinks with what it may write.
+        per_token_read = 1 + OUTPUT_ALLOWANCE * self._config.context.target_ratio
+        return max(1, min(math.floor(room / per_token_read), room - MIN_OUTPUT_TOKENS))
 
     async def _healed(
         self, tenant: str, chat: ChatRequest, options: ContextOptions, plan: Plan, exc: UpstreamError
@@ -274,9 +279,15 @@ class ChatCompletions:
         )
 
 
+_DELIVERY_PARAMS = ("stream", "stream_options")
+"""How the answer is delivered, not what is asked: a retry may replay a stream as JSON or the reverse."""
+
+
 def _fingerprint(tenant: str, chat: ChatRequest) -> str:
-    """Same tenant and same body (key order aside) → same fingerprint; what Idempotency-Key replays check."""
-    return hashlib.sha256(f"{tenant}\n{chain.canonical_json(chat.body)}".encode()).hexdigest()
+    """Same tenant and same body (key order and delivery aside) → same fingerprint; what Idempotency-Key
+    replays check."""
+    body = {key: value for key, value in chat.body.items() if key not in _DELIVERY_PARAMS}
+    return hashlib.sha256(f"{tenant}\n{chain.canonical_json(body)}".encode()).hexdigest()
 
 
 def _replay_response(chat: ChatRequest, record: StepRecord, chunks: list[dict[str, Any]]) -> Response:

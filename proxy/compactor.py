@@ -29,7 +29,7 @@ from proxy.errors import ContextTooLarge
 from proxy.history import StoredMessage
 from proxy.summaries import StoredSummary, Summaries, in_force
 from proxy.summarizer import Summarizer
-from proxy.tokens import count_message
+from proxy.tokens import count_message, count_prompt
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,11 @@ class Compactor:
         )
 
     async def prepare(self, request: Request) -> Prepared:
+        everything = count_prompt(stored.tokens for stored in request.path)
+        if everything <= self._config.trigger_ratio * request.budget:
+            # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
+            # as they are (and a bigger model gets its originals back). This is every request of a short chat.
+            return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
         items = [builder_item(stored) for stored in request.path]
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
         policy = self.policy(request.budget, request.preserve_recent, request.summarizer_input)

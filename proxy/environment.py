@@ -21,6 +21,9 @@ DEFAULTS = {
     "EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER": "true",
     "HF_HUB_OFFLINE": "1",
     "LITELLM_LOG": "ERROR",
+    # LiteLLM walks every message of every call to shorten base64 images in its own logging payloads, which
+    # the proxy never reads: 0 turns the walk off.
+    "MAX_BASE64_LENGTH_FOR_LOGGING": "0",
 }
 
 

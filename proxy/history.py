@@ -27,12 +27,10 @@ import sqlite3
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
-
-import aiosqlite
 
 from proxy import chain, tokens
 from proxy.database import Database
@@ -41,7 +39,7 @@ from proxy.tokens import DEFAULT_ENCODING
 
 TokenCounter = Callable[[Mapping[str, Any], str], int]
 Clock = Callable[[], float]
-WriteFunction = Callable[[aiosqlite.Connection], Awaitable[None]]
+WriteFunction = Callable[[sqlite3.Connection], None]
 
 KNOWN_DEPTHS = 4096
 """How many recent heads' depths to remember, so an answer's depth is known without a read."""
@@ -303,17 +301,16 @@ class History:
 
         session_row = (tenant, session_id, parent, model, now, now)
 
-        async def write(connection: aiosqlite.Connection) -> Session:
+        def write(connection: sqlite3.Connection) -> Session:
             if new_messages:
-                await connection.executemany(
+                connection.executemany(
                     "INSERT OR IGNORE INTO messages (id, parent_id, depth, role, body, created_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
                     new_messages,
                 )
             if new_tokens:
-                await _insert_tokens(connection, new_tokens)
-            async with connection.execute(_UPSERT_SESSION_SQL, session_row) as cursor:
-                row = await cursor.fetchone()
+                _insert_tokens(connection, new_tokens)
+            row = connection.execute(_UPSERT_SESSION_SQL, session_row).fetchone()
             if row is None:
                 raise sqlite3.IntegrityError(f"session {session_id!r} was not written")
             return _session(row)
@@ -357,18 +354,20 @@ class History:
         stored = StoredMessage(node_id, parent_id, depth, str(normal["role"]), normal, count, now)
         body = chain.canonical_json(normal)
 
-        async def write(connection: aiosqlite.Connection) -> None:
-            cursor = await connection.execute(
+        def write(connection: sqlite3.Connection) -> None:
+            cursor = connection.execute(
                 "INSERT OR IGNORE INTO messages (id, parent_id, depth, role, body, created_at) "
                 "SELECT ?, id, depth + 1, ?, ?, ? FROM messages WHERE id = ? AND depth = ?",
                 (node_id, stored.role, body, now, parent_id, depth - 1),
             )
-            if cursor.rowcount == 0:
-                async with connection.execute("SELECT 1 FROM messages WHERE id = ?", (node_id,)) as check:
-                    if await check.fetchone() is None:
-                        raise LookupError(f"parent message {parent_id} is not stored at depth {depth - 1}")
-            await _insert_tokens(connection, [(node_id, encoding, count)])
-            cursor = await connection.execute(
+            inserted = cursor.rowcount > 0
+            if (
+                not inserted
+                and connection.execute("SELECT 1 FROM messages WHERE id = ?", (node_id,)).fetchone() is None
+            ):
+                raise LookupError(f"parent message {parent_id} is not stored at depth {depth - 1}")
+            _insert_tokens(connection, [(node_id, encoding, count)])
+            cursor = connection.execute(
                 "UPDATE sessions SET head_id = ?, updated_at = ? WHERE tenant = ? AND id = ?",
                 (node_id, now, tenant, session_id),
             )
@@ -391,8 +390,16 @@ class History:
             await self._load_depth(parent_id)
         stored, write = self.answer_writer(tenant, session_id, parent_id, message, encoding)
         await self._db.write(write)
-        self._recent.extend((tenant, session_id, encoding), parent_id, _Cached(stored, _json_copy(stored.message)))
+        self.remember_answer(tenant, session_id, encoding, stored)
         return stored
+
+    def remember_answer(self, tenant: str, session_id: str, encoding: str, stored: StoredMessage) -> None:
+        """After an answer's write has committed: the client will re-send it with its next turn, so it joins the
+        session's cached path and that request only hashes what is really new."""
+        if stored.parent_id is not None:
+            self._recent.extend(
+                (tenant, session_id, encoding), stored.parent_id, _Cached(stored, _json_copy(stored.message))
+            )
 
     async def session(self, tenant: str, session_id: str) -> Session | None:
         row = await self._db.fetchone(
@@ -457,8 +464,8 @@ class History:
             )
         if counted:
 
-            async def write(connection: aiosqlite.Connection) -> None:
-                await _insert_tokens(connection, counted)
+            def write(connection: sqlite3.Connection) -> None:
+                _insert_tokens(connection, counted)
 
             await self._db.write(write, atomic=False)
         if path:
@@ -468,20 +475,18 @@ class History:
     async def update_settings(self, tenant: str, session_id: str, settings: dict[str, Any]) -> Session | None:
         """Merge `settings` into the session's (a None value removes the key); None if no such session."""
 
-        async def write(connection: aiosqlite.Connection) -> Session | None:
-            async with connection.execute(
+        def write(connection: sqlite3.Connection) -> Session | None:
+            row = connection.execute(
                 "SELECT settings FROM sessions WHERE tenant = ? AND id = ?", (tenant, session_id)
-            ) as cursor:
-                row = await cursor.fetchone()
+            ).fetchone()
             if row is None:
                 return None
             merged = {**json.loads(row[0]), **settings}
             merged = {key: value for key, value in merged.items() if value is not None}
-            async with connection.execute(
+            updated = connection.execute(
                 f"UPDATE sessions SET settings = ? WHERE tenant = ? AND id = ? RETURNING {_SESSION_COLUMNS}",
                 (json.dumps(merged, sort_keys=True), tenant, session_id),
-            ) as cursor:
-                updated = await cursor.fetchone()
+            ).fetchone()
             return None if updated is None else _session(updated)
 
         return await self._db.write(write)
@@ -511,10 +516,8 @@ class History:
         return int(row[0])
 
 
-async def _insert_tokens(connection: aiosqlite.Connection, rows: Sequence[tuple[str, str, int]]) -> None:
-    await connection.executemany(
-        "INSERT OR IGNORE INTO message_tokens (message_id, encoding, tokens) VALUES (?, ?, ?)", rows
-    )
+def _insert_tokens(connection: sqlite3.Connection, rows: Sequence[tuple[str, str, int]]) -> None:
+    connection.executemany("INSERT OR IGNORE INTO message_tokens (message_id, encoding, tokens) VALUES (?, ?, ?)", rows)
 
 
 def _session(row: sqlite3.Row) -> Session:

@@ -18,7 +18,7 @@ deleted. Events of ended steps are pruned after `journal.keep_events` (the step 
 answer, which is enough to replay it); interrupted steps keep theirs.
 
 An Idempotency-Key maps a retried request onto its earlier step: `replay` returns the stored chunks instead
-of calling the upstream again. The key is held by the live or successful step only (migration m004), so a
+of calling the upstream again. The key is held by the live or successful step only (see `m003_journal`), so a
 failed attempt can be retried. Every read filters by tenant. Assembling an answer from chunks is
 `proxy.assembly` (re-exported here with the replay helpers `completion_from_record`, `chunks_from_record`).
 """
@@ -32,8 +32,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import aiosqlite
 
 from proxy.assembly import Assembly as Assembly
 from proxy.assembly import Chunk as Chunk
@@ -224,19 +222,18 @@ class Journal:
             encoding,
         )
 
-        async def write(connection: aiosqlite.Connection) -> int:
+        def write(connection: sqlite3.Connection) -> int:
             if idempotency_key is not None:
-                async with connection.execute(
+                prior = connection.execute(
                     "SELECT fingerprint, status FROM journal_steps WHERE tenant = ? AND idempotency_key = ? "
                     "ORDER BY id DESC LIMIT 1",
                     (tenant, idempotency_key),
-                ) as cursor:
-                    prior = await cursor.fetchone()
+                ).fetchone()
                 if prior is not None:
                     _check_key(prior["fingerprint"], prior["status"], fingerprint)
                     if prior["status"] in ENDED:
                         raise Conflict(KEY_DONE, param=KEY_PARAM)
-            cursor = await connection.execute(
+            cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
                 "status, parent_message_id, created_at, encoding) VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
                 row,
@@ -249,26 +246,33 @@ class Journal:
         step_id = await self._db.write(write, atomic=False)
         return Step(step_id, tenant, session_id, model, stream, parent_message_id, encoding=encoding, created_at=now)
 
-    async def append(self, step: Step, chunks: Sequence[Chunk]) -> None:
-        """Store a batch of chunks as events in one write job; returns once they are committed."""
+    async def append(self, step: Step, chunks: Sequence[Chunk]) -> list[str]:
+        """Store a batch of chunks as events in one write job; returns once they are committed.
+
+        Returns each chunk's JSON as stored, so the relay sends the very bytes that are durable without
+        encoding every chunk a second time.
+        """
         if step.status != "open":
             raise RuntimeError(f"journal step {step.id} is {step.status}, not open")
         if not chunks:
-            return
+            return []
         now = self._clock()
         seq = step.next_seq
+        texts = [_JSON.encode(chunk) for chunk in chunks]
         rows = [
-            (step.id, seq + offset, event_type(chunk), _JSON.encode(chunk), now) for offset, chunk in enumerate(chunks)
+            (step.id, seq + offset, event_type(chunk), text, now)
+            for offset, (chunk, text) in enumerate(zip(chunks, texts, strict=True))
         ]
         step.next_seq = seq + len(rows)
 
-        async def write(connection: aiosqlite.Connection) -> None:
-            await connection.executemany(_INSERT_EVENTS, rows)
+        def write(connection: sqlite3.Connection) -> None:
+            connection.executemany(_INSERT_EVENTS, rows)
 
         await self._db.write(write, atomic=False)
         step.events += len(rows)
         for chunk in chunks:
             step.assembly.add(chunk)
+        return texts
 
     async def seal(self, step: Step, response: Chunk | None = None) -> StepRecord:
         """End a step with its whole answer: `done` event, history node and step row in one transaction.
@@ -326,8 +330,8 @@ class Journal:
             return 0
         cutoff = self._clock() - keep
 
-        async def write(connection: aiosqlite.Connection) -> int:
-            cursor = await connection.execute(
+        def write(connection: sqlite3.Connection) -> int:
+            cursor = connection.execute(
                 "DELETE FROM journal_events WHERE step_id IN (SELECT id FROM journal_steps "
                 f"WHERE status IN {PRUNABLE!r} AND COALESCE(sealed_at, created_at) <= ?)",
                 (cutoff,),
@@ -444,24 +448,26 @@ class Journal:
             step.id,
         ]
 
-        async def write(connection: aiosqlite.Connection) -> bool:
+        def write(connection: sqlite3.Connection) -> bool:
             if answer is not None:
-                values[1] = await _link_answer(connection, step.id, *answer)
-            cursor = await connection.execute(_END_STEP, values)
+                values[1] = _link_answer(connection, step.id, *answer)
+            cursor = connection.execute(_END_STEP, values)
             if cursor.rowcount == 0:
                 if status in ENDED:
                     raise Conflict(f"journal step {step.id} is no longer open")
                 return False
             if prune:
-                await connection.execute("DELETE FROM journal_events WHERE step_id = ?", (step.id,))
+                connection.execute("DELETE FROM journal_events WHERE step_id = ?", (step.id,))
             elif event is not None:
-                await connection.execute(_INSERT_EVENTS, (step.id, step.next_seq, *event, now))
+                connection.execute(_INSERT_EVENTS, (step.id, step.next_seq, *event, now))
             return True
 
         if not await self._db.write(write):
             log.warning("journal step %d was no longer open; not marked %s", step.id, status)
             return None
         step.status = status
+        if answer is not None and values[1] is not None and step.session_id is not None:
+            self._history.remember_answer(step.tenant, step.session_id, step.encoding, answer[0])
         if prune:
             step.events = 0
         elif event is not None:
@@ -485,20 +491,20 @@ class Journal:
         )
 
 
-async def _link_answer(
-    connection: aiosqlite.Connection, step_id: int, stored: StoredMessage, write: WriteFunction
+def _link_answer(
+    connection: sqlite3.Connection, step_id: int, stored: StoredMessage, write: WriteFunction
 ) -> str | None:
     """Run the history write in its own savepoint: if the session or parent is gone, the step is still sealed
     (its answer kept in the journal row) and only the link is missing, rather than the answer being lost."""
-    await connection.execute("SAVEPOINT answer")
+    connection.execute("SAVEPOINT answer")
     try:
-        await write(connection)
+        write(connection)
     except LookupError as exc:
-        await connection.execute("ROLLBACK TO answer")
-        await connection.execute("RELEASE answer")
+        connection.execute("ROLLBACK TO answer")
+        connection.execute("RELEASE answer")
         log.error("journal step %d: answer not linked into history: %s", step_id, exc)
         return None
-    await connection.execute("RELEASE answer")
+    connection.execute("RELEASE answer")
     return stored.id
 
 

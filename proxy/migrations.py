@@ -10,26 +10,28 @@ can open the file with `sqlite3` and read their conversations:
 - `summaries`: a summary of the contiguous chain range from depth `start_depth` to the message `end_id`
   (inclusive); valid on every branch that contains `end_id`. A summary replaced by a wider one is
   `orphaned_at`, never deleted.
-- `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay.
+- `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
+  remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
+  Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
+  was interrupted can be retried with the same key, and every attempt stays readable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import sqlite3
+from collections.abc import Callable
 
-import aiosqlite
-
-Migration = Callable[[aiosqlite.Connection], Awaitable[None]]
+Migration = Callable[[sqlite3.Connection], None]
 
 
-async def _script(connection: aiosqlite.Connection, sql: str) -> None:
+def _script(connection: sqlite3.Connection, sql: str) -> None:
     for statement in sql.split(";"):
         if statement.strip():
-            await connection.execute(statement)
+            connection.execute(statement)
 
 
-async def m001_history(connection: aiosqlite.Connection) -> None:
-    await _script(
+def m001_history(connection: sqlite3.Connection) -> None:
+    _script(
         connection,
         """
         CREATE TABLE sessions (
@@ -62,8 +64,8 @@ async def m001_history(connection: aiosqlite.Connection) -> None:
     )
 
 
-async def m002_summaries(connection: aiosqlite.Connection) -> None:
-    await _script(
+def m002_summaries(connection: sqlite3.Connection) -> None:
+    _script(
         connection,
         """
         CREATE TABLE summaries (
@@ -86,8 +88,8 @@ async def m002_summaries(connection: aiosqlite.Connection) -> None:
     )
 
 
-async def m003_journal(connection: aiosqlite.Connection) -> None:
-    await _script(
+def m003_journal(connection: sqlite3.Connection) -> None:
+    _script(
         connection,
         """
         CREATE TABLE journal_steps (
@@ -99,6 +101,7 @@ async def m003_journal(connection: aiosqlite.Connection) -> None:
             idempotency_key TEXT,
             stream INTEGER NOT NULL,
             status TEXT NOT NULL CHECK (status IN ('open', 'sealed', 'complete', 'interrupted', 'failed')),
+            encoding TEXT,
             parent_message_id TEXT REFERENCES messages(id),
             message_id TEXT REFERENCES messages(id),
             content TEXT,
@@ -112,7 +115,11 @@ async def m003_journal(connection: aiosqlite.Connection) -> None:
         CREATE INDEX journal_steps_by_status ON journal_steps (status);
         CREATE INDEX journal_steps_by_session ON journal_steps (tenant, session_id);
         CREATE UNIQUE INDEX journal_steps_by_idempotency_key
-            ON journal_steps (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL;
+            ON journal_steps (tenant, idempotency_key)
+            WHERE idempotency_key IS NOT NULL AND status IN ('open', 'sealed', 'complete');
+        CREATE INDEX journal_steps_by_key ON journal_steps (tenant, idempotency_key, id)
+            WHERE idempotency_key IS NOT NULL;
+        CREATE INDEX journal_steps_by_tenant ON journal_steps (tenant, id);
         CREATE TABLE journal_events (
             step_id INTEGER NOT NULL REFERENCES journal_steps(id),
             seq INTEGER NOT NULL,
@@ -125,30 +132,4 @@ async def m003_journal(connection: aiosqlite.Connection) -> None:
     )
 
 
-async def m004_journal_keys_and_encoding(connection: aiosqlite.Connection) -> None:
-    """A step remembers its tiktoken encoding, so recovery after a restart can seal its answer into history.
-
-    An Idempotency-Key is held only by a live or successful step (`open`, `sealed`, `complete`): a request
-    that failed or was interrupted can be retried with the same key, and every attempt stays readable.
-    """
-    await _script(
-        connection,
-        """
-        ALTER TABLE journal_steps ADD COLUMN encoding TEXT;
-        DROP INDEX journal_steps_by_idempotency_key;
-        CREATE UNIQUE INDEX journal_steps_by_idempotency_key
-            ON journal_steps (tenant, idempotency_key)
-            WHERE idempotency_key IS NOT NULL AND status IN ('open', 'sealed', 'complete');
-        CREATE INDEX journal_steps_by_key ON journal_steps (tenant, idempotency_key, id)
-            WHERE idempotency_key IS NOT NULL;
-        CREATE INDEX journal_steps_by_tenant ON journal_steps (tenant, id)
-        """,
-    )
-
-
-MIGRATIONS: tuple[Migration, ...] = (
-    m001_history,
-    m002_summaries,
-    m003_journal,
-    m004_journal_keys_and_encoding,
-)
+MIGRATIONS: tuple[Migration, ...] = (m001_history, m002_summaries, m003_journal)

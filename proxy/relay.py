@@ -3,8 +3,9 @@
 Three parties per stream, so none waits on another more than it must:
 
     reader task   upstream chunks → `pending` (as fast as the upstream sends)
-    pump task     takes everything pending as one group → `journal.append` (one commit) → `ready` queue
-    response      `ready` groups → SSE bytes to the client
+    pump task     takes everything pending as one group → `journal.append` (one commit) → SSE bytes of the
+                  group, from the JSON the journal stored → `ready` queue
+    response      `ready` → the client
 
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
 group rather than one per chunk, and no chunk is relayed before its commit (invariant 7). The pump owns the
@@ -54,7 +55,7 @@ class StreamRelay:
         self._arrived = asyncio.Event()
         self._ended = False
         self._error: BaseException | None = None
-        self._ready: asyncio.Queue[list[Chunk] | BaseException | _Done] = asyncio.Queue()
+        self._ready: asyncio.Queue[bytes | BaseException | _Done] = asyncio.Queue()
         self._detached = False
         self._pump = asyncio.create_task(self._run(), name=f"stream-step-{step.id}")
         background.add(self._pump)
@@ -75,7 +76,7 @@ class StreamRelay:
                     _status, body, _headers = openai_error(item)
                     yield sse_event(body)
                     return
-                yield b"".join(sse_event(chunk) for chunk in item)
+                yield item
         finally:
             if not finished:
                 self._client_gone()
@@ -95,8 +96,8 @@ class StreamRelay:
                 self._arrived.clear()
                 group, self._pending = self._pending, []
                 if group:
-                    await self._journal.append(self._step, group)
-                    self._publish(group)
+                    texts = await self._journal.append(self._step, group)
+                    self._publish(b"".join(b"data: " + text.encode() + b"\n\n" for text in texts))
                 if self._ended and not self._pending:
                     break
             if self._error is None:
@@ -133,6 +134,6 @@ class StreamRelay:
             self._ended = True
             self._arrived.set()
 
-    def _publish(self, item: list[Chunk] | BaseException | _Done) -> None:
+    def _publish(self, item: bytes | BaseException | _Done) -> None:
         if not self._detached:
             self._ready.put_nowait(item)

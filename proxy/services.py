@@ -85,4 +85,4 @@ async def _prune_periodically(journal: Journal) -> None:
         await asyncio.sleep(PRUNE_INTERVAL_S)
         pruned = await journal.prune_expired()
         if pruned:
-            log.info("journal: pruned events of %d expired steps", pruned)
+            log.info("journal: pruned %d events of expired steps", pruned)

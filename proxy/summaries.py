@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from proxy.compaction import Span
 from proxy.database import Database
 from proxy.history import StoredMessage
@@ -115,8 +113,8 @@ class Summaries:
             now,
         )
 
-        async def write(connection: aiosqlite.Connection) -> int:
-            cursor = await connection.execute(
+        def write(connection: sqlite3.Connection) -> int:
+            cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
                 "model, generated_by, replaces, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
@@ -125,7 +123,7 @@ class Summaries:
             if new_id is None:
                 raise sqlite3.IntegrityError("summary was not inserted")
             if replaces:
-                await connection.execute(
+                connection.execute(
                     "UPDATE summaries SET orphaned_at = ? WHERE tenant = ? AND orphaned_at IS NULL "
                     "AND id IN (SELECT value FROM json_each(?))",
                     (now, tenant, json.dumps(list(replaces))),

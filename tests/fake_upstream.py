@@ -506,6 +506,7 @@ class FakeUpstream:
             log_level="warning",
             log_config=None,
             access_log=False,
+            loop="asyncio",
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )

@@ -42,8 +42,14 @@ def make_config(tmp_path: Path, upstream_url: str, **overrides: Any) -> dict[str
     raw: dict[str, Any] = {
         "store": {"path": str(tmp_path / "store.db")},
         "models": [
-            {"name": "fake", "model": "openai/fake-model", "api_base": upstream_url, "api_key": "sk-upstream-secret",
-             "context_window": 8192, "max_output": 1024},
+            {
+                "name": "fake",
+                "model": "openai/fake-model",
+                "api_base": upstream_url,
+                "api_key": "sk-upstream-secret",
+                "context_window": 8192,
+                "max_output": 1024,
+            },
         ],
         "upstream": {"timeout_s": 10},
     }
@@ -56,8 +62,10 @@ class ProxyServer:
         self.config: Config = parse_config(raw_config, base_dir=base_dir, environ=os.environ)
         self.port = free_port()
         self._server = uvicorn.Server(
-            uvicorn.Config(create_app(self.config), host=HOST, port=self.port, log_level="warning",
-                           lifespan="on", log_config=None)
+            uvicorn.Config(
+                create_app(self.config), host=HOST, port=self.port, log_level="warning", lifespan="on", log_config=None,
+                loop="asyncio",  # a plain loop per test thread: uvloop's handle teardown warns at interpreter exit
+            )
         )
         self._thread = threading.Thread(target=self._server.run, name="proxy-server", daemon=True)
 
@@ -102,9 +110,22 @@ class ProxyProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "proxy", "serve", "--config", str(self.config_path), "--host", HOST,
-                 "--port", str(self.port), "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "proxy",
+                    "serve",
+                    "--config",
+                    str(self.config_path),
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -211,9 +211,9 @@ async def test_answer_writer_runs_inside_a_callers_transaction(tmp_path: Path) -
         stored, write = history.answer_writer("t", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
         assert stored.depth == 1
 
-        async def seal(connection: Any) -> None:
-            await connection.execute("CREATE TABLE IF NOT EXISTS seal_marker (x)")
-            await write(connection)
+        def seal(connection: Any) -> None:
+            connection.execute("CREATE TABLE IF NOT EXISTS seal_marker (x)")
+            write(connection)
 
         await db.write(seal)
         assert [m.id for m in await history.path("t", "s") or []] == [request.path[0].id, stored.id]
@@ -279,8 +279,8 @@ async def test_sessions_are_listed_newest_first_with_their_size(db: Database, hi
     await history.reconcile("other", "three", conversation(1), MODEL, ENCODING)
 
     async def summarize(end_id: str, orphaned_at: float | None) -> None:
-        async def write(connection: Any) -> None:
-            await connection.execute(
+        def write(connection: Any) -> None:
+            connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens,"
                 " original_tokens, model, generated_by, orphaned_at, created_at)"
                 " VALUES ('t', 0, 1, ?, 's', 1, 2, 'm', 'llm', ?, 0)",

@@ -1,0 +1,171 @@
+"""`context-proxy`: config errors as one line, the loopback guard of `serve`, and reading the store from the shell."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import openai
+import pytest
+import uvicorn
+from openai.types.chat import ChatCompletionMessageParam
+
+from proxy.cli import EXIT_CONFIG, main
+from tests.conftest import ServeProxy
+from tests.fake_upstream import FakeUpstream
+from tests.proxy_server import make_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "what is a tide?"},
+]
+
+
+def write_config(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(raw))
+    return path
+
+
+class UvicornCalls:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, app: Any, **kwargs: Any) -> None:
+        self.calls.append(kwargs)
+
+
+@pytest.fixture
+def uvicorn_run(monkeypatch: pytest.MonkeyPatch) -> UvicornCalls:
+    """`serve` must never really start a server in these tests: uvicorn.run only records its arguments."""
+    calls = UvicornCalls()
+    monkeypatch.setattr(uvicorn, "run", calls)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"server": {"port": "eighty"}}, "server.port"),
+        ({"sever": {}}, "sever"),
+        ({"models": [{"model": "openai/x"}]}, "models[0].name"),
+        ({"context": {"summarizer_model": "ghost"}}, "context.summarizer_model"),
+    ],
+)
+@pytest.mark.parametrize("command", [["serve"], ["sessions", "list"], ["journal", "list"]])
+def test_bad_config_is_one_line_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], uvicorn_run: UvicornCalls, raw: dict[str, Any], key: str,
+    command: list[str],
+) -> None:
+    config = write_config(tmp_path / "bad.json", raw)
+
+    assert main([*command, "--config", str(config)]) == EXIT_CONFIG == 2
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"context-proxy: config error: {key}: ") or err.startswith(
+        f"context-proxy: config error: {key} "
+    ), err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    assert uvicorn_run.calls == []
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sessions", "list", "--config", str(tmp_path / "absent.yaml")]) == 2
+    assert "config error: cannot read config file" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "serve" in capsys.readouterr().out
+
+
+def test_serve_refuses_an_open_proxy_beyond_loopback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], uvicorn_run: UvicornCalls
+) -> None:
+    config = write_config(tmp_path / "open.json", {"server": {"host": "0.0.0.0", "port": 9999}})
+
+    assert main(["serve", "--config", str(config)]) == 2
+
+    err = capsys.readouterr().err
+    assert "refusing to serve without auth.keys on 0.0.0.0" in err
+    assert "--host 0.0.0.0" in err
+    assert uvicorn_run.calls == []
+
+
+def test_serve_binds_beyond_loopback_when_asked_explicitly_or_with_keys(
+    tmp_path: Path, uvicorn_run: UvicornCalls
+) -> None:
+    open_config = write_config(tmp_path / "open.json", {"server": {"host": "0.0.0.0", "port": 9999}})
+    keyed_config = write_config(
+        tmp_path / "keyed.json", {"server": {"host": "0.0.0.0", "port": 9998}, "auth": {"keys": ["k1"]}}
+    )
+
+    assert main(["serve", "--config", str(open_config), "--host", "0.0.0.0", "--port", "9100"]) == 0
+    assert main(["serve", "--config", str(keyed_config), "--log-level", "warning"]) == 0
+    assert main(["serve", "--config", str(write_config(tmp_path / "local.json", {}))]) == 0
+
+    assert [(c["host"], c["port"]) for c in uvicorn_run.calls] == [
+        ("0.0.0.0", 9100), ("0.0.0.0", 9998), ("127.0.0.1", 8787),
+    ]
+    assert uvicorn_run.calls[1]["log_level"] == "warning"
+
+
+def test_sessions_and_journal_read_the_servers_store(
+    serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proxy = serve_proxy()
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
+    messages = cast("list[ChatCompletionMessageParam]", MESSAGES)
+    raw = client.chat.completions.with_raw_response.create(model="fake", messages=messages)
+    session_id = raw.headers["x-session-id"]
+    answer = raw.parse().choices[0].message.content
+    assert answer == "echo: what is a tide?"
+    config = write_config(tmp_path / "proxy.json", make_config(tmp_path, fake.url))
+
+    assert main(["sessions", "list", "--config", str(config), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [s["id"] for s in listing["data"]] == [session_id]
+    assert listing["data"][0]["model"] == "fake"
+    assert listing["data"][0]["message_count"] == 3
+
+    assert main(["sessions", "show", session_id, "--config", str(config), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["id"] == session_id
+    assert [(m["role"], m["content"]) for m in shown["messages"]] == [
+        ("system", "You are terse."), ("user", "what is a tide?"), ("assistant", answer),
+    ]
+
+    assert main(["journal", "list", "--config", str(config), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)
+    assert len(steps["data"]) == 1
+    assert steps["data"][0]["session_id"] == session_id
+    assert steps["data"][0]["status"] == "sealed"
+
+    assert main(["sessions", "list", "--config", str(config)]) == 0
+    assert session_id in capsys.readouterr().out
+
+
+def test_showing_an_unknown_session_fails_cleanly(
+    tmp_path: Path, fake: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "proxy.json", make_config(tmp_path, fake.url))
+    assert main(["sessions", "show", "no-such-session", "--config", str(config)]) == 1
+    out, err = capsys.readouterr()
+    assert "no-such-session" in err
+    assert "Traceback" not in err
+
+
+def test_python_m_proxy_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "context-proxy" in result.stdout
+    for command in ("serve", "sessions", "journal"):
+        assert command in result.stdout
