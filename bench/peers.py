@@ -54,6 +54,7 @@ SERVERS = ("floor", "litellm", "ours")
 WARMUP = 20
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
+PROFILE_STOP_TIMEOUT_S = 300.0
 COOL_DOWN_S = 3.0
 RSS_POLL_S = 0.25
 LATENCY_TARGET = 1 / 3
@@ -212,7 +213,14 @@ class MemoryWatch:
 
 
 @contextmanager
-def server(argv: list[str], health: str, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def server(
+    argv: list[str],
+    health: str,
+    env: dict[str, str],
+    log: Path,
+    stop_timeout: float = STOP_TIMEOUT_S,
+    stop_signal: signal.Signals = signal.SIGTERM,
+) -> Iterator[subprocess.Popen[bytes]]:
     """Start argv, wait for `health` to answer, yield the child; on exit stop it and any process it spawned."""
     with log.open("wb") as sink:
         child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -223,9 +231,9 @@ def server(argv: list[str], health: str, env: dict[str, str], log: Path) -> Iter
             yield child
         finally:
             spawned.update(process_tree(child.pid)[1:])
-            child.terminate()
+            child.send_signal(stop_signal)
             try:
-                child.wait(STOP_TIMEOUT_S)
+                child.wait(stop_timeout)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(STOP_TIMEOUT_S)
@@ -381,8 +389,14 @@ def run(args: argparse.Namespace) -> Results:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ours_argv = [sys.executable, "-m", "proxy", "serve", "--config", str(workdir / "ours.json")]
     ours_argv += ["--port", str(ours_port), "--log-level", "warning"]
+    stop_timeout, stop_signal = STOP_TIMEOUT_S, signal.SIGTERM
     if args.profile_ours:
-        prefix = ["-m", "pyinstrument", "-r", "text", "-p", "flat=true", "-o", str(Path(args.profile_ours).resolve())]
+        # uvicorn re-raises SIGTERM after its shutdown, which would kill pyinstrument before it writes its report;
+        # SIGINT ends in a KeyboardInterrupt that pyinstrument catches. Rendering takes a while.
+        stop_timeout, stop_signal = PROFILE_STOP_TIMEOUT_S, signal.SIGINT
+        report = Path(args.profile_ours).resolve()
+        renderer = ["-r", "session"] if report.suffix == ".pyisession" else ["-r", "text", "-p", "flat=true"]
+        prefix = ["-m", "pyinstrument", *renderer, "-o", str(report)]
         ours_argv[1:1] = prefix
     litellm_argv = [str(litellm), "--config", str(workdir / "litellm.yaml"), "--host", HOST]
     litellm_argv += ["--port", str(litellm_port), "--telemetry", "False"]
@@ -408,7 +422,11 @@ def run(args: argparse.Namespace) -> Results:
             )
         )
         watch.watch("litellm", peer.pid)
-        ours = stack.enter_context(server(ours_argv, f"http://{HOST}:{ours_port}/healthz", env, workdir / "ours.log"))
+        ours = stack.enter_context(
+            server(
+                ours_argv, f"http://{HOST}:{ours_port}/healthz", env, workdir / "ours.log", stop_timeout, stop_signal
+            )
+        )
         watch.watch("ours", ours.pid)
         print(f"servers up after {time.monotonic() - started:.0f} s", file=sys.stderr)
         with httpx.Client(timeout=60) as client:
@@ -475,7 +493,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of each throughput run")
     parser.add_argument("--litellm-venv", default=str(DEFAULT_VENV), help="venv for litellm[proxy] (made if missing)")
-    parser.add_argument("--profile-ours", help="run our proxy under pyinstrument, writing its text report here")
+    parser.add_argument(
+        "--profile-ours",
+        help="run our proxy under pyinstrument, writing a flat text report here (or a session if *.pyisession)",
+    )
     args = parser.parse_args(argv)
     print_report(run(args), args)
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,17 +34,16 @@ from proxy.forward import Upstream
 from proxy.history import History, Reconciled
 from proxy.inbound import ChatRequest, ContextOptions, context_options, parse_chat_request, read_body
 from proxy.journal import Journal, Step, StepRecord, chunks_from_record, completion_from_record
-from proxy.limits import Budget, ModelLimits, effective_budget, model_limits
+from proxy.limits import Budget, ModelLimits, effective_budget
 from proxy.outbound import SSE_DONE, SSE_HEADERS, ContextReport, sse_event
 from proxy.relay import StreamRelay
-from proxy.summarizer import MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE
 from proxy.tokens import count_prompt, encoding_for_model
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-SUMMARIZER_PROMPT_OVERHEAD = 256
-"""The summarizer's instruction and transcript framing, beyond the messages it reads."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +74,7 @@ class ChatCompletions:
         journal: Journal,
         upstream: Upstream,
         compactor: Compactor,
+        limits: Callable[[ModelEntry], ModelLimits],
         background: set[asyncio.Task[None]],
     ) -> None:
         self._config = config
@@ -85,12 +84,7 @@ class ChatCompletions:
         self._compactor = compactor
         self._background = background
         self._corrections = TokenCorrections()
-        self._limits: dict[str, ModelLimits] = {
-            entry.name: model_limits(entry, upstream.model_info) for entry in config.models
-        }
-
-    def limits(self, entry: ModelEntry) -> ModelLimits:
-        return self._limits[entry.name]
+        self.limits = limits
 
     async def __call__(self, request: Request) -> Response:
         caller = authenticate(request.headers, self._config.auth)
@@ -106,6 +100,8 @@ class ChatCompletions:
                 param="model",
                 code="model_not_found",
             )
+        # A max_tokens that leaves no input room is bad input: refuse it before reconcile writes the messages.
+        self._budget(entry, chat, {}, options)
         fingerprint = _fingerprint(caller.tenant, chat)
         if options.idempotency_key is not None:
             replay = await self._journal.replay(caller.tenant, options.idempotency_key, fingerprint)
@@ -190,7 +186,6 @@ class ChatCompletions:
         if options.mode == "off":
             tokens = count_prompt(m.tokens for m in reconciled.path)
             return Prepared(list(chat.messages), tokens, summaries=0, written=0)
-        summarizer = self._compactor_summarizer_input(entry)
         return await self._compactor.prepare(
             CompactionRequest(
                 tenant=tenant,
@@ -203,51 +198,51 @@ class ChatCompletions:
                 preserve_recent=(
                     self._config.context.preserve_recent if options.preserve_recent is None else options.preserve_recent
                 ),
-                summarizer_input=summarizer,
             )
         )
 
-    def _compactor_summarizer_input(self, entry: ModelEntry) -> int:
-        name = self._config.context.summarizer_model
-        summarizer = self._config.model(name) if name else entry
-        limits = self.limits(summarizer or entry)
-        room = effective_budget(limits, 0, self._config.context.safety_margin).input_budget - SUMMARIZER_PROMPT_OVERHEAD
-        # Its max_tokens (OUTPUT_ALLOWANCE x a target of target_ratio of what it reads, at least MIN_OUTPUT_TOKENS)
-        # counts against the same window: what it may read shrinks with what it may write.
-        per_token_read = 1 + OUTPUT_ALLOWANCE * self._config.context.target_ratio
-        return max(1, min(math.floor(room / per_token_read), room - MIN_OUTPUT_TOKENS))
+    async def _forward(
+        self,
+        chat: ChatRequest,
+        options: ContextOptions,
+        plan: Plan,
+        step_begun: asyncio.Task[Step],
+        call: Callable[[Plan], Awaitable[T]],
+    ) -> tuple[Plan, T]:
+        """Call the upstream with the plan; heal once if it counted more tokens than we did.
 
-    async def _healed(
-        self, tenant: str, chat: ChatRequest, options: ContextOptions, plan: Plan, exc: UpstreamError
-    ) -> Plan | None:
-        """A smaller plan after the upstream counted more than we did, or None when healing cannot help."""
-        if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == "off":
-            return None
-        factor = self._corrections.learn(plan.entry.name, plan.prepared.tokens, exc.message)
-        log.warning(
-            "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
-            plan.prepared.tokens,
-            plan.entry.name,
-            factor,
-        )
-        return await self._plan(tenant, chat, options, plan.entry)
+        A `context_length_exceeded` that our budget should have prevented means the upstream's tokenizer
+        differs from ours: the ratio is learned for the model, the context compacted to the smaller budget, and
+        the call made once more. Any upstream failure is journaled on the step before it reaches the client.
+        """
+        try:
+            try:
+                return plan, await call(plan)
+            except UpstreamError as exc:
+                if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == "off":
+                    raise
+                factor = self._corrections.learn(plan.entry.name, plan.prepared.tokens, exc.message)
+                log.warning(
+                    "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
+                    plan.prepared.tokens,
+                    plan.entry.name,
+                    factor,
+                )
+                plan = await self._plan(plan.reconciled.session.tenant, chat, options, plan.entry)
+                return plan, await call(plan)
+        except UpstreamError as exc:
+            await self._journal.fail(await step_begun, openai_error(exc)[1]["error"])
+            raise
 
     async def _complete(
         self, chat: ChatRequest, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Response:
         params = chat.params()
-        try:
-            try:
-                response = await self._upstream.complete(plan.entry, plan.prepared.messages, params)
-            except UpstreamError as exc:
-                healed = await self._healed(plan.reconciled.session.tenant, chat, options, plan, exc)
-                if healed is None:
-                    raise
-                plan = healed
-                response = await self._upstream.complete(plan.entry, plan.prepared.messages, params)
-        except UpstreamError as exc:
-            await self._journal.fail(await step_begun, openai_error(exc)[1]["error"])
-            raise
+
+        async def complete(plan: Plan) -> dict[str, Any]:
+            return await self._upstream.complete(plan.entry, plan.prepared.messages, params)
+
+        plan, response = await self._forward(chat, options, plan, step_begun, complete)
         await self._journal.seal(await step_begun, response)
         return JSONResponse(response, headers=plan.report().headers())
 
@@ -255,18 +250,11 @@ class ChatCompletions:
         self, chat: ChatRequest, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Response:
         params = chat.params()
-        try:
-            try:
-                chunks = await self._upstream.open_stream(plan.entry, plan.prepared.messages, params)
-            except UpstreamError as exc:
-                healed = await self._healed(plan.reconciled.session.tenant, chat, options, plan, exc)
-                if healed is None:
-                    raise
-                plan = healed
-                chunks = await self._upstream.open_stream(plan.entry, plan.prepared.messages, params)
-        except UpstreamError as exc:
-            await self._journal.fail(await step_begun, openai_error(exc)[1]["error"])
-            raise
+
+        async def open_stream(plan: Plan) -> AsyncIterator[dict[str, Any]]:
+            return await self._upstream.open_stream(plan.entry, plan.prepared.messages, params)
+
+        plan, chunks = await self._forward(chat, options, plan, step_begun, open_stream)
         relay = StreamRelay(
             self._journal,
             await step_begun,

@@ -65,8 +65,6 @@ class Request:
     encoding: str
     budget: int
     preserve_recent: int
-    summarizer_input: int | None = None
-    """The most the summarizer model can read in one call."""
 
 
 class Compactor:
@@ -83,6 +81,7 @@ class Compactor:
         self._clock = clock
 
     def policy(self, budget: int, preserve_recent: int, summarizer_input: int | None = None) -> Policy:
+        """The builder's policy; `summarizer_input` caps what one summarization may read (None: no cap)."""
         return Policy(
             budget=budget,
             preserve_recent=preserve_recent,
@@ -100,7 +99,7 @@ class Compactor:
             return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
         items = [builder_item(stored) for stored in request.path]
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
-        policy = self.policy(request.budget, request.preserve_recent, request.summarizer_input)
+        policy = self.policy(request.budget, request.preserve_recent, self._summarizer.input_capacity(request.entry))
         for written in range(MAX_ROUNDS):
             result = build(items, [s.span() for s in stored.values()], policy, compacting=written > 0)
             if isinstance(result, WorkingContext):
@@ -124,7 +123,7 @@ class Compactor:
         items = [builder_item(stored) for stored in request.path]
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
         policy = replace(
-            self.policy(request.budget, request.preserve_recent, request.summarizer_input),
+            self.policy(request.budget, request.preserve_recent, self._summarizer.input_capacity(request.entry)),
             trigger_ratio=FORCE_RATIO,
             compact_to=FORCE_RATIO,
         )

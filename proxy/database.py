@@ -1,14 +1,14 @@
-"""The SQLite file behind the proxy: one writer thread with group commit, one reader, ordered migrations.
+"""The SQLite file behind the proxy: one writer with group commit, one reader, ordered migrations.
 
 SQLite allows one writer at a time; many coroutines writing through their own transactions would meet as
 "database is locked". So every write is a *job* (a plain function of a `sqlite3.Connection`) handed to the one
-writer thread, which runs all jobs that are waiting as one transaction and commits once: under load, many
-small writes (journal events of concurrent streams, new messages of concurrent sessions) share one commit —
-measured here ~200k rows/s against ~6k with a commit per row — and the whole group costs one hop to the
-thread instead of one per statement. With `synchronous=NORMAL` a WAL commit does not fsync and costs tens of
-microseconds, less than handing the group to another thread (which also competes for the GIL), so groups
-run inline on the event loop; with `FULL` every commit waits for the disk and groups go to the thread. A
-job's caller resumes only after its commit, so "awaited" means "durable". Each multi-statement job runs in a savepoint, so one failing job rolls back alone. Reads use an
+writer, which runs all jobs that are waiting as one transaction and commits once: under load, many small
+writes (journal events of concurrent streams, new messages of concurrent sessions) share one commit —
+measured here ~200k rows/s against ~6k with a commit per row. With `synchronous=NORMAL` a WAL commit does not
+fsync and costs tens of microseconds, less than handing the group to another thread (which also competes for
+the GIL), so groups run inline on the event loop; with `FULL` every commit waits for the disk and groups go
+to the writer thread, one hop per group. A job's caller resumes only after its commit, so "awaited" means
+"durable". Each multi-statement job runs in a savepoint, so one failing job rolls back alone. Reads use an
 aiosqlite connection, which in WAL mode sees committed data without waiting for the writer.
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,9 +87,32 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         ) from exc
     except RecursionError as exc:
         raise InvalidRequest("The JSON body of your request is nested too deeply.") from exc
+    except ValueError as exc:
+        # Python refuses integers of more than 4,300 digits (`sys.get_int_max_str_digits`) with a ValueError.
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        _reject_lone_surrogates(body)
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {_json_type(body)}.")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A `\\ud800`–`\\udfff` escape: the only way a JSON text in valid UTF-8 can smuggle in a surrogate."""
+
+
+def _reject_lone_surrogates(body: Any) -> None:
+    """A surrogate escape not paired into one character is not Unicode: it could be neither hashed, stored nor
+    echoed back (UTF-8 cannot encode it), so it is refused here like any other malformed input."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            "The JSON body of your request contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), "
+            "which is not valid Unicode."
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidRequest("The JSON body of your request is nested too deeply.") from exc
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:

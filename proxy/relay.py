@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 Chunk = dict[str, Any]
 
+MAX_GROUP = 64
+"""Chunks the reader takes from an already-buffered burst before the pump commits them as one group."""
+
 
 class _Done:
     """The stream's end marker in the ready queue."""
@@ -122,9 +125,16 @@ class StreamRelay:
 
     async def _read(self) -> None:
         try:
+            first = True
             async for chunk in self._chunks:
                 self._pending.append(chunk)
                 self._arrived.set()
+                # Chunks already buffered arrive without a real suspension, so the pump would not run until the
+                # whole buffer is read. Yield after the first chunk (time to first chunk) and every MAX_GROUP
+                # chunks (bounded groups); a slow upstream suspends between chunks anyway.
+                if first or len(self._pending) >= MAX_GROUP:
+                    first = False
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from proxy.chat import ChatCompletions
 from proxy.compactor import Compactor
-from proxy.config import Config
+from proxy.config import Config, ModelEntry
 from proxy.database import Database
 from proxy.forward import Upstream
 from proxy.history import History
 from proxy.inspection import Inspector
 from proxy.journal import Journal
+from proxy.limits import ModelLimits, model_limits
 from proxy.summaries import Summaries
 from proxy.summarizer import Summarizer
 
@@ -54,10 +55,12 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
             report = await journal.recover()
             log.info("journal recovery: %s", report)
         upstream = Upstream(config.upstream, config.models)
+        limits = _limits_table(config, upstream)
         name = config.context.summarizer_model
-        compactor = Compactor(config.context, summaries, Summarizer(upstream, config.model(name) if name else None))
-        chat = ChatCompletions(config, history, journal, upstream, compactor, background)
-        inspector = Inspector(config, history, summaries, journal, compactor, chat.limits)
+        summarizer = Summarizer(upstream, config.model(name) if name else None, limits, config.context)
+        compactor = Compactor(config.context, summaries, summarizer)
+        chat = ChatCompletions(config, history, journal, upstream, compactor, limits, background)
+        inspector = Inspector(config, history, summaries, journal, compactor, limits)
         if recover:
             pruning = asyncio.create_task(_prune_periodically(journal), name="journal-pruning")
             background.add(pruning)
@@ -66,6 +69,17 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     finally:
         await _finish(background)
         await db.close()
+
+
+def _limits_table(config: Config, upstream: Upstream) -> Callable[[ModelEntry], ModelLimits]:
+    """Each configured model's limits, resolved once at startup (config → LiteLLM's map → prefixes → default)."""
+    table = {entry.name: model_limits(entry, upstream.model_info) for entry in config.models}
+
+    def limits(entry: ModelEntry) -> ModelLimits:
+        known = table.get(entry.name)
+        return known if known is not None else model_limits(entry, upstream.model_info)
+
+    return limits
 
 
 async def _finish(background: set[asyncio.Task[None]]) -> None:

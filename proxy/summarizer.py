@@ -8,14 +8,16 @@ rewritten by the LLM at a later compaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.compaction import extractive_summary, summarizer_messages
-from proxy.config import ModelEntry
+from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.forward import Upstream
+from proxy.limits import ModelLimits, effective_budget
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ FALLBACK_MODEL = "extractive"
 OUTPUT_ALLOWANCE = 2
 """The summarizer may write up to twice its target before it is cut off: targets are estimates."""
 MIN_OUTPUT_TOKENS = 256
+PROMPT_OVERHEAD = 256
+"""Tokens of the summarizer's instruction and transcript labels, beyond the messages it reads."""
 
 
 @dataclass(frozen=True)
@@ -34,19 +38,39 @@ class WrittenSummary:
 
 
 class Summarizer:
-    def __init__(self, upstream: Upstream, entry: ModelEntry | None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        entry: ModelEntry | None,
+        limits: Callable[[ModelEntry], ModelLimits],
+        config: ContextConfig,
+    ) -> None:
         self._upstream = upstream
         self._entry = entry
+        self._limits = limits
+        self._config = config
 
     def entry_for(self, request_entry: ModelEntry) -> ModelEntry:
         """The configured summarizer, or else the request's own model."""
         return self._entry or request_entry
 
+    def input_capacity(self, request_entry: ModelEntry) -> int:
+        """The most tokens one summarization may read, so that the call fits the summarizer's own window.
+
+        Its output (`OUTPUT_ALLOWANCE` times a target of `target_ratio` of what it reads, at least
+        `MIN_OUTPUT_TOKENS`) counts against the same window: what it may read shrinks with what it may write.
+        """
+        limits = self._limits(self.entry_for(request_entry))
+        room = effective_budget(limits, 0, self._config.safety_margin).input_budget - PROMPT_OVERHEAD
+        per_token_read = 1 + OUTPUT_ALLOWANCE * self._config.target_ratio
+        return max(1, min(math.floor(room / per_token_read), room - MIN_OUTPUT_TOKENS))
+
     async def summarize(
         self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
     ) -> WrittenSummary:
         entry = self.entry_for(request_entry)
-        params = {"max_tokens": max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), "temperature": 0}
+        max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._limits(entry).max_output)
+        params = {"max_tokens": max_tokens, "temperature": 0}
         try:
             response = await self._upstream.complete(entry, summarizer_messages(messages, target), params)
             content = _answer_text(response)

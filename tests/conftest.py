@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,13 @@ def proxy(serve_proxy: ServeProxy) -> ProxyServer:
 
 
 @pytest.fixture
-def client(proxy: ProxyServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20)
+def client(proxy: ProxyServer) -> Iterator[openai.OpenAI]:
+    # Closed after the test: an SDK client left to the garbage collector leaks sockets (ResourceWarning → error).
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20) as sdk:
+        yield sdk
 
 
 @pytest.fixture
-def async_client(proxy: ProxyServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20)
+async def async_client(proxy: ProxyServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=20) as sdk:
+        yield sdk

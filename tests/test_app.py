@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream, Fault, Reply
-from tests.proxy_server import ProxyServer, free_port
+from tests.proxy_server import ProxyServer, free_port, make_config
 
 UPSTREAM_KEY = "sk-upstream-secret"
 CLIENT_KEY = "ck-client-secret-4f9a"
@@ -67,13 +67,16 @@ class Caller:
         self.async_client = async_client
 
     async def complete(self, messages: list[dict[str, Any]] = MESSAGES, **params: Any) -> ChatCompletion:
+        completion: ChatCompletion
         if self.sync:
-            return self.client.chat.completions.create(
+            completion = self.client.chat.completions.create(
                 model="fake", messages=sdk_messages(messages), stream=False, **params
             )
-        return await self.async_client.chat.completions.create(
-            model="fake", messages=sdk_messages(messages), stream=False, **params
-        )
+        else:
+            completion = await self.async_client.chat.completions.create(
+                model="fake", messages=sdk_messages(messages), stream=False, **params
+            )
+        return completion
 
     async def stream(self, messages: list[dict[str, Any]] = MESSAGES, **params: Any) -> list[ChatCompletionChunk]:
         if self.sync:
@@ -94,6 +97,28 @@ class Caller:
         if stream:
             return text_of(await self.stream(messages, **params))
         return (await self.complete(messages, **params)).choices[0].message.content or ""
+
+
+@pytest.fixture(scope="module")
+def shared_proxy(tmp_path_factory: pytest.TempPathFactory, upstream_server: FakeUpstream) -> Iterator[ProxyServer]:
+    """One proxy for the tests that neither change its config nor depend on an empty store (start-up costs)."""
+    folder = tmp_path_factory.mktemp("shared-proxy")
+    with ProxyServer(make_config(folder, upstream_server.url), folder) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy(shared_proxy: ProxyServer, fake: FakeUpstream) -> ProxyServer:
+    """Overrides conftest's per-test proxy in this module (the `client` fixtures follow); `fake` is reset."""
+    return shared_proxy
+
+
+@pytest.fixture(scope="module")
+def refusing_proxy(tmp_path_factory: pytest.TempPathFactory, upstream_server: FakeUpstream) -> Iterator[ProxyServer]:
+    """A proxy that only ever receives requests it must refuse: its store has to stay empty."""
+    folder = tmp_path_factory.mktemp("refusing-proxy")
+    with ProxyServer(make_config(folder, upstream_server.url), folder) as server:
+        yield server
 
 
 @pytest.fixture(params=[True, False], ids=["sync", "async"])
@@ -293,11 +318,21 @@ def test_budget_headers_follow_the_request(client: openai.OpenAI) -> None:
         model="fake", messages=sdk_messages(MESSAGES), max_tokens=100
     )
     capped = client.chat.completions.with_raw_response.create(
-        model="fake", messages=sdk_messages(MESSAGES), extra_headers={"X-Context-Budget": "3000"}
+        model="fake", messages=sdk_messages(MESSAGES),
+        extra_headers={"X-Context-Budget": "3000", "X-Session-Id": "budget-capped"},
     )
+    remembered = client.chat.completions.with_raw_response.create(
+        model="fake", messages=sdk_messages(MESSAGES), extra_headers={"X-Session-Id": "budget-capped"}
+    )
+    reset = client.chat.completions.with_raw_response.create(
+        model="fake", messages=sdk_messages(MESSAGES),
+        extra_headers={"X-Context-Budget": "none", "X-Session-Id": "budget-capped"},
+    )
+    assert int(remembered.headers["x-context-budget"]) == 3000
+    assert int(reset.headers["x-context-budget"]) == DEFAULT_BUDGET
     assert int(with_max_tokens.headers["x-context-budget"]) == 8192 - 100 - 410
     assert int(capped.headers["x-context-budget"]) == 3000
-    assert capped.headers["x-context-usage"].endswith("/ 3k (0%)")
+    assert re.search(r" / 3k \(\d+%\)$", capped.headers["x-context-usage"])
 
 
 # --- errors -------------------------------------------------------------------------------------------------
@@ -342,26 +377,54 @@ async def test_recent_messages_too_large_is_the_proxys_own_400(
     assert fake.requests == [], "nothing the upstream would refuse is sent"
 
 
-async def test_upstream_with_a_smaller_window_is_healed_by_compaction(
-    client: openai.OpenAI, fake: FakeUpstream
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_beyond_the_window_is_refused_before_anything_is_stored(
+    refusing_proxy: ProxyServer, fake: FakeUpstream, field: str, stream: bool
 ) -> None:
-    fake.context_window = 1200
+    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions",
+                          content=valid(stream=stream, **{field: 100_000}))
+    assert_openai_error(response, 400, "invalid_request_error", "context_length_exceeded")
+    assert response.json()["error"]["param"] == field
+    assert fake.requests == []
+    assert store_counts(refusing_proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
+
+
+def long_history(turns: int) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
-    for turn in range(12):
+    for turn in range(turns):
         history.append({"role": "user", "content": f"question {turn}: " + "sea and salt " * 30})
         history.append({"role": "assistant", "content": f"answer {turn}: " + "waves and wind " * 30})
     history.append({"role": "user", "content": "last question"})
+    return history
 
-    raw = client.chat.completions.with_raw_response.create(
-        model="fake", messages=sdk_messages(history), max_tokens=50
-    )
+
+def test_without_mode_off_the_proxy_compacts_instead(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
+    model = {"name": "fake", "model": "openai/fake-model", "api_base": fake.url, "api_key": UPSTREAM_KEY,
+             "context_window": 2048, "max_output": 256}
+    proxy = serve_proxy(models=[model])
+    fake.context_window = 2048
+    history = long_history(12)
+    assert fake.count_tokens(history) > 2048
+
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="fake", messages=sdk_messages(history), extra_headers={"X-Context-Mode": "off"}
+            )
+        assert caught.value.code == "context_length_exceeded"
+        assert fake.requests[-1].body["messages"] == history
+
+        raw = client.chat.completions.with_raw_response.create(model="fake", messages=sdk_messages(history))
 
     assert raw.parse().choices[0].message.content == "echo: last question"
-    chat_requests = [r for r in fake.requests if r.body["messages"][-1] == history[-1]]
-    assert chat_requests[0].body["messages"] == history
-    assert fake.count_tokens(chat_requests[-1].body["messages"]) + 50 <= 1200
-    assert chat_requests[-1].body["messages"][-4:] == history[-4:]
+    sent = fake.requests[-1].body["messages"]
+    assert fake.count_tokens(sent) <= int(raw.headers["x-context-budget"]) < 2048 - 256
+    assert sent[0] == history[0]
+    assert sent[-4:] == history[-4:]
+    assert len(sent) < len(history)
     assert int(raw.headers["x-context-summaries"]) >= 1
+    assert int(raw.headers["x-context-history-tokens"]) > int(raw.headers["x-context-tokens"])
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -385,9 +448,8 @@ async def test_authentication(serve_proxy: ServeProxy, fake: FakeUpstream, sync:
     for key in ("wrong-key", "k1x", "K1"):
         with pytest.raises(openai.AuthenticationError) as caught:
             if sync:
-                openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0).chat.completions.create(
-                    model="fake", messages=sdk_messages(MESSAGES)
-                )
+                with openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0) as bad_sync:
+                    bad_sync.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
             else:
                 async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key=key, max_retries=0) as bad:
                     await bad.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
@@ -396,8 +458,8 @@ async def test_authentication(serve_proxy: ServeProxy, fake: FakeUpstream, sync:
     assert fake.requests == []
 
     if sync:
-        good = openai.OpenAI(base_url=proxy.base_url, api_key="k1", max_retries=0)
-        completion = good.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
+        with openai.OpenAI(base_url=proxy.base_url, api_key="k1", max_retries=0) as good:
+            completion = good.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
     else:
         async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="k1", max_retries=0) as async_good:
             completion = await async_good.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
@@ -429,8 +491,10 @@ async def test_unreachable_upstream_is_502(serve_proxy: ServeProxy, tmp_path: Pa
     model = {"name": "fake", "model": "openai/fake-model", "api_base": f"http://127.0.0.1:{free_port()}/v1",
              "api_key": UPSTREAM_KEY, "context_window": 8192, "max_output": 1024}
     proxy = serve_proxy(models=[model])
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
-    with pytest.raises(openai.InternalServerError) as caught:
+    with (
+        openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client,
+        pytest.raises(openai.InternalServerError) as caught,
+    ):
         if stream:
             with client.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES), stream=True) as s:
                 list(s)
@@ -486,9 +550,8 @@ def test_models_list(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
         {"name": "other", "model": "openai/other-model", "api_base": fake.url},
     ]
     proxy = serve_proxy(models=models)
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
-
-    listed = list(client.models.list())
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client:
+        listed = list(client.models.list())
 
     assert [m.id for m in listed] == ["fake", "other"]
     assert all(m.object == "model" for m in listed)
@@ -508,22 +571,17 @@ def test_healthz(proxy: ProxyServer) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/nothing", "/v1/completions", "/", "/v2/chat/completions"])
-def test_unknown_url_is_openai_shaped_404(proxy: ProxyServer, path: str) -> None:
-    response = httpx.post(f"{proxy.url}{path}", json={})
+def test_unknown_url_is_openai_shaped_404(refusing_proxy: ProxyServer, path: str) -> None:
+    response = httpx.post(f"{refusing_proxy.url}{path}", json={})
     assert_openai_error(response, 404, "invalid_request_error", "unknown_url")
     assert path in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"),
                                               ("POST", "/healthz")])
-def test_wrong_method_is_openai_shaped_405(proxy: ProxyServer, method: str, path: str) -> None:
-    response = httpx.request(method, f"{proxy.url}{path}")
+def test_wrong_method_is_openai_shaped_405(refusing_proxy: ProxyServer, method: str, path: str) -> None:
+    response = httpx.request(method, f"{refusing_proxy.url}{path}")
     assert_openai_error(response, 405, "invalid_request_error", "method_not_allowed")
-
-
-def test_unknown_model_through_the_sdk_not_found_error(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="gpt-unknown", messages=sdk_messages(MESSAGES))
 
 
 # --- bad input over HTTP: a 400 naming the field, and nothing stored ----------------------------------------
@@ -561,14 +619,14 @@ BAD_BODIES: list[tuple[str, bytes, str | None]] = [
 
 @pytest.mark.parametrize(("raw", "param"), [(raw, param) for _, raw, param in BAD_BODIES],
                          ids=[name for name, _, _ in BAD_BODIES])
-def test_bad_body_is_a_400_naming_the_field(proxy: ProxyServer, fake: FakeUpstream, raw: bytes,
+def test_bad_body_is_a_400_naming_the_field(refusing_proxy: ProxyServer, fake: FakeUpstream, raw: bytes,
                                             param: str | None) -> None:
-    response = httpx.post(f"{proxy.base_url}/chat/completions", content=raw,
+    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions", content=raw,
                           headers={"Content-Type": "application/json"})
     assert_openai_error(response, 400, "invalid_request_error")
     assert response.json()["error"]["param"] == param
     assert fake.requests == []
-    assert store_counts(proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
+    assert store_counts(refusing_proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
 
 
 BAD_HEADERS: list[tuple[dict[str, str], str]] = [
@@ -585,19 +643,20 @@ BAD_HEADERS: list[tuple[dict[str, str], str]] = [
 
 
 @pytest.mark.parametrize(("headers", "param"), BAD_HEADERS)
-def test_bad_header_is_a_400_naming_the_header(proxy: ProxyServer, fake: FakeUpstream, headers: dict[str, str],
+def test_bad_header_is_a_400_naming_the_header(refusing_proxy: ProxyServer, fake: FakeUpstream, headers: dict[str, str],
                                                param: str) -> None:
-    response = httpx.post(f"{proxy.base_url}/chat/completions", content=valid(stream=True),
+    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions", content=valid(stream=True),
                           headers={"Content-Type": "application/json", **headers})
     assert_openai_error(response, 400, "invalid_request_error")
     assert response.json()["error"]["param"] == param
     assert fake.requests == []
-    assert store_counts(proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
+    assert store_counts(refusing_proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
 
 
 def test_many_bad_requests_leave_the_store_empty_and_a_good_one_still_works(
-    proxy: ProxyServer, client: openai.OpenAI, fake: FakeUpstream
+    serve_proxy: ServeProxy, fake: FakeUpstream
 ) -> None:
+    proxy = serve_proxy()
     url = f"{proxy.base_url}/chat/completions"
     for _name, raw, _param in BAD_BODIES:
         assert httpx.post(url, content=raw).status_code == 400
@@ -606,7 +665,8 @@ def test_many_bad_requests_leave_the_store_empty_and_a_good_one_still_works(
     assert httpx.post(url, content=valid(model="nope")).status_code == 404
     assert store_counts(proxy.config.store.path) == dict.fromkeys(STORE_TABLES, 0)
 
-    completion = client.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client:
+        completion = client.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
     assert completion.choices[0].message.content == ECHO
     counts = store_counts(proxy.config.store.path)
     assert counts["sessions"] == 1
@@ -659,11 +719,12 @@ def test_chunked_body_over_the_limit_is_413(small_proxy: ProxyServer, fake: Fake
 
 
 def test_keys_are_neither_forwarded_stored_logged_nor_echoed(
-    serve_proxy: ServeProxy, fake: FakeUpstream, caplog: pytest.LogCaptureFixture
+    serve_proxy: ServeProxy, fake: FakeUpstream, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
     caplog.set_level(logging.DEBUG)
     proxy = serve_proxy(auth={"keys": [CLIENT_KEY]})
     client = openai.OpenAI(base_url=proxy.base_url, api_key=CLIENT_KEY, max_retries=0)
+    request.addfinalizer(client.close)
     bodies: list[str] = []
 
     client.chat.completions.create(model="fake", messages=sdk_messages(MESSAGES))
@@ -705,7 +766,6 @@ async def test_first_chunk_arrives_before_the_stream_ends(
 ) -> None:
     fake.chunk_delay_s = 0.3
     fake.responder = lambda body: Reply(content="alpha beta gamma")  # role, 3 words, finish: 5 chunks
-    caller = Caller(sync, client, async_client)
     started = time.monotonic()
     arrivals: list[float] = []
     pieces: list[str] = []
@@ -716,7 +776,7 @@ async def test_first_chunk_arrives_before_the_stream_ends(
                     arrivals.append(time.monotonic() - started)
                     pieces.append(chunk.choices[0].delta.content)
     else:
-        async with await caller.async_client.chat.completions.create(
+        async with await async_client.chat.completions.create(
             model="fake", messages=sdk_messages(MESSAGES), stream=True
         ) as async_stream:
             async for chunk in async_stream:

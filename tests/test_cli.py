@@ -119,9 +119,9 @@ def test_sessions_and_journal_read_the_servers_store(
     serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     proxy = serve_proxy()
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
     messages = cast("list[ChatCompletionMessageParam]", MESSAGES)
-    raw = client.chat.completions.with_raw_response.create(model="fake", messages=messages)
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(model="fake", messages=messages)
     session_id = raw.headers["x-session-id"]
     answer = raw.parse().choices[0].message.content
     assert answer == "echo: what is a tide?"
@@ -156,6 +156,7 @@ def test_showing_an_unknown_session_fails_cleanly(
     config = write_config(tmp_path / "proxy.json", make_config(tmp_path, fake.url))
     assert main(["sessions", "show", "no-such-session", "--config", str(config)]) == 1
     out, err = capsys.readouterr()
+    assert out == ""
     assert "no-such-session" in err
     assert "Traceback" not in err
 

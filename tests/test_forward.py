@@ -12,7 +12,7 @@ import pytest
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError, openai_error
 from proxy.forward import Upstream, upstream_error
-from tests.fake_upstream import FakeUpstream, Fault, Reply, error_body
+from tests.fake_upstream import FakeUpstream, Fault, Reply, default_error_body, error_body
 from tests.proxy_server import free_port
 
 UPSTREAM_KEY = "sk-upstream-secret"
@@ -261,8 +261,6 @@ async def test_upstream_error_statuses_are_kept(
 
 
 def error_body_of(status: int) -> dict[str, Any]:
-    from tests.fake_upstream import default_error_body
-
     body: dict[str, Any] = default_error_body(status)["error"]
     return body
 

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from proxy.cli import main as cli_main
+from tests import proxy_server
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream, Fault, Reply
 from tests.proxy_server import ProxyProcess, ProxyServer, make_config
@@ -32,6 +33,7 @@ TIMEOUT_S = 20.0
 SETTLE_S = 5.0
 """How long a background outcome (a detached stream sealing or being interrupted) may take to show."""
 POLL_S = 0.05
+PROCESS_START_TIMEOUT_S = 60.0
 
 
 def words(prefix: str, count: int) -> str:
@@ -130,11 +132,13 @@ def slow_fake(fake: FakeUpstream) -> FakeUpstream:
 
 
 def test_kill_mid_stream_keeps_what_the_client_saw_and_completes_what_had_ended(
-    tmp_path: Path, slow_fake: FakeUpstream
+    tmp_path: Path, slow_fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two streams in flight when the proxy is SIGKILLed: one mid-answer (→ interrupted, with at least the text
     its client saw) and one whose final chunk had been relayed while the upstream held back the end of its
     stream (→ complete after restart, its answer linked into the session's history)."""
+    # A child process imports LiteLLM (seconds of CPU): on a busy machine that alone can exceed the default.
+    monkeypatch.setattr(proxy_server, "START_TIMEOUT_S", PROCESS_START_TIMEOUT_S)
     slow_fake.chunk_delay_s = 0.25
     raw = make_config(tmp_path, slow_fake.url)
     first = ProxyProcess(raw, tmp_path)

@@ -13,14 +13,17 @@ import pytest
 
 from proxy.compaction import SUMMARY_HEADER, summary_message
 from proxy.compactor import Compactor, Prepared, Request
-from proxy.config import ContextConfig, ModelEntry
+from proxy.config import ContextConfig, ModelEntry, UpstreamConfig
 from proxy.corrections import FALLBACK_FACTOR_STEP, HEADROOM, MAX_FACTOR, TokenCorrections, upstream_count
 from proxy.database import Database
 from proxy.errors import ContextTooLarge
+from proxy.forward import Upstream
 from proxy.history import History, StoredMessage
+from proxy.limits import model_limits
 from proxy.summaries import StoredSummary, Summaries, in_force
 from proxy.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.tokens import count_message
+from tests.fake_upstream import FakeUpstream
 
 TENANT = "t"
 ENCODING = "cl100k_base"
@@ -58,6 +61,10 @@ class Call:
     entry: ModelEntry
 
 
+UNCAPPED_INPUT = 10_000_000
+"""What the fake summarizer can read at once: more than any test conversation."""
+
+
 class FakeSummarizer(Summarizer):
     """Records each call and answers `content` (about `words` words), or fails over to the fallback."""
 
@@ -65,6 +72,9 @@ class FakeSummarizer(Summarizer):
         self.calls: list[Call] = []
         self.words = words
         self.fallback = fallback
+
+    def input_capacity(self, request_entry: ModelEntry) -> int:
+        return UNCAPPED_INPUT
 
     async def summarize(
         self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
@@ -442,3 +452,17 @@ async def test_preserve_recent_widens_to_keep_a_tool_group_whole(history: Histor
 
     assert prepared.messages[-4:] == [m.message for m in path[-4:]]
     assert prepared.written >= 1
+
+
+async def test_the_summarizer_stays_within_its_own_model(fake: FakeUpstream) -> None:
+    tiny = ModelEntry(
+        name="tiny", model="openai/fake-model", api_base=fake.url, api_key="k", context_window=4096, max_output=300
+    )
+    upstream = Upstream(UpstreamConfig(timeout_s=10), (tiny,))
+    summarizer = Summarizer(upstream, tiny, lambda entry: model_limits(entry, upstream.model_info), ContextConfig())
+    written = await summarizer.summarize([{"role": "user", "content": "x " * 100}], 2048, tiny)
+    assert written.generated_by == "llm"
+    assert fake.requests[-1].body["max_tokens"] == 300  # the model's max_output, not 2 × 2048
+    capacity = summarizer.input_capacity(tiny)
+    assert capacity > 0
+    assert capacity + 2 * ContextConfig().target_ratio * capacity < 4096 - 300
