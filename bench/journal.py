@@ -365,7 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--e2e", action="store_true", help="the served end-to-end benchmark instead")
     parser.add_argument("--rounds", type=int, default=E2E_ROUNDS)
     parser.add_argument("--words", type=int, default=E2E_WORDS, help="words (chunks) in the streamed reply")
-    parser.add_argument("--profile", type=Path, help="profile the NORMAL proxy with pyinstrument into this HTML (and a .txt beside it)")
+    parser.add_argument(
+        "--profile", type=Path, help="profile the NORMAL proxy with pyinstrument into this HTML (and a .txt beside it)"
+    )
     parser.add_argument("--serve-fake", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--journal", choices=["on", "off"], default="on", help=argparse.SUPPRESS)

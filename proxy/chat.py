@@ -8,7 +8,9 @@
     journal      the step begins beside the upstream call; streams go through `StreamRelay`
     outbound     JSON or SSE, with the X-Context-* headers
 
-Everything that can be refused is refused before the first write, so bad input changes nothing in the store.
+Bad input (malformed body or headers, unknown model, an impossible max_tokens) is refused before the first
+write, so it changes nothing in the store. A valid request whose recent messages cannot fit the model is
+stored first and then refused: what a client sent is never discarded.
 """
 
 from __future__ import annotations

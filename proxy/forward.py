@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 litellm.suppress_debug_info = True
 litellm.disable_hf_tokenizer_download = True
+# LiteLLM's default aiohttp transport discards data it had already received when the connection breaks
+# before it is read (aiohttp's StreamReader raises its stored error first): chunks the upstream sent and we
+# were about to journal would be lost. httpx hands them over, then raises.
+litellm.disable_aiohttp_transport = True
 
 Chunk = dict[str, Any]
 

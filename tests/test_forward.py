@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator
@@ -319,17 +320,20 @@ async def test_unreachable_upstream_is_502() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_slow_upstream_is_504(entry: ModelEntry, fake: FakeUpstream, stream: bool) -> None:
-    upstream = Upstream(UpstreamConfig(timeout_s=0.3), (entry,))
-    fake.fail_next(Fault(status=200, delay_s=1.5))
+    upstream = Upstream(UpstreamConfig(timeout_s=0.2), (entry,))
+    delay_s = 0.8
+    fake.fail_next(Fault(status=200, delay_s=delay_s))
     started = time.monotonic()
     with pytest.raises(UpstreamError) as caught:
         if stream:
             await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
         else:
             await upstream.complete(entry, MESSAGES, {})
-    assert time.monotonic() - started < 1.4
+    assert time.monotonic() - started < delay_s - 0.2
     error = caught.value
     assert (error.status, error.type, error.code) == (504, "timeout", "upstream_timeout")
+    # Let the fake finish the abandoned answer, so it cannot take the next test's completion id.
+    await asyncio.sleep(max(0.0, started + delay_s + 0.1 - time.monotonic()))
 
 
 async def test_stream_dropped_mid_way_raises_while_iterating(
@@ -346,6 +350,19 @@ async def test_stream_dropped_mid_way_raises_while_iterating(
     error = caught.value
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
     assert "mid-stream" in error.message
+
+
+async def test_chunks_received_before_a_drop_survive_a_late_reader(
+    upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
+) -> None:
+    fake.fail_next(Fault(drop_after_chunks=2))
+    stream = await upstream.open_stream(entry, MESSAGES, {"stream": True})
+    await asyncio.sleep(0.1)  # the relay starts reading only after the journal step has begun
+    received: list[dict[str, Any]] = []
+    with pytest.raises(UpstreamError):
+        async for chunk in stream:
+            received.append(chunk)
+    assert len(received) == 2
 
 
 async def test_malformed_stream_event_is_incomplete(

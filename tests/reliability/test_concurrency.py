@@ -31,16 +31,17 @@ SMALL_EVERY = 5
 SMALL_WINDOW = 2048
 SMALL_MAX_OUTPUT = 256
 TARGET_S = 60.0
-"""The run's target on 2 cores (measured: 30–45 s, on a machine shared with other test runs)."""
+"""The run's target on 2 cores (measured: 16–43 s, the slow end on a machine busy with other test runs)."""
 BUDGET_S = 2 * TARGET_S
 """What fails the test: twice the target, so that only a gross regression (e.g. serialized sessions) fails it
 on a loaded machine."""
 REQUEST_TIMEOUT_S = 45.0
 
-WORDS = (
-    "proxy session summary token budget context stream journal message chain branch compaction upstream "
-    "model window cache prompt reply answer request client server table column index query layout render"
-).split()
+WORDS = [
+    *("proxy", "session", "summary", "token", "budget", "context", "stream", "journal", "message", "chain"),
+    *("branch", "compaction", "upstream", "model", "window", "cache", "prompt", "reply", "answer", "request"),
+    *("client", "server", "table", "column", "index", "query", "layout", "render"),
+]
 
 
 def user_text(session: int, turn: int, words: int) -> str:
@@ -113,9 +114,7 @@ async def run_conversation(client: openai.AsyncOpenAI, conversation: Conversatio
 
 
 @pytest.mark.time_budget(200)
-async def test_fifty_sessions_twenty_turns_at_once(
-    serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path
-) -> None:
+async def test_fifty_sessions_twenty_turns_at_once(serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path) -> None:
     fake.context_window = 8192  # ≥ the largest window the proxy knows
     fake.responder = short_echo  # the summarizer's calls are answered the same way: a short summary
     small = {

@@ -20,12 +20,12 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import Fault, FakeUpstream
+from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import ProxyServer, free_port
 from tests.reliability.support import integrity, read_only, step_statuses
 
-UPSTREAM_TIMEOUT_S = 1.0
-SLOW_S = 2.0
+UPSTREAM_TIMEOUT_S = 2.0
+SLOW_S = 3.0
 """Longer than the proxy's upstream timeout."""
 CLIENT_TIMEOUT_S = 20.0
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -66,19 +66,55 @@ CASES = [
         fault=Fault(status=429, headers={"Retry-After": "7"}),
         retry_after="7",
     ),
-    *both("500", error=openai.InternalServerError, status=500, code=None, error_type="server_error",
-          fault=Fault(status=500)),
-    *both("503", error=openai.InternalServerError, status=503, code="service_unavailable",
-          error_type="server_error", fault=Fault(status=503)),
-    *both("refused", error=openai.InternalServerError, status=502, code="upstream_unreachable",
-          error_type="upstream_error", model="dead"),
-    *both("read-timeout", error=openai.InternalServerError, status=504, code="upstream_timeout",
-          error_type="timeout", fault=Fault(status=200, delay_s=SLOW_S)),
+    *both(
+        "500",
+        error=openai.InternalServerError,
+        status=500,
+        code=None,
+        error_type="server_error",
+        fault=Fault(status=500),
+    ),
+    *both(
+        "503",
+        error=openai.InternalServerError,
+        status=503,
+        code="service_unavailable",
+        error_type="server_error",
+        fault=Fault(status=503),
+    ),
+    *both(
+        "refused",
+        error=openai.InternalServerError,
+        status=502,
+        code="upstream_unreachable",
+        error_type="upstream_error",
+        model="dead",
+    ),
+    *both(
+        "read-timeout",
+        error=openai.InternalServerError,
+        status=504,
+        code="upstream_timeout",
+        error_type="timeout",
+        fault=Fault(status=200, delay_s=SLOW_S),
+    ),
     Case("stalled-mid-stream", True, openai.APIError, "upstream_timeout", "timeout", chunk_delay_s=SLOW_S),
-    Case("dropped-stream", True, openai.APIError, "upstream_unreachable", "upstream_error",
-         fault=Fault(drop_after_chunks=2)),
-    Case("malformed-stream", True, openai.APIError, "upstream_stream_incomplete", "upstream_error",
-         fault=Fault(malformed_after_chunks=2)),
+    Case(
+        "dropped-stream",
+        True,
+        openai.APIError,
+        "upstream_unreachable",
+        "upstream_error",
+        fault=Fault(drop_after_chunks=2),
+    ),
+    Case(
+        "malformed-stream",
+        True,
+        openai.APIError,
+        "upstream_stream_incomplete",
+        "upstream_error",
+        fault=Fault(malformed_after_chunks=2),
+    ),
 ]
 
 

@@ -29,7 +29,7 @@ ANSWER_WORDS = 40
 CHUNK_DELAY_S = 0.02
 CLIENT_TIMEOUT_S = 20.0
 BUDGET_S = 240.0
-"""A gross-regression guard only: ~75 s measured on 2 idle cores, almost all of it 21 process starts (LiteLLM's
+"""A gross-regression guard only: 70–86 s measured on 2 cores, almost all of it 21 process starts (LiteLLM's
 import); a shared, loaded machine can double that."""
 ANSWER = " ".join(f"w{n}" for n in range(ANSWER_WORDS))
 """What the fake streams: a role chunk, 40 word chunks, a finish chunk."""
@@ -70,11 +70,8 @@ def stream_then_kill(process: ProxyProcess, cycle: Cycle) -> None:
             http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response,
         ):
             assert response.status_code == 200
-            read = 0
-            for event in sse_events(response):
-                if read >= cycle.kill_after:
-                    break
-                if event == "[DONE]":
+            for read, event in enumerate(sse_events(response)):
+                if read >= cycle.kill_after or event == "[DONE]":
                     break
                 assert isinstance(event, dict)
                 assert "error" not in event, event
@@ -82,7 +79,6 @@ def stream_then_kill(process: ProxyProcess, cycle: Cycle) -> None:
                 cycle.saw_finish = cycle.saw_finish or any(
                     choice.get("finish_reason") for choice in event.get("choices") or []
                 )
-                read += 1
             process.kill()
     finally:
         process.kill()
