@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +38,7 @@ import httpx
 # Run as a script from a checkout that is not installed: make the repository's `proxy` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import HARNESS, HOST, free_port, process, proxy_config
 from proxy.config import JournalConfig
 from proxy.database import Database
 from proxy.history import History
@@ -131,27 +129,12 @@ async def storage_section(chunk_count: int, folder_root: Path | None) -> None:
 
 # --- end to end: served proxies, a fake upstream, all in their own processes ---------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
 E2E_WORDS = 2_000
 E2E_ROUNDS = 7
 E2E_WARMUP = 2
 TARGETS = ("direct", "off", "NORMAL", "FULL")
 PROXIES = {"off": "NORMAL", "NORMAL": "NORMAL", "FULL": "FULL"}
 """Proxy target → its `journal.synchronous` (the `off` proxy's journal writes nothing, so it does not matter)."""
-BIG_WINDOW = 1_000_000
-
-
-def serve_fake(port: int, reply_words: int) -> None:
-    """The fake upstream, answering every request with `reply_words` words streamed as fast as it can."""
-    import uvicorn
-
-    from tests.fake_upstream import FakeUpstream, Reply
-
-    reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
-    fake = FakeUpstream(context_window=BIG_WINDOW, chunk_delay_s=0.0)
-    fake.responder = lambda body: reply
-    uvicorn.run(fake._app, host=HOST, port=port, log_level="warning", lifespan="off")
 
 
 def disable_journal() -> None:
@@ -227,37 +210,6 @@ def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | N
         profile.with_suffix(".txt").write_text(profiler.output_text(unicode=True, color=False))
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def process(args: list[str], health: str, log: Path) -> Iterator[None]:
-    """A child Python process, up once `health` answers; terminated on exit."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with log.open("ab") as out:
-        child = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(health, timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or child.poll() is not None:
-                    raise RuntimeError(f"{args} did not start; see {log}") from None
-                time.sleep(0.1)
-        yield
-    finally:
-        child.terminate()
-        child.wait(30)
-
-
 def stream_once(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float, int, int]:
     """(time to the first chunk, total time, SSE chunks, bytes) of one streamed answer."""
     started = time.perf_counter()
@@ -285,26 +237,13 @@ def e2e_run(rounds: int, reply_words: int, workdir: Path, profile: Path | None) 
     with ExitStack() as stack:
         stack.enter_context(
             process(
-                [this, "--serve-fake", str(fake_port), str(reply_words)], f"{upstream}/models", workdir / "fake.log"
+                [str(HARNESS), "--serve-fake", str(fake_port), str(reply_words)],
+                f"{upstream}/models",
+                workdir / "fake.log",
             )
         )
         for target, synchronous in PROXIES.items():
-            config = {
-                "store": {"path": str(workdir / f"{target}.db")},
-                "models": [
-                    {
-                        "name": "fake",
-                        "model": "openai/fake-model",
-                        "api_base": upstream,
-                        "api_key": "sk-bench",
-                        "context_window": BIG_WINDOW,
-                        "max_output": 4096,
-                    }
-                ],
-                "journal": {"synchronous": synchronous},
-            }
-            config_path = workdir / f"{target}.json"
-            config_path.write_text(json.dumps(config))
+            config_path = proxy_config(workdir, upstream, target, journal={"synchronous": synchronous})
             args = [
                 this,
                 "--serve-proxy",
@@ -368,13 +307,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile", type=Path, help="profile the NORMAL proxy with pyinstrument into this HTML (and a .txt beside it)"
     )
-    parser.add_argument("--serve-fake", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--journal", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_fake:
-        serve_fake(*args.serve_fake)
-    elif args.serve_proxy:
+    if args.serve_proxy:
         serve_proxy(args.serve_proxy[0], int(args.serve_proxy[1]), args.journal == "on", args.profile)
     elif args.e2e:
         started = time.monotonic()

@@ -43,12 +43,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.overhead import BIG_WINDOW, messages, process, timed  # noqa: E402
-from tests.proxy_server import HOST, free_port  # noqa: E402
+from bench.harness import HARNESS, HOST, free_port, messages, process, proxy_config, timed  # noqa: E402
 
 LITELLM_VERSION = "1.106.2"
 DEFAULT_VENV = Path("/tmp/litellm-proxy-venv")
-OVERHEAD = ROOT / "bench" / "overhead.py"
 TARGETS = ("direct", "floor", "litellm", "ours")
 SERVERS = ("floor", "litellm", "ours")
 WARMUP = 20
@@ -365,20 +363,7 @@ def run(args: argparse.Namespace) -> Results:
     fake_port, floor_port, litellm_port, ours_port = (free_port() for _ in range(4))
     upstream = f"http://{HOST}:{fake_port}/v1"
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    ours_config = {
-        "store": {"path": str(workdir / "store.db")},
-        "models": [
-            {
-                "name": "fake",
-                "model": "openai/fake-model",
-                "api_base": upstream,
-                "api_key": "sk-bench",
-                "context_window": BIG_WINDOW,
-                "max_output": 4096,
-            }
-        ],
-    }
-    (workdir / "ours.json").write_text(json.dumps(ours_config))
+    ours_config = proxy_config(workdir, upstream, "ours")
     (workdir / "litellm.yaml").write_text(json.dumps(litellm_config(upstream), indent=2))  # JSON is YAML
     urls = {
         "direct": f"{upstream}/chat/completions",
@@ -387,7 +372,7 @@ def run(args: argparse.Namespace) -> Results:
         "ours": f"http://{HOST}:{ours_port}/v1/chat/completions",
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ours_argv = [sys.executable, "-m", "proxy", "serve", "--config", str(workdir / "ours.json")]
+    ours_argv = [sys.executable, "-m", "proxy", "serve", "--config", str(ours_config)]
     ours_argv += ["--port", str(ours_port), "--log-level", "warning"]
     stop_timeout, stop_signal = STOP_TIMEOUT_S, signal.SIGTERM
     if args.profile_ours:
@@ -402,11 +387,11 @@ def run(args: argparse.Namespace) -> Results:
     litellm_argv += ["--port", str(litellm_port), "--telemetry", "False"]
     print(f"logs in {workdir}", file=sys.stderr)
     with ExitStack() as stack:
-        stack.enter_context(process([str(OVERHEAD), "--serve-fake", str(fake_port)], f"{upstream}/models", env))
+        stack.enter_context(process([str(HARNESS), "--serve-fake", str(fake_port)], f"{upstream}/models"))
         watch = stack.enter_context(MemoryWatch())
         floor = stack.enter_context(
             server(
-                [sys.executable, str(OVERHEAD), "--serve-floor", str(floor_port), upstream],
+                [sys.executable, str(HARNESS), "--serve-floor", str(floor_port), upstream],
                 f"http://{HOST}:{floor_port}/",
                 env,
                 workdir / "floor.log",
