@@ -129,9 +129,10 @@ class ChatCompletions:
             if chat.stream:
                 return await self._stream(chat, options, plan, step_begun)
             return await self._complete(chat, options, plan, step_begun)
-        finally:
-            if not step_begun.done():
-                step_begun.cancel()
+        except Exception as exc:
+            # Until a stream's relay owns the step, any failure ends it here, so no step is left open.
+            await self._journal.fail(await step_begun, openai_error(exc)[1]["error"])
+            raise
 
     async def _plan(self, tenant: str, chat: ChatRequest, options: ContextOptions, entry: ModelEntry) -> Plan:
         encoding = encoding_for_model(entry.model)
@@ -208,33 +209,28 @@ class ChatCompletions:
         chat: ChatRequest,
         options: ContextOptions,
         plan: Plan,
-        step_begun: asyncio.Task[Step],
         call: Callable[[Plan], Awaitable[T]],
     ) -> tuple[Plan, T]:
         """Call the upstream with the plan; heal once if it counted more tokens than we did.
 
         A `context_length_exceeded` that our budget should have prevented means the upstream's tokenizer
         differs from ours: the ratio is learned for the model, the context compacted to the smaller budget, and
-        the call made once more. Any upstream failure is journaled on the step before it reaches the client.
+        the call made once more.
         """
         try:
-            try:
-                return plan, await call(plan)
-            except UpstreamError as exc:
-                if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == "off":
-                    raise
-                factor = self._corrections.learn(plan.entry.name, plan.prepared.tokens, exc.message)
-                log.warning(
-                    "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
-                    plan.prepared.tokens,
-                    plan.entry.name,
-                    factor,
-                )
-                plan = await self._plan(plan.reconciled.session.tenant, chat, options, plan.entry)
-                return plan, await call(plan)
+            return plan, await call(plan)
         except UpstreamError as exc:
-            await self._journal.fail(await step_begun, openai_error(exc)[1]["error"])
-            raise
+            if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == "off":
+                raise
+            factor = self._corrections.learn(plan.entry.name, plan.prepared.tokens, exc.message)
+            log.warning(
+                "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
+                plan.prepared.tokens,
+                plan.entry.name,
+                factor,
+            )
+            plan = await self._plan(plan.reconciled.session.tenant, chat, options, plan.entry)
+            return plan, await call(plan)
 
     async def _complete(
         self, chat: ChatRequest, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
@@ -244,7 +240,7 @@ class ChatCompletions:
         async def complete(plan: Plan) -> dict[str, Any]:
             return await self._upstream.complete(plan.entry, plan.prepared.messages, params)
 
-        plan, response = await self._forward(chat, options, plan, step_begun, complete)
+        plan, response = await self._forward(chat, options, plan, complete)
         await self._journal.seal(await step_begun, response)
         return JSONResponse(response, headers=plan.report().headers())
 
@@ -256,7 +252,7 @@ class ChatCompletions:
         async def open_stream(plan: Plan) -> AsyncIterator[dict[str, Any]]:
             return await self._upstream.open_stream(plan.entry, plan.prepared.messages, params)
 
-        plan, chunks = await self._forward(chat, options, plan, step_begun, open_stream)
+        plan, chunks = await self._forward(chat, options, plan, open_stream)
         relay = StreamRelay(
             self._journal,
             await step_begun,

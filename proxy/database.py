@@ -6,8 +6,9 @@ writer, which runs all jobs that are waiting as one transaction and commits once
 writes (journal events of concurrent streams, new messages of concurrent sessions) share one commit —
 measured here ~200k rows/s against ~6k with a commit per row. With `synchronous=NORMAL` a WAL commit does not
 fsync and costs tens of microseconds, less than handing the group to another thread (which also competes for
-the GIL), so groups run inline on the event loop; with `FULL` every commit waits for the disk and groups go
-to the writer thread, one hop per group. A job's caller resumes only after its commit, so "awaited" means
+the GIL), so small groups run inline on the event loop; groups with a bulk job (many stream events) and, with
+`FULL`, every group go to the writer thread, one hop per group, where the commit overlaps the event loop's work
+(measured: journal-on relay throughput 80-88 % of journal-off inline, 90-92 % on the thread). A job's caller resumes only after its commit, so "awaited" means
 "durable". Each multi-statement job runs in a savepoint, so one failing job rolls back alone. Reads use an
 aiosqlite connection, which in WAL mode sees committed data without waiting for the writer.
 """
@@ -40,6 +41,7 @@ BUSY_TIMEOUT_MS = 10_000
 class _Job(Generic[T]):
     work: WriteWork[T]
     atomic: bool
+    bulk: bool
     future: asyncio.Future[T] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -90,16 +92,18 @@ class Database:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
         self._executor.shutdown(wait=True)
 
-    async def write(self, work: WriteWork[T], *, atomic: bool = True) -> T:
+    async def write(self, work: WriteWork[T], *, atomic: bool = True, bulk: bool = False) -> T:
         """Run `work(connection)` on the writer thread in its next transaction; return once committed.
 
         `work` must be quick and must not touch the event loop: it may run on the writer thread. `atomic=False`
         skips the savepoint for a job of a single statement (SQLite already rolls back a failing statement
-        alone).
+        alone). `bulk` marks a job that writes many rows (a group of stream events): its group goes to the
+        writer thread even in NORMAL mode, so the commit overlaps the parsing of the next chunks instead of
+        pausing the event loop.
         """
         if self._task is None:
             raise RuntimeError("database is closed")
-        job: _Job[T] = _Job(work, atomic)
+        job: _Job[T] = _Job(work, atomic, bulk)
         self._jobs.put_nowait(job)
         return await job.future
 
@@ -121,7 +125,7 @@ class Database:
                 live = [job for job in batch if not job.future.cancelled()]
                 works = [(job.work, job.atomic) for job in live]
                 try:
-                    if self.inline:
+                    if self.inline and not any(job.bulk for job in live):
                         outcomes = _run_batch(self._writer, works)
                     else:
                         outcomes = await loop.run_in_executor(self._executor, _run_batch, self._writer, works)

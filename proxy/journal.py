@@ -268,7 +268,7 @@ class Journal:
         def write(connection: sqlite3.Connection) -> None:
             connection.executemany(_INSERT_EVENTS, rows)
 
-        await self._db.write(write, atomic=False)
+        await self._db.write(write, atomic=False, bulk=len(rows) > 1)
         step.events += len(rows)
         for chunk in chunks:
             step.assembly.add(chunk)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 
 Chunk = dict[str, Any]
 
-MAX_GROUP = 64
-"""Chunks the reader takes from an already-buffered burst before the pump commits them as one group."""
+READER_SLICE_S = 0.001
+"""How long the reader may parse an already-buffered burst before it lets the pump and the client run: long
+enough for groups of dozens of chunks (one commit each), short enough to add at most ~1 ms to any chunk."""
 
 
 class _Done:
@@ -125,16 +127,17 @@ class StreamRelay:
 
     async def _read(self) -> None:
         try:
-            first = True
+            # Chunks already buffered arrive without a real suspension, so neither the pump nor the client would
+            # run until the whole buffer is parsed. Yield after the first chunk (time to first chunk) and then
+            # once per time slice; a slow upstream suspends between chunks anyway.
+            slice_started = None
             async for chunk in self._chunks:
                 self._pending.append(chunk)
                 self._arrived.set()
-                # Chunks already buffered arrive without a real suspension, so the pump would not run until the
-                # whole buffer is read. Yield after the first chunk (time to first chunk) and every MAX_GROUP
-                # chunks (bounded groups); a slow upstream suspends between chunks anyway.
-                if first or len(self._pending) >= MAX_GROUP:
-                    first = False
+                now = time.monotonic()
+                if slice_started is None or now - slice_started >= READER_SLICE_S:
                     await asyncio.sleep(0)
+                    slice_started = time.monotonic()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
