@@ -4,13 +4,16 @@ SQLite allows one writer at a time; many coroutines writing through their own tr
 "database is locked". So every write is a *job* (a plain function of a `sqlite3.Connection`) handed to the one
 writer, which runs all jobs that are waiting as one transaction and commits once: under load, many small
 writes (journal events of concurrent streams, new messages of concurrent sessions) share one commit —
-measured here ~200k rows/s against ~6k with a commit per row. With `synchronous=NORMAL` a WAL commit does not
-fsync and costs tens of microseconds, less than handing the group to another thread (which also competes for
-the GIL), so small groups run inline on the event loop; groups with a bulk job (many stream events) and, with
-`FULL`, every group go to the writer thread, one hop per group, where the commit overlaps the event loop's work
-(measured: journal-on relay throughput 80-88 % of journal-off inline, 90-92 % on the thread). A job's caller resumes only after its commit, so "awaited" means
-"durable". Each multi-statement job runs in a savepoint, so one failing job rolls back alone. Reads use an
-aiosqlite connection, which in WAL mode sees committed data without waiting for the writer.
+measured here ~200k rows/s against ~6k with a commit per row.
+
+Where a group runs is measured, not guessed. With `synchronous=NORMAL` a WAL commit does not fsync and costs
+tens of microseconds, less than handing the group to another thread (which also competes for the GIL), so
+small groups run inline on the event loop (a 10-message request: 4.2 ms added instead of 6.9). Groups with a
+bulk job (many stream events) and, with `FULL`, every group go to the writer thread, one hop per group, where
+the commit overlaps the event loop's work (journal-on relay throughput 90-92 % of journal-off, against 80-88 %
+inline). A job's caller resumes only after its commit, so "awaited" means "durable". Each multi-statement job
+runs in a savepoint, so one failing job rolls back alone. Reads use an aiosqlite connection, which in WAL mode
+sees committed data without waiting for the writer.
 """
 
 from __future__ import annotations
