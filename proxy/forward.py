@@ -97,11 +97,8 @@ class Upstream:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
         try:
             info: Mapping[str, Any] = litellm.get_model_info(model)
-        except (litellm.exceptions.ModelNotMappedError, ValueError, KeyError):
-            return None
-        except Exception as exc:
-            # get_model_info raises bare Exception for unmapped models in some paths; a lookup miss, not a fault.
-            log.debug("no LiteLLM model info for %s: %s", model, exc)
+        except (litellm.exceptions.ModelNotMappedError, ValueError, KeyError) as exc:
+            log.debug("no LiteLLM model info for %s: %s", model, type(exc).__name__)
             return None
         return info
 

@@ -150,9 +150,7 @@ def _validate_message(message: Any, where: str) -> None:
         )
     content = message.get("content")
     if content is None:
-        if role == "assistant" or (role == "tool" and "content" in message):
-            pass
-        else:
+        if role != "assistant" and not (role == "tool" and "content" in message):
             raise InvalidRequest(f"Missing required parameter: '{where}.content'.", param=f"{where}.content")
     elif isinstance(content, list):
         for part_index, part in enumerate(content):
