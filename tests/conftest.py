@@ -9,10 +9,19 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.database import Database
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import ProxyServer, make_config
 
 ServeProxy = Callable[..., ProxyServer]
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    """A real SQLite store in the test's own folder."""
+    database = await Database.open(tmp_path / "store.sqlite")
+    yield database
+    await database.close()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,6 @@ class Clock:
     def __call__(self) -> float:
         self.now += 1.0
         return self.now
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = await Database.open(tmp_path / "store.sqlite")
-    yield database
-    await database.close()
 
 
 @pytest.fixture
@@ -121,9 +114,7 @@ async def test_a_re_sent_history_counts_no_tokens(db: Database, history: History
         assert [m.created_at for m in result.path] == [m.created_at for m in first.path]
 
 
-async def test_another_encoding_is_counted_once_lazily(
-    db: Database, history: History, counter: Counter
-) -> None:
+async def test_another_encoding_is_counted_once_lazily(db: Database, history: History, counter: Counter) -> None:
     await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
     counter.calls = 0
     path = await history.path("t", "s", "o200k_base")
@@ -186,13 +177,9 @@ async def test_a_re_sent_answer_is_the_stored_answer(db: Database, history: Hist
 
 
 async def test_append_answer_is_idempotent(db: Database, history: History) -> None:
-    request = await history.reconcile(
-        "t", "s", [*conversation(0), {"role": "user", "content": "hi"}], MODEL, ENCODING
-    )
+    request = await history.reconcile("t", "s", [*conversation(0), {"role": "user", "content": "hi"}], MODEL, ENCODING)
     answers = [
-        await history.append_answer(
-            "t", "s", request.path[-1].id, {"role": "assistant", "content": "yo"}, ENCODING
-        )
+        await history.append_answer("t", "s", request.path[-1].id, {"role": "assistant", "content": "yo"}, ENCODING)
         for _ in range(2)
     ]
     assert answers[0].id == answers[1].id

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,13 +83,6 @@ class FakeSummarizer(Summarizer):
         if self.fallback:
             return WrittenSummary(content, "fallback", FALLBACK_MODEL)
         return WrittenSummary(content, "llm", "cheap")
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = await Database.open(tmp_path / "store.sqlite")
-    yield database
-    await database.close()
 
 
 @pytest.fixture
