@@ -208,7 +208,10 @@ class Journal:
         parent_message_id: str | None,
         encoding: str,
     ) -> Step:
-        """Open a step; Conflict if the Idempotency-Key is held by another body or by a live/ended step."""
+        """Open a step; Conflict if the Idempotency-Key is held by another body or by a live/ended step.
+
+        `fingerprint` identifies the request body for Idempotency-Key checks; it is empty for unkeyed steps.
+        """
         now = self._clock()
         row = (
             tenant,

@@ -336,18 +336,23 @@ async def test_slow_upstream_is_504(entry: ModelEntry, fake: FakeUpstream, strea
     await asyncio.sleep(max(0.0, started + delay_s + 0.1 - time.monotonic()))
 
 
+async def drain_until_error(stream: AsyncIterator[dict[str, Any]]) -> tuple[list[dict[str, Any]], UpstreamError]:
+    """The chunks a failing stream yields before it raises, and the error it raises."""
+    received: list[dict[str, Any]] = []
+    with pytest.raises(UpstreamError) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    return received, caught.value
+
+
 async def test_stream_dropped_mid_way_raises_while_iterating(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     fake.fail_next(Fault(drop_after_chunks=2))
     stream = await upstream.open_stream(entry, [{"role": "user", "content": "one two three four five"}],
                                         {"stream": True})
-    received: list[dict[str, Any]] = []
-    with pytest.raises(UpstreamError) as caught:
-        async for chunk in stream:
-            received.append(chunk)
+    received, error = await drain_until_error(stream)
     assert len(received) == 2
-    error = caught.value
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
     assert "mid-stream" in error.message
 
@@ -358,10 +363,7 @@ async def test_chunks_received_before_a_drop_survive_a_late_reader(
     fake.fail_next(Fault(drop_after_chunks=2))
     stream = await upstream.open_stream(entry, MESSAGES, {"stream": True})
     await asyncio.sleep(0.1)  # the relay starts reading only after the journal step has begun
-    received: list[dict[str, Any]] = []
-    with pytest.raises(UpstreamError):
-        async for chunk in stream:
-            received.append(chunk)
+    received, _error = await drain_until_error(stream)
     assert len(received) == 2
 
 
@@ -371,12 +373,8 @@ async def test_malformed_stream_event_is_incomplete(
     fake.fail_next(Fault(malformed_after_chunks=3))
     stream = await upstream.open_stream(entry, [{"role": "user", "content": "one two three four five"}],
                                         {"stream": True})
-    received: list[dict[str, Any]] = []
-    with pytest.raises(UpstreamError) as caught:
-        async for chunk in stream:
-            received.append(chunk)
+    received, error = await drain_until_error(stream)
     assert len(received) == 3
-    error = caught.value
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_stream_incomplete")
 
 
