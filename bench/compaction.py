@@ -36,7 +36,7 @@ DEFAULT_TURNS = 300
 WINDOW = 4096
 MAX_OUTPUT = 512
 FACT_EVERY = 25
-COMPACTION_LOG = "proxy.compactor"
+COMPACTION_LOG = "proxy.compaction.compactor"
 
 
 class CompactionCounter(logging.Handler):
@@ -196,7 +196,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("proxy.summarizer").setLevel(logging.ERROR)  # one fallback warning per summary otherwise
+    # One fallback warning per summary otherwise.
+    logging.getLogger("proxy.compaction.summarizer").setLevel(logging.ERROR)
     results = [
         run("fact-keeping summarizer", args.turns, broken_summarizer=False),
         run("extractive fallback", args.turns, broken_summarizer=True),

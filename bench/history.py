@@ -24,8 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy import tokens
-from proxy.database import Database
-from proxy.history import History
+from proxy.history.store import History
+from proxy.store.database import Database
 
 LENGTHS = (10, 100, 1_000, 5_000)
 STORED_SESSIONS = (1, 200)

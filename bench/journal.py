@@ -40,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import HARNESS, HOST, free_port, process, proxy_config
 from proxy.config import JournalConfig
-from proxy.database import Database
-from proxy.history import History
-from proxy.journal import Journal
+from proxy.history.answers import Answers
+from proxy.history.store import History
+from proxy.journal.writer import Journal
+from proxy.store.database import Database
 
 Chunk = dict[str, Any]
 
@@ -91,7 +92,7 @@ async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], bat
     """Chunks/s through begin → append per batch → seal → SSE encoding, on a fresh store at `db_path`."""
     db = await Database.open(db_path, synchronous)
     try:
-        journal = Journal(db, History(db), JournalConfig(synchronous=synchronous))
+        journal = Journal(db, Answers(History(db)), JournalConfig(synchronous=synchronous))
         groups = _batches(chunks, batch)
         started = time.perf_counter()
         step = await journal.begin(
@@ -138,44 +139,44 @@ PROXIES = {"off": "NORMAL", "NORMAL": "NORMAL", "FULL": "FULL"}
 
 
 def disable_journal() -> None:
-    """Make `proxy.journal.Journal` write nothing: begin hands out an in-memory step, the rest are no-ops.
+    """Make `proxy.journal.writer.Journal` write nothing: begin hands out an in-memory step, the rest are no-ops.
 
     `append` still returns the chunks' JSON when the real one does (the relay sends those bytes), so `off`
     differs from `on` by the storage alone, not by the encoding the relay needs anyway.
     """
     import inspect
 
-    from proxy import journal
+    from proxy.journal import steps, writer
 
-    returns_texts = inspect.signature(journal.Journal.append).return_annotation not in (None, "None")
+    returns_texts = inspect.signature(writer.Journal.append).return_annotation not in (None, "None")
     encoder = json.JSONEncoder(separators=(",", ":"))
 
-    async def begin(self: journal.Journal, **fields: Any) -> journal.Step:
+    async def begin(self: writer.Journal, **fields: Any) -> steps.Step:
         keep = ("tenant", "session_id", "model", "stream", "parent_message_id")
-        return journal.Step(0, **{name: fields[name] for name in keep}, encoding=fields["encoding"])
+        return steps.Step(0, **{name: fields[name] for name in keep}, encoding=fields["encoding"])
 
-    async def append(self: journal.Journal, step: journal.Step, chunks: list[Chunk]) -> list[str] | None:
+    async def append(self: writer.Journal, step: steps.Step, chunks: list[Chunk]) -> list[str] | None:
         return [encoder.encode(chunk) for chunk in chunks] if returns_texts else None
 
-    async def seal(self: journal.Journal, step: journal.Step, response: Chunk | None = None) -> journal.StepRecord:
+    async def seal(self: writer.Journal, step: steps.Step, response: Chunk | None = None) -> steps.StepRecord:
         empty = dict.fromkeys(("sealed_at", "content", "tool_calls", "finish_reason", "usage", "error", "message_id"))
-        return journal.StepRecord(
+        return steps.StepRecord(
             id=step.id,
             tenant=step.tenant,
             session_id=step.session_id,
             model=step.model,
             stream=step.stream,
-            status="sealed",
+            status=steps.StepStatus.SEALED,
             created_at=step.created_at,
             events=0,
             **empty,
         )
 
-    async def end(self: journal.Journal, step: journal.Step, *args: Any) -> None:
+    async def end(self: writer.Journal, step: steps.Step, *args: Any) -> None:
         return None
 
     for name, method in {"begin": begin, "append": append, "seal": seal, "fail": end, "interrupt": end}.items():
-        setattr(journal.Journal, name, method)
+        setattr(writer.Journal, name, method)
 
 
 def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | None) -> None:

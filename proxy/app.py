@@ -1,8 +1,8 @@
-"""The Starlette application: routes wired to the services, and errors answered in OpenAI's shape.
+"""The Starlette application: routes wired to the wire adapters and the inspection views.
 
-Handlers are thin: each authenticates, delegates to one service and returns JSON. Every error — ours,
-Starlette's (unknown route, wrong method) or an unexpected one — leaves through `openai_error`, so a client
-never sees anything but `{"error": {...}}`.
+Handlers are thin: each authenticates, delegates to one part and returns JSON. Every error — ours, Starlette's
+(unknown route, wrong method) or an unexpected one — leaves through `openai_error`, which is the shape of every
+route served today, so a client never sees anything but `{"error": {...}}`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ from starlette.routing import Route
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
-from proxy.inspection import page_params
+from proxy.journal.reader import DEFAULT_PAGE
 from proxy.services import Services, open_services
+from proxy.wire.chat import ChatCompletions
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+MAX_PAGE = 500
 
 
 def create_app(config: Config) -> Starlette:
@@ -34,6 +37,7 @@ def create_app(config: Config) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_services(config) as services:
             app.state.services = services
+            app.state.chat = ChatCompletions(config, services.pipeline)
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
             yield
 
@@ -64,7 +68,8 @@ def _services(request: Request) -> Services:
 
 
 async def _chat(request: Request) -> Response:
-    return await _services(request).chat(request)
+    chat: ChatCompletions = request.app.state.chat
+    return await chat(request)
 
 
 async def _models(request: Request) -> Response:
@@ -119,6 +124,23 @@ async def _journal_step(request: Request) -> Response:
     if not text.isascii() or not text.isdigit():
         raise InvalidRequest(f"Journal step ids are whole numbers, got '{text}'.", param="step_id")
     return JSONResponse(await services.inspector.step(caller.tenant, int(text)))
+
+
+def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
+    """`limit` and `offset` query parameters, checked: a bad one is a 400 naming it."""
+    values = []
+    for name, text, default, maximum in (
+        ("limit", limit, DEFAULT_PAGE, MAX_PAGE),
+        ("offset", offset, 0, None),
+    ):
+        if text is None:
+            values.append(default)
+            continue
+        if not text.isascii() or not text.isdigit() or (maximum is not None and not 1 <= int(text) <= maximum):
+            bound = f" between 1 and {maximum}" if maximum else ""
+            raise InvalidRequest(f"Query parameter '{name}' must be a whole number{bound}.", param=name)
+        values.append(int(text))
+    return values[0], values[1]
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

@@ -75,7 +75,9 @@ class JournalConfig:
 
 
 @dataclass(frozen=True)
-class LimitsConfig:
+class RequestLimits:
+    """The `limits:` section: how much one request may send (not a model's limits: see `proxy.budget`)."""
+
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
@@ -101,7 +103,7 @@ class Config:
     models: tuple[ModelEntry, ...] = ()
     context: ContextConfig = ContextConfig()
     journal: JournalConfig = JournalConfig()
-    limits: LimitsConfig = LimitsConfig()
+    request_limits: RequestLimits = RequestLimits()
     upstream: UpstreamConfig = UpstreamConfig()
     auth: AuthConfig = AuthConfig()
 
@@ -165,7 +167,9 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             finish_on_disconnect=journal.boolean("finish_on_disconnect", True),
             keep_events_s=journal.duration("keep_events", DEFAULT_KEEP_EVENTS_S),
         ),
-        limits=LimitsConfig(max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024)),
+        request_limits=RequestLimits(
+            max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024)
+        ),
         upstream=UpstreamConfig(
             timeout_s=upstream.number("timeout_s", DEFAULT_TIMEOUT_S, low=0.001, high=86400.0),
             num_retries=upstream.integer("num_retries", 0, minimum=0, maximum=10),

@@ -6,15 +6,20 @@
   handler instead of the OpenAI SDK, which walks every message recursively (measured: 11 ms instead of 96 ms
   per call at 500 messages). It is read from the environment on every call, hence set here, once.
 
-Only variables the operator has not set are filled in; calling `prepare()` again changes nothing.
+Only variables the operator has not set are filled in; calling `prepare()` again changes nothing. Nothing
+happens at import: startup calls `prepare()` (the CLI before it serves, `open_services` before the store and
+the upstream are built), and `litellm()` is the one place LiteLLM is imported and its globals are set.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import os
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 DEFAULTS = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -40,3 +45,17 @@ def prepare() -> None:
         os.environ.setdefault(name, value)
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(litellm_tokenizer_dir()))
     logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+
+
+def litellm() -> ModuleType:
+    """LiteLLM, imported after `prepare()` and set up as the proxy needs it."""
+    prepare()
+    module = importlib.import_module("litellm")
+    settings: Any = module
+    settings.suppress_debug_info = True
+    settings.disable_hf_tokenizer_download = True
+    # LiteLLM's default aiohttp transport discards data it had already received when the connection breaks
+    # before it is read (aiohttp's StreamReader raises its stored error first): chunks the upstream sent and we
+    # were about to journal would be lost. httpx hands them over, then raises.
+    settings.disable_aiohttp_transport = True
+    return module

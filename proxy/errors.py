@@ -1,9 +1,10 @@
-"""Every error the proxy reports, and the one place they become OpenAI-shaped bodies.
+"""Every error the proxy reports, raised once as a `ProxyError` that carries what any client needs to hear.
 
-Clients are OpenAI SDKs: they pick their exception class from the HTTP status and read
-`{"error": {"message", "type", "param", "code"}}`. So each failure is raised once as a `ProxyError` carrying
-exactly those fields, foreign exceptions (LiteLLM's, SQLite's) are converted where they enter, and
-`openai_error` below is the only function that turns an error into a status, body and headers.
+Each failure carries a status and OpenAI's fields (`message`, `type`, `param`, `code`), which the OpenAI SDKs
+read from `{"error": {...}}` and pick their exception class by status. Foreign exceptions (LiteLLM's, SQLite's)
+are converted where they enter (`proxy.upstream.failures` for the upstream). An error renders its own fields
+(`ProxyError.fields`); each wire adapter puts them in its own shape, and `openai_error` below is that shape
+for the OpenAI wire. Anything else that reaches a client becomes an `internal_error` that leaks nothing.
 
     ProxyError                      status / type / code / param / headers
     ├── InvalidRequest              400 invalid_request_error, `param` names the field or header
@@ -48,14 +49,22 @@ class ProxyError(Exception):
             self.type = error_type
         self.headers: dict[str, str] = headers or {}
 
+    def fields(self) -> JSONBody:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
 
 class InvalidRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""OpenAI's code for a prompt over the model's window: ours when the recent messages cannot fit, and the one an
+upstream answers when its tokenizer counted more than we did."""
+
+
 class ContextTooLarge(InvalidRequest):
-    code = "context_length_exceeded"
+    code = CONTEXT_LENGTH_EXCEEDED
 
 
 class AuthenticationFailed(ProxyError):
@@ -86,18 +95,21 @@ class UpstreamError(ProxyError):
     """A failure the upstream reported (or caused); keeps its status so the client SDK reacts as to the provider."""
 
 
+def error_fields(exc: BaseException) -> JSONBody:
+    """OpenAI's error fields for any exception: a `ProxyError`'s own, or an opaque `internal_error`."""
+    if isinstance(exc, ProxyError):
+        return exc.fields()
+    # Not a known failure: say so without leaking internals (which could include keys or prompts).
+    return {
+        "message": f"The proxy failed unexpectedly ({type(exc).__name__}); the failure was logged.",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
+
+
 def openai_error(exc: BaseException) -> tuple[int, JSONBody, dict[str, str]]:
     """Status, OpenAI error body and extra headers for any exception that reaches a response."""
     if isinstance(exc, ProxyError):
-        body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
-        return exc.status, body, dict(exc.headers)
-    # Not a known failure: say so without leaking internals (which could include keys or prompts).
-    body = {
-        "error": {
-            "message": f"The proxy failed unexpectedly ({type(exc).__name__}); the failure was logged.",
-            "type": "server_error",
-            "param": None,
-            "code": "internal_error",
-        }
-    }
-    return 500, body, {}
+        return exc.status, {"error": exc.fields()}, dict(exc.headers)
+    return 500, {"error": error_fields(exc)}, {}

@@ -1,36 +1,32 @@
 """What the inspection endpoints and the CLI show: sessions, their history and summaries, the journal.
 
-The HTTP routes and `context-proxy sessions|journal` share these views, so a person reading the terminal and
-a program reading JSON see the same facts. Usage is the working context the session's next request would send
-(a dry run of the builder: no summarizer call), against the budget of the session's model.
+The HTTP routes and `context-proxy sessions|journal` share these views (as JSON-ready dicts), so a person
+reading the terminal and a program reading JSON see the same facts. Usage is the working context the session's
+next request would send (a dry run of the builder: no summarizer call), against the budget that request would
+get (`Budgets`, the same numbers as its X-Context-Budget header).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction import Span, WorkingContext, build
-from proxy.compactor import Compactor, builder_item
-from proxy.compactor import Request as CompactionRequest
+from proxy.budget.budgets import Budgets
+from proxy.compaction.builder import Span, WorkingContext, build
+from proxy.compaction.compactor import CompactionRequest, Compactor, builder_item
+from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound
-from proxy.history import History, StoredMessage
-from proxy.journal import Journal
-from proxy.limits import ModelLimits, effective_budget
-from proxy.outbound import usage_text
-from proxy.summaries import StoredSummary, Summaries, in_force
+from proxy.history.messages import StoredMessage
+from proxy.history.store import History
+from proxy.journal.reader import DEFAULT_PAGE, JournalReader
+from proxy.journal.steps import StepStatus
 from proxy.tokens import count_prompt, encoding_for_model
+from proxy.wire.context_headers import usage_text
 
-DEFAULT_PAGE = 50
-MAX_PAGE = 500
 YELLOW_AT = 70
 RED_AT = 90
-STEP_STATUSES = ("open", "sealed", "complete", "interrupted", "failed")
-PREVIEW_CHARS = 60
 
 
 def severity(percent: float) -> str:
@@ -41,31 +37,14 @@ def severity(percent: float) -> str:
     return "green"
 
 
-def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
-    """`limit` and `offset` query parameters, checked: a bad one is a 400 naming it."""
-    values = []
-    for name, text, default, maximum in (
-        ("limit", limit, DEFAULT_PAGE, MAX_PAGE),
-        ("offset", offset, 0, None),
-    ):
-        if text is None:
-            values.append(default)
-            continue
-        if not text.isascii() or not text.isdigit() or (maximum is not None and not 1 <= int(text) <= maximum):
-            bound = f" between 1 and {maximum}" if maximum else ""
-            raise InvalidRequest(f"Query parameter '{name}' must be a whole number{bound}.", param=name)
-        values.append(int(text))
-    return values[0], values[1]
-
-
 @dataclass
 class Inspector:
     config: Config
     history: History
     summaries: Summaries
-    journal: Journal
+    journal: JournalReader
     compactor: Compactor
-    limits: Callable[[ModelEntry], ModelLimits]
+    budgets: Budgets
 
     async def sessions(self, tenant: str, limit: int = DEFAULT_PAGE, offset: int = 0) -> dict[str, Any]:
         infos, has_more = await self.history.sessions(tenant, limit, offset)
@@ -92,11 +71,8 @@ class Inspector:
         encoding = encoding_for_model(entry.model)
         path = await self.history.path(tenant, session_id, encoding) or []
         summaries = await self.summaries.on_path(tenant, path)
-        limits = self.limits(entry)
-        cap = session.settings.get("budget")
-        budget = effective_budget(
-            limits, None, self.config.context.safety_margin, cap if isinstance(cap, int) else None
-        ).input_budget
+        limits = self.budgets.limits(entry)
+        budget = self.budgets.budget(entry, None, session.settings).input_budget
         context_tokens, used = self._dry_run(path, in_force(summaries), budget)
         percent = round(100 * context_tokens / budget, 1) if budget > 0 else 100.0
         covered_by = {position: span.id for span in used for position in range(span.start, span.end)}
@@ -150,7 +126,7 @@ class Inspector:
         encoding = encoding_for_model(entry.model)
         async with self.history.lock(tenant, session_id):
             path = await self.history.path(tenant, session_id, encoding) or []
-            budget = effective_budget(self.limits(entry), None, self.config.context.safety_margin).input_budget
+            budget = self.budgets.budget(entry, None, session.settings).input_budget
             summary = await self.compactor.force(
                 CompactionRequest(
                     tenant=tenant,
@@ -179,10 +155,14 @@ class Inspector:
         limit: int = DEFAULT_PAGE,
         offset: int = 0,
     ) -> dict[str, Any]:
-        if status is not None and status not in STEP_STATUSES:
-            raise InvalidRequest(f"status must be one of {', '.join(STEP_STATUSES)}.", param="status")
+        if status is not None and status not in tuple(StepStatus):
+            raise InvalidRequest(f"status must be one of {', '.join(StepStatus)}.", param="status")
         records, has_more = await self.journal.steps(
-            tenant, status=status, session_id=session_id, limit=limit, offset=offset
+            tenant,
+            status=None if status is None else StepStatus(status),
+            session_id=session_id,
+            limit=limit,
+            offset=offset,
         )
         return {"object": "list", "data": [record.as_json() for record in records], "has_more": has_more}
 
@@ -209,157 +189,3 @@ class Inspector:
 
 def _no_session(session_id: str) -> NotFound:
     return NotFound(f"No session with id '{session_id}'.", code="session_not_found")
-
-
-def render_sessions(data: dict[str, Any]) -> str:
-    rows = [("SESSION", "MODEL", "MESSAGES", "TOKENS", "SUMMARIES", "UPDATED")]
-    rows += [
-        (
-            s["id"],
-            str(s["model"]),
-            str(s["message_count"]),
-            str(s["history_tokens"]),
-            str(s["summaries"]),
-            _time(s["updated_at"]),
-        )
-        for s in data["data"]
-    ]
-    more = "\n(more: use --offset)" if data["has_more"] else ""
-    return _table(rows) + more
-
-
-def render_session(data: dict[str, Any]) -> str:
-    usage = data["usage"]
-    lines = [
-        f"session {data['id']}  model {data['model']}  updated {_time(data['updated_at'])}",
-        f"usage   {usage['text']}  severity {usage['severity']}  history {usage['history_tokens']} tokens",
-        f"limits  {data['limits']['context_window']} window / {data['limits']['max_output']} output "
-        f"({data['limits']['source']})",
-        "",
-    ]
-    rows = [("#", "ROLE", "TOKENS", "SUMMARY", "CONTENT")]
-    for index, message in enumerate(data["messages"]):
-        content = message["content"] if isinstance(message["content"], str) else str(message["content"] or "")
-        if "tool_calls" in message:
-            content = "tool_calls: " + ", ".join(c["function"]["name"] for c in message["tool_calls"]) + " " + content
-        rows.append(
-            (
-                str(index),
-                message["role"],
-                str(message["tokens"]),
-                str(message["summary_id"] or ""),
-                _preview(content),
-            )
-        )
-    lines.append(_table(rows))
-    if data["summaries"]:
-        lines += [
-            "",
-            _table(
-                [("SUMMARY", "RANGE", "TOKENS", "ORIGINAL", "RATIO", "MODEL", "BY", "STATE")]
-                + [
-                    (
-                        str(s["id"]),
-                        f"[{s['range'][0]}, {s['range'][1]})",
-                        str(s["tokens"]),
-                        str(s["original_tokens"]),
-                        str(s["ratio"]),
-                        s["model"],
-                        s["generated_by"],
-                        "orphaned" if s["orphaned"] else "in force",
-                    )
-                    for s in data["summaries"]
-                ]
-            ),
-        ]
-    return "\n".join(lines)
-
-
-def render_steps(data: dict[str, Any]) -> str:
-    rows = [("STEP", "STATUS", "SESSION", "MODEL", "CREATED", "TEXT")]
-    rows += [
-        (
-            str(s["step_id"]),
-            s["status"],
-            str(s["session_id"]),
-            s["model"],
-            _time(s["created_at"]),
-            _preview(s["content"] or ""),
-        )
-        for s in data["data"]
-    ]
-    return _table(rows) + ("\n(more: use --offset)" if data["has_more"] else "")
-
-
-def render_step(data: dict[str, Any]) -> str:
-    header = (
-        f"step {data['step_id']}  {data['status']}  session {data['session_id']}  model {data['model']}  "
-        f"created {_time(data['created_at'])}  finish {data['finish_reason']}"
-    )
-    parts = [header, "", data["content"] or ""]
-    if data["tool_calls"]:
-        parts += ["", "tool calls:"] + [
-            f"  {c['function']['name']}({c['function']['arguments']})" for c in data["tool_calls"]
-        ]
-    if data["error"]:
-        parts += ["", f"error: {data['error'].get('message')}"]
-    return "\n".join(parts)
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
-def _preview(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
-
-
-def _time(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-class InspectionError(Exception):
-    """A CLI look-up that found nothing or was asked wrongly."""
-
-
-@dataclass(frozen=True)
-class Report:
-    data: dict[str, Any]
-    text: str
-
-
-async def cli_report(config: Config, what: str, args: argparse.Namespace) -> Report:
-    """Open the store read-side, build the view `what`, close again."""
-    from proxy.services import open_services
-
-    tenant = _cli_tenant(config, args.key)
-    async with open_services(config, recover=False) as services:
-        inspector = services.inspector
-        try:
-            if what == "sessions_list":
-                data = await inspector.sessions(tenant, args.limit, args.offset)
-                return Report(data, render_sessions(data))
-            if what == "sessions_show":
-                data = await inspector.session(tenant, args.session_id)
-                return Report(data, render_session(data))
-            if what == "journal_list":
-                data = await inspector.steps(tenant, args.status, None, args.limit, args.offset)
-                return Report(data, render_steps(data))
-            data = await inspector.step(tenant, args.step_id)
-            return Report(data, render_step(data))
-        except (NotFound, InvalidRequest) as exc:
-            raise InspectionError(exc.message) from exc
-
-
-def _cli_tenant(config: Config, key: str | None) -> str:
-    from proxy.auth import OPEN_TENANT, tenant_of
-
-    if not config.auth.enabled:
-        return OPEN_TENANT
-    if key is None or key not in config.auth.keys:
-        raise InspectionError("auth.keys is set: pass --key with one of the configured proxy keys")
-    return tenant_of(key)

@@ -1,29 +1,34 @@
 """The proxy's parts, built once from the frozen config and closed together.
 
 Both the server (for its lifetime) and the CLI (for one look-up) open the same set, so the store, the journal
-and the views they read are always wired the same way. Recovery of unsealed journal steps runs here, before
-the server accepts its first request.
+and the views they read are always wired the same way. The process environment is prepared here, before the
+first token count or LiteLLM import, and recovery of unsealed journal steps runs here, before the server accepts
+its first request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from proxy.chat import ChatCompletions
-from proxy.compactor import Compactor
-from proxy.config import Config, ModelEntry
-from proxy.database import Database
-from proxy.forward import Upstream
-from proxy.history import History
+from proxy import environment
+from proxy.budget.budgets import Budgets
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.summaries import Summaries
+from proxy.compaction.summarizer import Summarizer
+from proxy.config import Config
+from proxy.history.answers import Answers
+from proxy.history.store import History
 from proxy.inspection import Inspector
-from proxy.journal import Journal
-from proxy.limits import ModelLimits, model_limits
-from proxy.summaries import Summaries
-from proxy.summarizer import Summarizer
+from proxy.journal.reader import JournalReader
+from proxy.journal.recovery import Recovery
+from proxy.journal.writer import Journal
+from proxy.pipeline import Pipeline
+from proxy.store.database import Database
+from proxy.upstream.litellm_client import LiteLLMUpstream
 
 log = logging.getLogger(__name__)
 
@@ -36,50 +41,39 @@ PRUNE_INTERVAL_S = 3600.0
 class Services:
     config: Config
     db: Database
-    history: History
-    journal: Journal
-    upstream: Upstream
-    chat: ChatCompletions
+    pipeline: Pipeline
     inspector: Inspector
 
 
 @asynccontextmanager
 async def open_services(config: Config, *, recover: bool = True) -> AsyncIterator[Services]:
+    environment.prepare()
     db = await Database.open(config.store.path, config.journal.synchronous)
     background: set[asyncio.Task[None]] = set()
     try:
         history = History(db)
-        summaries = Summaries(db)
-        journal = Journal(db, history, config.journal)
+        journal = Journal(db, Answers(history), config.journal)
+        recovery = Recovery(db, journal, config.journal)
         if recover:
-            report = await journal.recover()
+            report = await recovery.recover()
             log.info("journal recovery: %s", report)
-        upstream = Upstream(config.upstream, config.models)
-        limits = _limits_table(config, upstream)
+        upstream = LiteLLMUpstream(config.upstream, config.models)
+        budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
-        summarizer = Summarizer(upstream, config.model(name) if name else None, limits, config.context)
+        summaries = Summaries(db)
+        summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context)
         compactor = Compactor(config.context, summaries, summarizer)
-        chat = ChatCompletions(config, history, journal, upstream, compactor, limits, background)
-        inspector = Inspector(config, history, summaries, journal, compactor, limits)
+        reader = JournalReader(db)
+        pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
+        inspector = Inspector(config, history, summaries, reader, compactor, budgets)
         if recover:
-            pruning = asyncio.create_task(_prune_periodically(journal), name="journal-pruning")
+            pruning = asyncio.create_task(_prune_periodically(recovery), name="journal-pruning")
             background.add(pruning)
             pruning.add_done_callback(background.discard)
-        yield Services(config, db, history, journal, upstream, chat, inspector)
+        yield Services(config, db, pipeline, inspector)
     finally:
         await _finish(background)
         await db.close()
-
-
-def _limits_table(config: Config, upstream: Upstream) -> Callable[[ModelEntry], ModelLimits]:
-    """Each configured model's limits, resolved once at startup (config → LiteLLM's map → prefixes → default)."""
-    table = {entry.name: model_limits(entry, upstream.model_info) for entry in config.models}
-
-    def limits(entry: ModelEntry) -> ModelLimits:
-        known = table.get(entry.name)
-        return known if known is not None else model_limits(entry, upstream.model_info)
-
-    return limits
 
 
 async def _finish(background: set[asyncio.Task[None]]) -> None:
@@ -94,9 +88,9 @@ async def _finish(background: set[asyncio.Task[None]]) -> None:
     await asyncio.gather(*background, return_exceptions=True)
 
 
-async def _prune_periodically(journal: Journal) -> None:
+async def _prune_periodically(recovery: Recovery) -> None:
     while True:
         await asyncio.sleep(PRUNE_INTERVAL_S)
-        pruned = await journal.prune_expired()
+        pruned = await recovery.prune_expired()
         if pruned:
             log.info("journal: pruned %d events of expired steps", pruned)

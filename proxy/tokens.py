@@ -1,8 +1,9 @@
 """Token counting with tiktoken, offline, following OpenAI's chat accounting.
 
-The proxy's own count is what invariant 2 is judged by, so it must be deterministic and cheap: counts are
-taken once per stored message (the history caches them per encoding) and never through LiteLLM's
-`token_counter`, which rewrites `TIKTOKEN_CACHE_DIR` and may try to download Hugging Face tokenizers.
+The proxy's own count is what invariant 2 is judged by (docs/architecture.md), so it must be deterministic and
+cheap: counts are taken once per stored message (the history caches them per encoding) and never through
+LiteLLM's `token_counter`, which rewrites `TIKTOKEN_CACHE_DIR` and may try to download Hugging Face tokenizers.
+tiktoken finds its files offline because startup ran `proxy.environment.prepare()`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from functools import lru_cache
 from typing import Any
 
 import tiktoken
-
-from proxy import environment
 
 DEFAULT_ENCODING = "cl100k_base"
 TOKENS_PER_MESSAGE = 3
@@ -38,7 +37,6 @@ def encoding_for_model(model: str) -> str:
 
 @lru_cache(maxsize=4)
 def _encoding(name: str) -> tiktoken.Encoding:
-    environment.prepare()
     return tiktoken.get_encoding(name)
 
 

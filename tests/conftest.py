@@ -9,11 +9,17 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.database import Database
+from proxy import environment
+from proxy.store.database import Database
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import ProxyServer, make_config
 
 ServeProxy = Callable[..., ProxyServer]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # What `context-proxy serve` does first: tests count tokens and build upstreams without serving.
+    environment.prepare()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy import chain
+from proxy.history import chain
 
 TOOL_CALL: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 

@@ -48,7 +48,7 @@ def test_empty_config_has_every_default() -> None:
     assert config.journal.synchronous == "NORMAL"
     assert config.journal.finish_on_disconnect is True
     assert config.journal.keep_events_s == DEFAULT_KEEP_EVENTS_S == 24 * 3600
-    assert config.limits.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 32 * 1024 * 1024
+    assert config.request_limits.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 32 * 1024 * 1024
     assert config.upstream.timeout_s == DEFAULT_TIMEOUT_S == 600.0
     assert config.upstream.num_retries == 0
     assert config.auth.keys == ()
@@ -107,7 +107,7 @@ def test_every_key_is_parsed() -> None:
     assert config.journal.synchronous == "FULL"
     assert config.journal.finish_on_disconnect is False
     assert config.journal.keep_events_s == 1800.0
-    assert config.limits.max_body_bytes == 4096
+    assert config.request_limits.max_body_bytes == 4096
     assert (config.upstream.timeout_s, config.upstream.num_retries) == (12.5, 2)
     assert config.auth.keys == ("k1", "k2")
     assert config.auth.enabled is True
@@ -211,7 +211,7 @@ def test_example_config_loads_without_provider_keys() -> None:
     assert config.context.summarizer_model == "gpt-4o-mini"
     assert config.store.path == REPO_ROOT / "data" / "context-infinity.db"
     assert config.server == parse({}).server
-    assert config.limits == parse({}).limits
+    assert config.request_limits == parse({}).request_limits
     assert config.upstream == parse({}).upstream
     assert config.journal == parse({}).journal
     assert config.auth.enabled is False

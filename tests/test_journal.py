@@ -11,18 +11,17 @@ from typing import Any
 import pytest
 
 from proxy.config import JournalConfig
-from proxy.database import Database
 from proxy.errors import Conflict
-from proxy.history import History
-from proxy.journal import (
-    Chunk,
-    Journal,
-    Step,
-    assemble,
-    chunks_from_record,
-    completion_from_record,
-    event_type,
-)
+from proxy.history.answers import Answers
+from proxy.history.store import History
+from proxy.journal.assembly import assemble
+from proxy.journal.reader import JournalReader
+from proxy.journal.recovery import Recovery
+from proxy.journal.replay import chunks_from_record, completion_from_record
+from proxy.journal.steps import Step, event_type
+from proxy.journal.writer import Journal
+from proxy.store.database import Database
+from proxy.types import Chunk
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"
@@ -70,7 +69,7 @@ TOOL_CALLS = [
 
 
 class Store:
-    """A Database, History and Journal on one file, reopenable to simulate a restart."""
+    """A Database, History and the journal's parts on one file, reopenable to simulate a restart."""
 
     def __init__(self, path: Path, config: JournalConfig) -> None:
         self.path, self.config, self.clock = path, config, Clock()
@@ -78,7 +77,9 @@ class Store:
     async def open(self) -> Store:
         self.db = await Database.open(self.path)
         self.history = History(self.db, clock=self.clock, count=count)
-        self.journal = Journal(self.db, self.history, self.config, clock=self.clock)
+        self.journal = Journal(self.db, Answers(self.history), self.config, clock=self.clock)
+        self.reader = JournalReader(self.db)
+        self.recovery = Recovery(self.db, self.journal, self.config, clock=self.clock)
         return self
 
     async def conversation(self, tenant: str = TENANT, session: str = SESSION) -> str:
@@ -131,7 +132,7 @@ async def test_a_sealed_stream_assembles_text_and_tool_calls_into_history(store:
     assert record.tool_calls == TOOL_CALLS
     assert (record.finish_reason, record.usage) == ("tool_calls", USAGE)
     assert record.events == 9  # eight chunks and the `done` event: kept by default
-    assert await store.journal.step(TENANT, step.id) == record
+    assert await store.reader.step(TENANT, step.id) == record
 
     path = await store.history.path(TENANT, SESSION)
     assert path is not None
@@ -179,7 +180,7 @@ async def test_keep_events_zero_prunes_on_seal_and_the_record_still_replays(tmp_
         record = await store.journal.seal(step)
         assert record.events == 0
         assert rows(store.path, "SELECT COUNT(*) FROM journal_events") == [(0,)]
-        replayed = await store.journal.replay(TENANT, "k", "fp-1")
+        replayed = await store.reader.replay(TENANT, "k", "fp-1")
         assert replayed is not None
         assert replayed == (record, [])
         synthesized = assemble(chunks_from_record(record))
@@ -197,12 +198,12 @@ async def test_expired_events_are_pruned_except_an_interrupted_steps(tmp_path: P
         await stream(store, cut, [[text("half")]])
         await store.journal.seal(sealed)
         await store.journal.interrupt(cut)
-        assert await store.journal.prune_expired() == 0
+        assert await store.recovery.prune_expired() == 0
         store.clock.now += 61
-        assert await store.journal.prune_expired() == 2  # the chunk and the `done` event
+        assert await store.recovery.prune_expired() == 2  # the chunk and the `done` event
         left = rows(store.path, "SELECT DISTINCT step_id FROM journal_events")
         assert left == [(cut.id,)]
-        record = await store.journal.step(TENANT, sealed.id)
+        record = await store.reader.step(TENANT, sealed.id)
         assert record is not None
         assert (record.content, record.events) == ("done", 0)
     finally:
@@ -214,7 +215,7 @@ async def test_fail_keeps_the_partial_answer_and_the_error(store: Store) -> None
     await stream(store, step, [[text("par"), text("tial")]])
     error = {"message": "upstream went away", "type": "server_error", "param": None, "code": None}
     await store.journal.fail(step, error)
-    record = await store.journal.step(TENANT, step.id)
+    record = await store.reader.step(TENANT, step.id)
     assert record is not None
     assert (record.status, record.content, record.error, record.message_id) == ("failed", "partial", error, None)
     last = rows(store.path, "SELECT type, content FROM journal_events WHERE step_id = ? ORDER BY seq DESC", (step.id,))
@@ -226,7 +227,7 @@ async def test_interrupt_keeps_the_partial_answer_and_a_late_end_is_a_no_op(stor
     await stream(store, step, [[text("so far")]])
     await store.journal.interrupt(step)
     await store.journal.fail(step, {"message": "late"})
-    record = await store.journal.step(TENANT, step.id)
+    record = await store.reader.step(TENANT, step.id)
     assert record is not None
     assert (record.status, record.content, record.error, record.events) == ("interrupted", "so far", None, 1)
     with pytest.raises(Conflict):
@@ -253,7 +254,7 @@ async def test_an_answer_that_cannot_join_history_is_still_sealed(
 async def test_an_open_step_reads_as_what_its_events_assembled(store: Store) -> None:
     step = await store.begin()
     await stream(store, step, [[text("live "), text("text")]])
-    record = await store.journal.step(TENANT, step.id)
+    record = await store.reader.step(TENANT, step.id)
     assert record is not None
     assert (record.status, record.content, record.events) == ("open", "live text", 2)
 
@@ -270,9 +271,9 @@ async def test_recovery_seals_a_finished_stream_and_keeps_an_unfinished_one(tmp_
 
     second = await Store(tmp_path / "s.sqlite", JournalConfig()).open()
     try:
-        report = await second.journal.recover()
+        report = await second.recovery.recover()
         assert (report.complete, report.interrupted, report.failed) == ([finished.id], [unfinished.id], [])
-        complete = await second.journal.step(TENANT, finished.id)
+        complete = await second.reader.step(TENANT, finished.id)
         assert complete is not None
         assert (complete.status, complete.content, complete.tool_calls) == ("complete", "Let me check.", TOOL_CALLS)
         path = await second.history.path(TENANT, SESSION)
@@ -280,10 +281,10 @@ async def test_recovery_seals_a_finished_stream_and_keeps_an_unfinished_one(tmp_
         assert path[-1].id == complete.message_id
         assert path[-1].message["tool_calls"] == TOOL_CALLS
 
-        kept = await second.journal.step(TENANT, unfinished.id)
+        kept = await second.reader.step(TENANT, unfinished.id)
         assert kept is not None
         assert (kept.status, kept.content, kept.message_id, kept.events) == ("interrupted", "".join(deltas), None, 4)
-        again = await second.journal.recover()
+        again = await second.recovery.recover()
         assert again.counts() == {"complete": 0, "interrupted": 0, "failed": 0}
     finally:
         await second.db.close()
@@ -295,32 +296,32 @@ async def test_a_sealed_key_replays_identical_chunks_and_refuses_another_body(st
     with pytest.raises(Conflict, match="still in progress"):
         await store.begin(parent, idempotency_key="key-1")
     with pytest.raises(Conflict, match="still in progress"):
-        await store.journal.replay(TENANT, "key-1", "fp-1")
+        await store.reader.replay(TENANT, "key-1", "fp-1")
     await stream(store, step, TOOL_STREAM)
     record = await store.journal.seal(step)
 
-    replayed = await store.journal.replay(TENANT, "key-1", "fp-1")
+    replayed = await store.reader.replay(TENANT, "key-1", "fp-1")
     assert replayed is not None
     assert replayed[0] == record
     assert replayed[1] == [chunk for batch in TOOL_STREAM for chunk in batch]
     with pytest.raises(Conflict, match="different request body") as refused:
-        await store.journal.replay(TENANT, "key-1", "fp-2")
+        await store.reader.replay(TENANT, "key-1", "fp-2")
     assert (refused.value.status, refused.value.param) == (409, "Idempotency-Key")
     with pytest.raises(Conflict, match="different request body"):
         await store.begin(parent, idempotency_key="key-1", fingerprint="fp-2")
     with pytest.raises(Conflict, match="already completed"):
         await store.begin(parent, idempotency_key="key-1")
-    assert await store.journal.replay(TENANT, "unknown", "fp-1") is None
+    assert await store.reader.replay(TENANT, "unknown", "fp-1") is None
 
 
 async def test_a_failed_keyed_request_can_be_retried_with_its_key(store: Store) -> None:
     failed = await store.begin(idempotency_key="retry")
     await store.journal.fail(failed, {"message": "rate limited"})
-    assert await store.journal.replay(TENANT, "retry", "fp-1") is None
+    assert await store.reader.replay(TENANT, "retry", "fp-1") is None
     retry = await store.begin(idempotency_key="retry")
     await stream(store, retry, [[text("ok", "stop")]])
     await store.journal.seal(retry)
-    replayed = await store.journal.replay(TENANT, "retry", "fp-1")
+    replayed = await store.reader.replay(TENANT, "retry", "fp-1")
     assert replayed is not None
     assert (replayed[0].id, replayed[0].content) == (retry.id, "ok")
 
@@ -329,7 +330,7 @@ async def test_a_non_stream_step_replays_its_completion(store: Store) -> None:
     step = await store.begin(stream=False, idempotency_key="json")
     completion = completion_from_record(await seal_stream(store))
     await store.journal.seal(step, completion)
-    replayed = await store.journal.replay(TENANT, "json", "fp-1")
+    replayed = await store.reader.replay(TENANT, "json", "fp-1")
     assert replayed is not None
     assert replayed[1] == [completion]
 
@@ -338,9 +339,9 @@ async def test_a_tenant_never_sees_another_tenants_steps(store: Store) -> None:
     step = await store.begin(idempotency_key="shared")
     await stream(store, step, [[text("secret", "stop")]])
     await store.journal.seal(step)
-    assert await store.journal.step("tenant-b", step.id) is None
-    assert await store.journal.steps("tenant-b") == ([], False)
-    assert await store.journal.replay("tenant-b", "shared", "fp-1") is None
+    assert await store.reader.step("tenant-b", step.id) is None
+    assert await store.reader.steps("tenant-b") == ([], False)
+    assert await store.reader.replay("tenant-b", "shared", "fp-1") is None
     other = await store.begin(tenant="tenant-b", idempotency_key="shared")  # same key, its own namespace
     assert other.id != step.id
 
@@ -355,13 +356,13 @@ async def test_steps_are_paged_newest_first_and_filtered(store: Store) -> None:
             await store.journal.seal(step)
         ids.append(step.id)
 
-    page, more = await store.journal.steps(TENANT, limit=2)
+    page, more = await store.reader.steps(TENANT, limit=2)
     assert ([r.id for r in page], more) == ([ids[4], ids[3]], True)
-    page, more = await store.journal.steps(TENANT, limit=2, offset=4)
+    page, more = await store.reader.steps(TENANT, limit=2, offset=4)
     assert ([r.id for r in page], more) == ([ids[0]], False)
-    sealed, _ = await store.journal.steps(TENANT, status="sealed")
+    sealed, _ = await store.reader.steps(TENANT, status="sealed")
     assert [r.id for r in sealed] == [ids[3], ids[2], ids[1], ids[0]]
-    in_session, _ = await store.journal.steps(TENANT, session_id=SESSION)
+    in_session, _ = await store.reader.steps(TENANT, session_id=SESSION)
     assert [r.id for r in in_session] == [ids[3], ids[1]]
     assert set(page[0].as_json()) == {
         *("step_id", "session_id", "model", "status", "created_at", "sealed_at", "content", "tool_calls"),

@@ -10,18 +10,19 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction import SUMMARY_HEADER, summary_message
-from proxy.compactor import Compactor, Prepared, Request
+from proxy.budget.budgets import Budgets
+from proxy.budget.corrections import FALLBACK_FACTOR_STEP, HEADROOM, MAX_FACTOR, TokenCorrections, upstream_count
+from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.summaries import StoredSummary, Summaries, in_force
+from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
+from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
 from proxy.config import ContextConfig, ModelEntry, UpstreamConfig
-from proxy.corrections import FALLBACK_FACTOR_STEP, HEADROOM, MAX_FACTOR, TokenCorrections, upstream_count
-from proxy.database import Database
 from proxy.errors import ContextTooLarge
-from proxy.forward import Upstream
-from proxy.history import History, StoredMessage
-from proxy.limits import model_limits
-from proxy.summaries import StoredSummary, Summaries, in_force
-from proxy.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
+from proxy.history.messages import StoredMessage
+from proxy.history.store import History
+from proxy.store.database import Database
 from proxy.tokens import count_message
+from proxy.upstream.litellm_client import LiteLLMUpstream
 from tests.fake_upstream import FakeUpstream
 
 TENANT = "t"
@@ -234,8 +235,10 @@ def test_a_factor_never_shrinks_back() -> None:
 # The compactor: the loop around the builder.
 
 
-def request(path: Sequence[StoredMessage], budget: int, session: str = "s", preserve_recent: int = 4) -> Request:
-    return Request(
+def request(
+    path: Sequence[StoredMessage], budget: int, session: str = "s", preserve_recent: int = 4
+) -> CompactionRequest:
+    return CompactionRequest(
         tenant=TENANT,
         session_id=session,
         messages=[dict(m.message) for m in path],
@@ -276,7 +279,7 @@ async def test_an_overflow_summarizes_the_oldest_turns_in_one_big_step(
     budget = total(path) - 50
     compactor = Compactor(ContextConfig(), summaries, fake, clock=Clock())
 
-    with caplog.at_level(logging.INFO, logger="proxy.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
         prepared = await compactor.prepare(request(path, budget))
 
     assert prepared.written == len(fake.calls) >= 1
@@ -346,7 +349,7 @@ async def test_summaries_are_merged_hierarchically_when_every_old_message_is_sum
     second = await add(summaries, path, 5, 9, content=" ".join(["old"] * 150), tokens=160)
     budget = total([path[0], *path[-4:]]) + 200
 
-    with caplog.at_level(logging.INFO, logger="proxy.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
         prepared = await compactor.prepare(request(path, budget))
 
     assert len(fake.calls) == 1
@@ -366,7 +369,7 @@ async def test_a_fallback_summary_is_stored_and_logged_as_such(
     path = await stored_path(history, conversation(10))
     compactor = Compactor(ContextConfig(), summaries, FakeSummarizer(fallback=True))
 
-    with caplog.at_level(logging.INFO, logger="proxy.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
         await compactor.prepare(request(path, total(path) - 50))
 
     stored = await summaries.on_path(TENANT, path)
@@ -450,8 +453,9 @@ async def test_the_summarizer_stays_within_its_own_model(fake: FakeUpstream) -> 
     tiny = ModelEntry(
         name="tiny", model="openai/fake-model", api_base=fake.url, api_key="k", context_window=4096, max_output=300
     )
-    upstream = Upstream(UpstreamConfig(timeout_s=10), (tiny,))
-    summarizer = Summarizer(upstream, tiny, lambda entry: model_limits(entry, upstream.model_info), ContextConfig())
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (tiny,))
+    budgets = Budgets((tiny,), upstream.model_info, ContextConfig().safety_margin)
+    summarizer = Summarizer(upstream, tiny, budgets, ContextConfig())
     written = await summarizer.summarize([{"role": "user", "content": "x " * 100}], 2048, tiny)
     assert written.generated_by == "llm"
     assert fake.requests[-1].body["max_tokens"] == 300  # the model's max_output, not 2 × 2048

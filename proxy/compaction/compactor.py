@@ -3,33 +3,26 @@
 It runs the pure builder in a loop: the builder either accepts a working context, names one range to
 summarize (which is written, stored and fed back in), or says the recent messages alone cannot fit. Because
 the builder compacts in big steps (down to `compact_to` of the budget) and existing summaries are reused,
-the requests between two compactions send prompts that extend each other (invariant 6).
+the requests between two compactions send prompts that extend each other (docs/architecture.md, invariant 6).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.compaction import (
-    Item,
-    NeedsSummary,
-    Policy,
-    RecentTooLarge,
-    Span,
-    WorkingContext,
-    build,
-    summary_message,
-)
+from proxy.compaction.builder import Item, NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
+from proxy.compaction.summaries import StoredSummary, Summaries, in_force
+from proxy.compaction.summarizer import Summarizer
+from proxy.compaction.summary_text import summary_message
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
-from proxy.history import StoredMessage
-from proxy.summaries import StoredSummary, Summaries, in_force
-from proxy.summarizer import Summarizer
+from proxy.history.messages import StoredMessage
 from proxy.tokens import count_message, count_prompt
+from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +36,7 @@ MAX_ROUNDS = 32
 class Prepared:
     """The messages to send upstream and what they cost."""
 
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     tokens: int
     summaries: int
     """Summaries in the working context."""
@@ -52,8 +45,8 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class Request:
-    """What the compactor needs to know about one chat request."""
+class CompactionRequest:
+    """What the compactor needs to know about one request."""
 
     tenant: str
     session_id: str
@@ -73,7 +66,7 @@ class Compactor:
         config: ContextConfig,
         summaries: Summaries,
         summarizer: Summarizer,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
     ) -> None:
         self._config = config
         self._summaries = summaries
@@ -91,7 +84,7 @@ class Compactor:
             max_summary_input=summarizer_input,
         )
 
-    async def prepare(self, request: Request) -> Prepared:
+    async def prepare(self, request: CompactionRequest) -> Prepared:
         everything = count_prompt(stored.tokens for stored in request.path)
         if everything <= self._config.trigger_ratio * request.budget:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
@@ -114,7 +107,7 @@ class Compactor:
             param="messages",
         )
 
-    async def force(self, request: Request) -> StoredSummary | None:
+    async def force(self, request: CompactionRequest) -> StoredSummary | None:
         """Summarize the oldest eligible range now (`POST /sessions/{id}/summarize`); None if there is none.
 
         The builder is asked as if any context were too large, so it names the oldest unsummarized range older
@@ -133,7 +126,7 @@ class Compactor:
         return await self._summarize(request, result, stored)
 
     async def _summarize(
-        self, request: Request, need: NeedsSummary, stored: Mapping[int, StoredSummary]
+        self, request: CompactionRequest, need: NeedsSummary, stored: Mapping[int, StoredSummary]
     ) -> StoredSummary:
         started = self._clock()
         rendered = [
@@ -170,9 +163,9 @@ class Compactor:
 
     @staticmethod
     def _render(
-        request: Request, context: WorkingContext, stored: Mapping[int, StoredSummary], written: int
+        request: CompactionRequest, context: WorkingContext, stored: Mapping[int, StoredSummary], written: int
     ) -> Prepared:
-        messages: list[dict[str, Any]] = []
+        messages: list[Message] = []
         summaries = 0
         for part in context.parts:
             if isinstance(part, Span):
@@ -196,7 +189,7 @@ def builder_item(stored: StoredMessage) -> Item:
     )
 
 
-def _too_large(result: RecentTooLarge, request: Request) -> ContextTooLarge:
+def _too_large(result: RecentTooLarge, request: CompactionRequest) -> ContextTooLarge:
     return ContextTooLarge(
         f"The system messages and the {request.preserve_recent} most recent messages need {result.needed} tokens, "
         f"but the input budget for model '{request.entry.name}' is {result.budget} tokens. Shorten the latest "

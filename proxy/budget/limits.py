@@ -1,15 +1,12 @@
-"""Model limits and the effective input budget a working context may use.
+"""Model limits: a model's context window and the most it may write.
 
-A model's context window and output limit come from the first source that knows them: the operator's config
-entry, then LiteLLM's bundled model map (passed in as `lookup`, so this module stays pure and never imports
-litellm), then a prefix table of well-known families, then a conservative default. The effective input budget
-leaves room for the reply and a safety margin, because our tiktoken count is only an estimate of the
-provider's own tokenizer; a per-session cap (`X-Context-Budget`) may lower it further, never raise it.
+They come from the first source that knows them: the operator's config entry, then LiteLLM's bundled model map
+(passed in as `lookup`, so this module stays pure and never imports litellm), then a prefix table of well-known
+families, then a conservative default. What they leave for the input is `proxy.budget.budgets`.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,8 +17,6 @@ from proxy.config import ModelEntry
 DEFAULT_CONTEXT_WINDOW = 8_192
 """Unknown models get the smallest window still common today: too small wastes context, too big is a 400."""
 DEFAULT_MAX_OUTPUT = 4_096
-DEFAULT_SAFETY_MARGIN = 0.05
-"""Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
 
 PREFIX_LIMITS: tuple[tuple[str, int, int], ...] = (
     ("claude-opus-4", 200_000, 64_000),
@@ -50,16 +45,6 @@ class ModelLimits:
     context_window: int
     max_output: int
     source: LimitsSource
-
-
-@dataclass(frozen=True)
-class Budget:
-    limits: ModelLimits
-    reserved_output: int
-    input_budget: int
-    """Tokens the working context may use (0 if the reserved output leaves none: the caller reports it)."""
-    session_cap: int | None
-    """The session's X-Context-Budget, set only when it lowered the budget."""
 
 
 def model_limits(entry: ModelEntry, lookup: ModelInfoLookup) -> ModelLimits:
@@ -100,24 +85,6 @@ def prefix_limits(model: str) -> tuple[int, int] | None:
         if name.startswith(prefix):
             return window, output
     return None
-
-
-def effective_budget(
-    limits: ModelLimits,
-    requested_output: int | None,
-    safety_margin: float = DEFAULT_SAFETY_MARGIN,
-    session_cap: int | None = None,
-) -> Budget:
-    """Input tokens = window - reserved output (request max_tokens, else the model's) - safety margin."""
-    reserved = limits.max_output if requested_output is None else max(0, requested_output)
-    # round() first: 0.05 * 200_000 is 10000.000000000002 in some float paths and must not cost a token.
-    margin = math.ceil(round(safety_margin * limits.context_window, 6))
-    input_budget = max(0, limits.context_window - reserved - margin)
-    applied_cap: int | None = None
-    if session_cap is not None and session_cap < input_budget:
-        input_budget = max(0, session_cap)
-        applied_cap = session_cap
-    return Budget(limits=limits, reserved_output=reserved, input_budget=input_budget, session_cap=applied_cap)
 
 
 def _known_window(info: Mapping[str, Any] | None) -> int | None:

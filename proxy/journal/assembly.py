@@ -1,9 +1,8 @@
 """An answer from its chunks: what the journal stores as a step's text, tool calls, finish_reason and usage.
 
 One function for every place that needs it — the journal as chunks are appended, recovery reading events
-back, the chat pipeline — so a streamed answer, a replayed one and a recovered one are assembled alike. A
-chat.completion is treated as a one-chunk stream (its choice's `message` read like a `delta`). Only choice 0
-is assembled (the proxy answers `n=1`; other choices stay in the stored chunks).
+back, replays — so a streamed answer, a replayed one and a recovered one are assembled alike. Only choice 0 is
+assembled (the proxy answers `n=1`; other choices stay in the stored chunks).
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-Chunk = dict[str, Any]
-"""An OpenAI chat.completion.chunk (stream) or chat.completion (non-stream) JSON object."""
+from proxy.types import Chunk, Message
 
 
 @dataclass
@@ -87,9 +85,9 @@ class Assembly:
             for index, call in sorted(self.calls.items())
         ]
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> Message:
         """The assistant message this answer is, as stored in history."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        message: Message = {"role": "assistant", "content": self.content}
         tool_calls = self.tool_calls
         if tool_calls:
             message["tool_calls"] = tool_calls

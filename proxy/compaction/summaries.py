@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction import Span
-from proxy.database import Database
-from proxy.history import StoredMessage
-
-Clock = Callable[[], float]
+from proxy.compaction.builder import Span
+from proxy.history.messages import StoredMessage
+from proxy.store.database import Database
+from proxy.types import Clock
 
 _SELECT = (
     "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "

@@ -3,15 +3,16 @@
 Three parties per stream, so none waits on another more than it must:
 
     reader task   upstream chunks → `pending` (as fast as the upstream sends)
-    pump task     takes everything pending as one group → `journal.append` (one commit) → SSE bytes of the
-                  group, from the JSON the journal stored → `ready` queue
-    response      `ready` → the client
+    pump task     takes everything pending as one group → `journal.append` (one commit) → the group, with
+                  the JSON the journal stored for each chunk → `ready` queue
+    consumer      `events()`: `ready` → the wire adapter, which renders it for its client
 
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
-group rather than one per chunk, and no chunk is relayed before its commit (invariant 7). The pump owns the
-step's ending: seal on completion (the answer lands in history before the client's `[DONE]`), fail on an
-upstream error (sent as an SSE error event), interrupt when cancelled. If the client goes away, the pump by
-default reads the answer to its end and seals it — it was paid for — unless `finish_on_disconnect` is off.
+group rather than one per chunk, and no chunk is relayed before its commit (docs/architecture.md, invariant 7).
+The pump owns the step's ending: seal on completion (the answer lands in history before `events()` ends), fail
+on an upstream error (raised from `events()` after the last durable group), interrupt when cancelled. If the
+consumer goes away, the pump by default reads the answer to its end and seals it — it was paid for — unless
+`finish_on_disconnect` is off. The relay knows nothing of wire formats: groups are canonical chunks.
 """
 
 from __future__ import annotations
@@ -19,20 +20,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
 
-from proxy.errors import openai_error
-from proxy.journal import Journal, Step
-from proxy.outbound import SSE_DONE, sse_event
+from proxy.errors import error_fields
+from proxy.journal.steps import Step
+from proxy.journal.writer import Journal
+from proxy.types import Chunk
 
 log = logging.getLogger(__name__)
-
-Chunk = dict[str, Any]
 
 READER_SLICE_S = 0.001
 """How long the reader may parse an already-buffered burst before it lets the pump and the client run: long
 enough for groups of dozens of chunks (one commit each), short enough to add at most ~1 ms to any chunk."""
+
+
+@dataclass(frozen=True)
+class Journaled:
+    """A chunk that is durable, with the JSON text the journal stored for it."""
+
+    chunk: Chunk
+    text: str
 
 
 class _Done:
@@ -40,6 +48,7 @@ class _Done:
 
 
 DONE = _Done()
+Ready = Sequence[Journaled] | BaseException | _Done
 
 
 class StreamRelay:
@@ -60,27 +69,28 @@ class StreamRelay:
         self._arrived = asyncio.Event()
         self._ended = False
         self._error: BaseException | None = None
-        self._ready: asyncio.Queue[bytes | BaseException | _Done] = asyncio.Queue()
+        self._ready: asyncio.Queue[Ready] = asyncio.Queue()
         self._detached = False
         self._pump = asyncio.create_task(self._run(), name=f"stream-step-{step.id}")
         background.add(self._pump)
         self._pump.add_done_callback(background.discard)
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """The client's side: SSE bytes of journaled groups, then `[DONE]` or an error event."""
+    async def events(self) -> AsyncGenerator[Sequence[Journaled], None]:
+        """The consumer's side: groups of journaled chunks; ends when the step is sealed, or raises the failure
+        (an `UpstreamError`, or the journal's own) once everything before it was delivered.
+
+        Closing the iterator early (the client left) detaches the consumer; see `finish_on_disconnect`.
+        """
         finished = False
         try:
             while True:
                 item = await self._ready.get()
                 if isinstance(item, _Done):
                     finished = True
-                    yield SSE_DONE
                     return
                 if isinstance(item, BaseException):
                     finished = True
-                    _status, body, _headers = openai_error(item)
-                    yield sse_event(body)
-                    return
+                    raise item
                 yield item
         finally:
             if not finished:
@@ -102,15 +112,14 @@ class StreamRelay:
                 group, self._pending = self._pending, []
                 if group:
                     texts = await self._journal.append(self._step, group)
-                    self._publish(b"".join(b"data: " + text.encode() + b"\n\n" for text in texts))
+                    self._publish([Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)])
                 if self._ended and not self._pending:
                     break
             if self._error is None:
                 await self._journal.seal(self._step)
                 self._publish(DONE)
             else:
-                _status, body, _headers = openai_error(self._error)
-                await self._journal.fail(self._step, body["error"])
+                await self._journal.fail(self._step, error_fields(self._error))
                 self._publish(self._error)
         except asyncio.CancelledError:
             reader.cancel()
@@ -118,7 +127,7 @@ class StreamRelay:
             raise
         except Exception as exc:
             # The journal itself failed (disk full, I/O error): nothing more can be made durable, so nothing
-            # more may be relayed. The client hears why; the step stays open and recovery classifies it.
+            # more may be relayed. The consumer hears why; the step stays open and recovery classifies it.
             log.exception("journal failed for stream step %d", self._step.id)
             reader.cancel()
             self._publish(exc)
@@ -147,6 +156,6 @@ class StreamRelay:
             self._ended = True
             self._arrived.set()
 
-    def _publish(self, item: bytes | BaseException | _Done) -> None:
+    def _publish(self, item: Ready) -> None:
         if not self._detached:
             self._ready.put_nowait(item)

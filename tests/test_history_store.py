@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from proxy import tokens
-from proxy.database import Database
 from proxy.errors import InvalidRequest
-from proxy.history import History
+from proxy.history.store import History
+from proxy.store.database import Database
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"
@@ -147,76 +147,6 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         await db.close()
 
 
-async def test_a_re_sent_answer_is_the_stored_answer(db: Database, history: History) -> None:
-    messages = [*conversation(1), {"role": "user", "content": "call the tool"}]
-    request = await history.reconcile("t", "s", messages, MODEL, ENCODING)
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    answer = await history.append_answer(
-        "t", "s", request.path[-1].id, {"role": "assistant", "content": None, "tool_calls": [call]}, ENCODING
-    )
-    assert answer.depth == len(messages)
-    session = await history.session("t", "s")
-    assert session is not None
-    assert session.head_id == answer.id
-
-    echoed = {
-        "role": "assistant",
-        "content": "",
-        "refusal": None,
-        "audio": None,
-        "tool_calls": [{**call, "index": 0}],
-    }
-    follow_up = [*messages, echoed, {"role": "tool", "tool_call_id": "c1", "content": "42"}]
-    warm = await history.reconcile("t", "s", follow_up, MODEL, ENCODING)
-    assert warm.stored_before == len(messages) + 1
-    assert warm.path[len(messages)].id == answer.id
-    cold = await History(db).reconcile("t", "s", follow_up, MODEL, ENCODING)  # no cache: hashed and looked up
-    assert cold.stored_before == len(follow_up)
-    assert cold.path == warm.path
-    assert await count(db, "messages") == len(follow_up)
-
-
-async def test_append_answer_is_idempotent(db: Database, history: History) -> None:
-    request = await history.reconcile("t", "s", [*conversation(0), {"role": "user", "content": "hi"}], MODEL, ENCODING)
-    answers = [
-        await history.append_answer("t", "s", request.path[-1].id, {"role": "assistant", "content": "yo"}, ENCODING)
-        for _ in range(2)
-    ]
-    assert answers[0].id == answers[1].id
-    assert await count(db, "messages") == 3
-
-
-async def test_answer_writer_runs_inside_a_callers_transaction(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite"
-    db = await Database.open(path)
-    request = await History(db).reconcile("t", "s", [{"role": "user", "content": "hi"}], MODEL, ENCODING)
-    await db.close()
-
-    db = await Database.open(path)  # a fresh process: the parent's depth is not known in memory
-    try:
-        history = History(db)
-        stored, write = history.answer_writer("t", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
-        assert stored.depth == 1
-
-        def seal(connection: Any) -> None:
-            connection.execute("CREATE TABLE IF NOT EXISTS seal_marker (x)")
-            write(connection)
-
-        await db.write(seal)
-        assert [m.id for m in await history.path("t", "s") or []] == [request.path[0].id, stored.id]
-    finally:
-        await db.close()
-
-
-async def test_answer_for_an_unknown_parent_or_session_fails(db: Database, history: History) -> None:
-    request = await history.reconcile("t", "s", [{"role": "user", "content": "hi"}], MODEL, ENCODING)
-    with pytest.raises(LookupError):
-        await history.append_answer("t", "s", "0" * 64, {"role": "assistant", "content": "x"}, ENCODING)
-    with pytest.raises(LookupError):
-        await history.append_answer("other", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
-    assert await count(db, "messages") == 1
-
-
 async def test_a_session_is_derived_from_the_opening_without_a_header(history: History) -> None:
     first = await history.reconcile("t", None, conversation(1), MODEL, ENCODING)
     second = await history.reconcile("t", None, conversation(2), MODEL, ENCODING)
@@ -314,28 +244,7 @@ async def test_identical_concurrent_requests_store_each_node_once(db: Database, 
     assert await count(db, "message_tokens") == 7
 
 
-async def test_fifty_concurrent_sessions(db: Database, history: History) -> None:
-    turns = 4
 
-    async def chat(index: int) -> None:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": f"session {index}"}]
-        for turn in range(turns):
-            messages.append({"role": "user", "content": f"turn {turn}"})
-            async with history.lock("t", f"s{index}"):
-                result = await history.reconcile("t", f"s{index}", messages, MODEL, ENCODING)
-                assert result.stored_before == (len(messages) - 1 if turn else 0)
-                answer = {"role": "assistant", "content": f"reply {turn}"}
-                await history.append_answer("t", f"s{index}", result.path[-1].id, answer, ENCODING)
-            messages.append({**answer, "refusal": None, "annotations": []})
-
-    await asyncio.gather(*(chat(index) for index in range(50)))
-    assert await count(db, "messages") == 50 * (1 + 2 * turns)
-    assert await count(db, "sessions") == 50
-    row = await db.fetchone("PRAGMA integrity_check")
-    assert row is not None
-    assert row[0] == "ok"
-    page, _ = await history.sessions("t", limit=100)
-    assert {info.message_count for info in page} == {1 + 2 * turns}
 
 
 def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:

@@ -7,16 +7,9 @@ from typing import Any
 
 import pytest
 
+from proxy.budget.budgets import Budget, effective_budget
+from proxy.budget.limits import DEFAULT_CONTEXT_WINDOW, DEFAULT_MAX_OUTPUT, ModelLimits, model_limits, prefix_limits
 from proxy.config import ModelEntry
-from proxy.limits import (
-    DEFAULT_CONTEXT_WINDOW,
-    DEFAULT_MAX_OUTPUT,
-    Budget,
-    ModelLimits,
-    effective_budget,
-    model_limits,
-    prefix_limits,
-)
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:

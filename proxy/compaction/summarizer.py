@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction import extractive_summary, summarizer_messages
+from proxy.budget.budgets import Budgets
+from proxy.compaction.summary_text import extractive_summary, summarizer_messages
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import UpstreamError
-from proxy.forward import Upstream
-from proxy.limits import ModelLimits, effective_budget
+from proxy.upstream.protocol import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +42,12 @@ class Summarizer:
         self,
         upstream: Upstream,
         entry: ModelEntry | None,
-        limits: Callable[[ModelEntry], ModelLimits],
+        budgets: Budgets,
         config: ContextConfig,
     ) -> None:
         self._upstream = upstream
         self._entry = entry
-        self._limits = limits
+        self._budgets = budgets
         self._config = config
 
     def entry_for(self, request_entry: ModelEntry) -> ModelEntry:
@@ -60,8 +60,7 @@ class Summarizer:
         Its output (`OUTPUT_ALLOWANCE` times a target of `target_ratio` of what it reads, at least
         `MIN_OUTPUT_TOKENS`) counts against the same window: what it may read shrinks with what it may write.
         """
-        limits = self._limits(self.entry_for(request_entry))
-        room = effective_budget(limits, 0, self._config.safety_margin).input_budget - PROMPT_OVERHEAD
+        room = self._budgets.budget(self.entry_for(request_entry), requested_output=0).input_budget - PROMPT_OVERHEAD
         per_token_read = 1 + OUTPUT_ALLOWANCE * self._config.target_ratio
         return max(1, min(math.floor(room / per_token_read), room - MIN_OUTPUT_TOKENS))
 
@@ -69,7 +68,7 @@ class Summarizer:
         self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
     ) -> WrittenSummary:
         entry = self.entry_for(request_entry)
-        max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._limits(entry).max_output)
+        max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._budgets.limits(entry).max_output)
         params = {"max_tokens": max_tokens, "temperature": 0}
         try:
             response = await self._upstream.complete(entry, summarizer_messages(messages, target), params)

@@ -1,9 +1,9 @@
 """`context-proxy`: serve the proxy, and read its store from the shell.
 
-`serve` prepares the process environment before anything imports LiteLLM, refuses to expose an
-unauthenticated proxy beyond loopback unless `--host` says so explicitly, and reports a bad config as one
-line naming the key instead of a traceback. `sessions` and `journal` read the same SQLite file the server
-writes (WAL lets them run beside it).
+`serve` prepares the process environment before anything else runs, refuses to expose an unauthenticated proxy
+beyond loopback unless `--host` says so explicitly, and reports a bad config as one line naming the key instead
+of a traceback. `sessions` and `journal` open the same parts the server runs (`proxy.services`, without
+recovery) on the same SQLite file (WAL lets them run beside it) and print the inspection views.
 """
 
 from __future__ import annotations
@@ -13,10 +13,20 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import uvicorn
 
 from proxy import environment
+from proxy.app import create_app
+from proxy.auth import OPEN_TENANT, tenant_of
+from proxy.cli.render import render_session, render_sessions, render_step, render_steps
 from proxy.config import Config, ConfigError, load_config
+from proxy.errors import InvalidRequest, NotFound
+from proxy.inspection import Inspector
+from proxy.journal.steps import StepStatus
+from proxy.services import open_services
 
 EXIT_CONFIG = 2
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -55,19 +65,19 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("session_id")
     for command in (listing, show):
         _store_options(command)
-    listing.set_defaults(run=lambda config, args: _run_inspection(config, args, "sessions_list"))
-    show.set_defaults(run=lambda config, args: _run_inspection(config, args, "sessions_show"))
+    listing.set_defaults(run=_inspection(_sessions_list, render_sessions))
+    show.set_defaults(run=_inspection(_sessions_show, render_session))
 
     journal = commands.add_parser("journal", help="list or show journaled responses")
     journal_commands = journal.add_subparsers(title="journal commands", required=True)
     jlist = journal_commands.add_parser("list", help="journal steps, newest first")
-    jlist.add_argument("--status", choices=["sealed", "complete", "interrupted", "failed", "open"])
+    jlist.add_argument("--status", choices=[str(status) for status in StepStatus])
     jshow = journal_commands.add_parser("show", help="one step with its assembled text")
     jshow.add_argument("step_id", type=int)
     for command in (jlist, jshow):
         _store_options(command)
-    jlist.set_defaults(run=lambda config, args: _run_inspection(config, args, "journal_list"))
-    jshow.set_defaults(run=lambda config, args: _run_inspection(config, args, "journal_show"))
+    jlist.set_defaults(run=_inspection(_journal_list, render_steps))
+    jshow.set_defaults(run=_inspection(_journal_show, render_step))
     return parser
 
 
@@ -81,10 +91,6 @@ def _store_options(command: argparse.ArgumentParser) -> None:
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
     environment.prepare()
-    import uvicorn
-
-    from proxy.app import create_app
-
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     if not config.auth.enabled and host not in LOOPBACK_HOSTS and args.host is None:
@@ -99,14 +105,57 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_inspection(config: Config, args: argparse.Namespace, what: str) -> int:
-    environment.prepare()
-    from proxy.inspection import InspectionError, cli_report
+View = Callable[[Inspector, str, argparse.Namespace], Awaitable[dict[str, Any]]]
+Command = Callable[[Config, argparse.Namespace], int]
 
-    try:
-        report = asyncio.run(cli_report(config, what, args))
-    except InspectionError as exc:
-        print(f"context-proxy: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(report.data, indent=2, ensure_ascii=False) if args.json else report.text)
-    return 0
+
+class InspectionError(Exception):
+    """A look-up that found nothing or was asked wrongly: one line on stderr, exit 1."""
+
+
+def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
+    def run(config: Config, args: argparse.Namespace) -> int:
+        environment.prepare()
+        try:
+            data = asyncio.run(_look_up(config, args, view))
+        except InspectionError as exc:
+            print(f"context-proxy: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))
+        return 0
+
+    return run
+
+
+async def _look_up(config: Config, args: argparse.Namespace, view: View) -> dict[str, Any]:
+    """Open the store read-side, build one view, close again."""
+    tenant = _tenant(config, args.key)
+    async with open_services(config, recover=False) as services:
+        try:
+            return await view(services.inspector, tenant, args)
+        except (NotFound, InvalidRequest) as exc:
+            raise InspectionError(exc.message) from exc
+
+
+def _tenant(config: Config, key: str | None) -> str:
+    if not config.auth.enabled:
+        return OPEN_TENANT
+    if key is None or key not in config.auth.keys:
+        raise InspectionError("auth.keys is set: pass --key with one of the configured proxy keys")
+    return tenant_of(key)
+
+
+async def _sessions_list(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.sessions(tenant, args.limit, args.offset)
+
+
+async def _sessions_show(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.session(tenant, args.session_id)
+
+
+async def _journal_list(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.steps(tenant, args.status, None, args.limit, args.offset)
+
+
+async def _journal_show(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.step(tenant, args.step_id)

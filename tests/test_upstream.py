@@ -12,9 +12,12 @@ import pytest
 
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError, openai_error
-from proxy.forward import Upstream, upstream_error
+from proxy.upstream.failures import upstream_error
+from proxy.upstream.litellm_client import LiteLLMUpstream
 from tests.fake_upstream import FakeUpstream, Fault, Reply, default_error_body, error_body
 from tests.proxy_server import free_port
+
+Upstream = LiteLLMUpstream
 
 UPSTREAM_KEY = "sk-upstream-secret"
 MESSAGES: list[dict[str, Any]] = [
@@ -47,7 +50,7 @@ def entry(fake: FakeUpstream) -> ModelEntry:
 
 @pytest.fixture
 def upstream(entry: ModelEntry) -> Upstream:
-    return Upstream(UpstreamConfig(timeout_s=10), (entry,))
+    return LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
 
 
 async def collect(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -306,7 +309,7 @@ async def test_retry_after_is_kept(upstream: Upstream, entry: ModelEntry, fake: 
 
 async def test_unreachable_upstream_is_502() -> None:
     entry = entry_for(f"http://127.0.0.1:{free_port()}/v1")
-    upstream = Upstream(UpstreamConfig(timeout_s=5), (entry,))
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=5), (entry,))
     for attempt in ("complete", "stream"):
         with pytest.raises(UpstreamError) as caught:
             if attempt == "stream":
@@ -320,7 +323,7 @@ async def test_unreachable_upstream_is_502() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_slow_upstream_is_504(entry: ModelEntry, fake: FakeUpstream, stream: bool) -> None:
-    upstream = Upstream(UpstreamConfig(timeout_s=0.2), (entry,))
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=0.2), (entry,))
     delay_s = 0.8
     fake.fail_next(Fault(status=200, delay_s=delay_s))
     started = time.monotonic()

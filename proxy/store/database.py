@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import aiosqlite
 
-from proxy.migrations import MIGRATIONS
+from proxy.store.migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The inbound stage: every kind of bad input is a 400 (or 413) naming the field, before anything is stored."""
+"""The chat-completions wire adapter's parsing, the bounded body read and the X-Context-* request headers: every
+kind of bad input is a 400 (or 413) naming the field, before anything is stored."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from typing import Any
 
 import pytest
 
+from proxy.conversation import ContextMode, ContextOptions
 from proxy.errors import InvalidRequest, PayloadTooLarge, openai_error
-from proxy.inbound import (
+from proxy.wire.body import read_body
+from proxy.wire.chat import parse_chat_request
+from proxy.wire.context_headers import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     MAX_PRESERVE_RECENT,
     MAX_SESSION_ID_LENGTH,
-    ChatRequest,
-    ContextOptions,
     context_options,
-    parse_chat_request,
-    read_body,
 )
 
 USER = {"role": "user", "content": "hi"}
@@ -70,16 +70,18 @@ def test_valid_request_keeps_the_body_unchanged() -> None:
     }
     chat = parse_chat_request(json.dumps(payload).encode())
 
-    assert chat.body == payload
     assert chat.model == "m"
     assert chat.messages == payload["messages"]
     assert chat.stream is True
     assert chat.max_output == 10
-    assert chat.params() == {k: v for k, v in payload.items() if k not in ("model", "messages")}
+    assert chat.max_output_param == "max_tokens"
+    assert chat.params == {k: v for k, v in payload.items() if k not in ("model", "messages")}
+    assert chat.identity == {k: v for k, v in payload.items() if k != "stream"}
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert parse_chat_request(body(max_tokens=10, max_completion_tokens=20)).max_output == 20
+    assert parse_chat_request(body(max_tokens=10, max_completion_tokens=20)).max_output_param == "max_completion_tokens"
     assert parse_chat_request(body()).max_output is None
     assert parse_chat_request(body()).stream is False
 
@@ -219,13 +221,13 @@ def test_valid_params_of_every_kind_pass() -> None:
         "stream_options": {}, "response_format": {"type": "text"}, "logit_bias": {"1": 2}, "metadata": {},
         "tools": [], "functions": [{"name": "f"}], "stop": "x", "user": "u",
     }
-    assert parse_chat_request(body(**params)).params() == params
+    assert parse_chat_request(body(**params)).params == params
 
 
 def test_request_is_frozen() -> None:
-    chat = ChatRequest({"model": "m", "messages": [USER]})
+    chat = parse_chat_request(body())
     with pytest.raises(AttributeError):
-        chat.body = {}  # type: ignore[misc]
+        chat.messages = []  # type: ignore[misc]
 
 
 # --- read_body ---------------------------------------------------------------------------------------------
@@ -287,7 +289,7 @@ async def test_body_exactly_at_the_limit_is_accepted() -> None:
 
 def test_no_headers_are_the_defaults() -> None:
     assert context_options({}) == ContextOptions()
-    assert ContextOptions() == ContextOptions(None, None, False, None, "auto", None)
+    assert ContextOptions() == ContextOptions(None, None, False, None, ContextMode.AUTO, None)
 
 
 def test_every_header_is_read() -> None:

@@ -1,0 +1,95 @@
+"""The effective input budget: how many tokens one request's working context may use.
+
+    input budget = (context window − reserved output − safety margin) / learned correction, capped by the session
+
+The reserved output is the request's own max_tokens when it gives one, else the model's output limit. The
+margin exists because our tiktoken count is only an estimate of the provider's tokenizer; when the upstream
+still counts more than we did, `corrections` learns the ratio per model. A session's `X-Context-Budget` may
+lower the result, never raise it. `Budgets` is the one place this is computed, and the one holder of the learned
+corrections: the request path, the inspection views and the summarizer all ask it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.budget.corrections import TokenCorrections
+from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits
+from proxy.config import ModelEntry
+
+DEFAULT_SAFETY_MARGIN = 0.05
+"""Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
+SESSION_BUDGET_SETTING = "budget"
+"""The session setting that remembers `X-Context-Budget`."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    limits: ModelLimits
+    reserved_output: int
+    input_budget: int
+    """Tokens the working context may use (0 if the reserved output leaves none: the caller reports it)."""
+    session_cap: int | None
+    """The session's X-Context-Budget, set only when it lowered the budget."""
+
+
+def effective_budget(
+    limits: ModelLimits,
+    requested_output: int | None,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    session_cap: int | None = None,
+) -> Budget:
+    """Input tokens = window - reserved output (request max_tokens, else the model's) - safety margin."""
+    reserved = limits.max_output if requested_output is None else max(0, requested_output)
+    # round() first: 0.05 * 200_000 is 10000.000000000002 in some float paths and must not cost a token.
+    margin = math.ceil(round(safety_margin * limits.context_window, 6))
+    input_budget = max(0, limits.context_window - reserved - margin)
+    applied_cap: int | None = None
+    if session_cap is not None and session_cap < input_budget:
+        input_budget = max(0, session_cap)
+        applied_cap = session_cap
+    return Budget(limits=limits, reserved_output=reserved, input_budget=input_budget, session_cap=applied_cap)
+
+
+def session_cap(settings: Mapping[str, Any]) -> int | None:
+    """The input cap a session remembered from `X-Context-Budget`, if any."""
+    cap = settings.get(SESSION_BUDGET_SETTING)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+
+
+class Budgets:
+    """Every configured model's limits (resolved once at startup) and the corrections learned since."""
+
+    def __init__(self, models: tuple[ModelEntry, ...], lookup: ModelInfoLookup, safety_margin: float) -> None:
+        self._lookup = lookup
+        self._table = {entry.name: model_limits(entry, lookup) for entry in models}
+        self._safety_margin = safety_margin
+        self._corrections = TokenCorrections()
+
+    def limits(self, entry: ModelEntry) -> ModelLimits:
+        known = self._table.get(entry.name)
+        return known if known is not None else model_limits(entry, self._lookup)
+
+    def budget(
+        self, entry: ModelEntry, requested_output: int | None = None, settings: Mapping[str, Any] | None = None
+    ) -> Budget:
+        """The budget of one request to `entry` (`requested_output`: its max_tokens) in a session with `settings`."""
+        budget = effective_budget(
+            self.limits(entry),
+            requested_output,
+            self._safety_margin,
+            session_cap(settings or {}),
+        )
+        return Budget(
+            budget.limits,
+            budget.reserved_output,
+            self._corrections.apply(entry.name, budget.input_budget),
+            budget.session_cap,
+        )
+
+    def learn(self, entry: ModelEntry, ours: int, upstream_message: str) -> float:
+        """The upstream refused `ours` tokens as too many: shrink this model's budgets from now on."""
+        return self._corrections.learn(entry.name, ours, upstream_message)

@@ -1,0 +1,1 @@
+"""`context-proxy`: the command line (`main`) and the text rendering of the inspection views (`render`)."""

@@ -1,0 +1,94 @@
+"""The canonical request: what every stage after a wire adapter works on, whatever format the client spoke.
+
+A wire adapter parses its client's body into a `Conversation` (chat messages, the parameters to forward, how
+the answer is to be delivered) and its headers into `ContextOptions`; the pipeline answers with an `Answer`,
+which the adapter renders back in its own format. See docs/architecture.md, "The canonical form".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.journal.relay import Journaled
+from proxy.journal.steps import StepRecord
+from proxy.types import Chunk, Message
+
+
+class ContextMode(enum.StrEnum):
+    AUTO = "auto"
+    OFF = "off"
+    """Pure pass-through: the messages are stored but sent as they came, never compacted."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    model: str
+    """The configured model name the client asked for."""
+    messages: list[Message]
+    """The whole conversation as the client sent it, in chat-completions form."""
+    params: dict[str, Any]
+    """Every other field of the request, forwarded to the upstream as sent (the stream flag included)."""
+    stream: bool
+    max_output: int | None
+    """The output the client asked to reserve, which the input budget leaves room for."""
+    max_output_param: str
+    """The request field `max_output` came from, named in errors."""
+    identity: Mapping[str, Any]
+    """What makes two requests the same request for an Idempotency-Key: the body without its delivery fields,
+    so a retry may ask for a stream where the first attempt asked for JSON, or the reverse."""
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """The per-request headers that steer the proxy (docs/architecture.md, "External interface")."""
+
+    session_id: str | None = None
+    budget: int | None = None
+    """X-Context-Budget: a lower input budget, remembered for the session."""
+    reset_budget: bool = False
+    """X-Context-Budget: none — forget the session's remembered budget."""
+    preserve_recent: int | None = None
+    mode: ContextMode = ContextMode.AUTO
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ContextReport:
+    """What the proxy did with the context of one request; every door sends it as X-Context-* headers."""
+
+    session_id: str
+    prompt_tokens: int
+    budget: int
+    history_tokens: int
+    summaries: int
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A non-stream answer: one `chat.completion`, already sealed in the journal and the history."""
+
+    response: Chunk
+    report: ContextReport
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """A stream answer: groups of chunks, each durable before it is yielded (`proxy.journal.relay`)."""
+
+    groups: AsyncGenerator[Sequence[Journaled], None]
+    report: ContextReport
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """An Idempotency-Key retry answered from the journal, without an upstream call; `chunks` are of the kind
+    `stream` asked for (`proxy.journal.replay.answer_chunks`)."""
+
+    record: StepRecord
+    chunks: list[Chunk]
+
+
+Answer = Completed | Streaming | Replayed

@@ -1,0 +1,56 @@
+"""What the history hands out: stored messages, sessions and the result of reconciling a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: str
+    parent_id: str | None
+    depth: int
+    """0 for the root."""
+    role: str
+    message: dict[str, Any]
+    """The normalized message: what gets sent upstream."""
+    tokens: int
+    """The token count for the encoding asked for."""
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Session:
+    tenant: str
+    id: str
+    head_id: str | None
+    model: str | None
+    settings: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A line of `GET /sessions`: a session with its head path's size."""
+
+    id: str
+    model: str | None
+    message_count: int
+    history_tokens: int
+    """Sum of the head path's tokens in the default encoding."""
+    summaries: int
+    """Summaries in force (not orphaned) that end on the head's path."""
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    session: Session
+    """After the update: its head is the request's last message."""
+    path: list[StoredMessage]
+    """The request's messages in order, as stored, with token counts."""
+    stored_before: int
+    """How many of them were already stored (the reused prefix)."""

@@ -1,0 +1,95 @@
+"""The read side of the journal: pages of steps, one step, and the step an Idempotency-Key points at.
+
+Every read filters by tenant. A step still open has no answer in its row yet, so its record shows what its
+events have assembled so far (read for a whole page in one query).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from proxy.journal.keys import check_key
+from proxy.journal.steps import (
+    CHUNK_EVENTS,
+    ENDED,
+    STEP_COLUMNS,
+    EventType,
+    StepRecord,
+    StepStatus,
+    record_from_row,
+    replay_events,
+    stored_events,
+)
+from proxy.store.database import Database
+from proxy.types import Chunk
+
+DEFAULT_PAGE = 50
+
+
+class JournalReader:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def steps(
+        self,
+        tenant: str,
+        *,
+        status: StepStatus | None = None,
+        session_id: str | None = None,
+        limit: int = DEFAULT_PAGE,
+        offset: int = 0,
+    ) -> tuple[list[StepRecord], bool]:
+        """A page of the tenant's steps, newest first, and whether more follow."""
+        where, params = ["s.tenant = ?"], [tenant]
+        if status is not None:
+            where.append("s.status = ?")
+            params.append(status)
+        if session_id is not None:
+            where.append("s.session_id = ?")
+            params.append(session_id)
+        rows = await self._db.fetchall(
+            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE {' AND '.join(where)} "
+            "ORDER BY s.id DESC LIMIT ? OFFSET ?",
+            [*params, limit + 1, offset],
+        )
+        return await self._readable(rows[:limit]), len(rows) > limit
+
+    async def step(self, tenant: str, step_id: int) -> StepRecord | None:
+        row = await self._db.fetchone(
+            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.tenant = ? AND s.id = ?", (tenant, step_id)
+        )
+        return None if row is None else (await self._readable([row]))[0]
+
+    async def replay(
+        self, tenant: str, idempotency_key: str, fingerprint: str
+    ) -> tuple[StepRecord, list[Chunk]] | None:
+        """The ended step holding this key and its stored chunks; None if there is none (or it failed).
+
+        Chunks are the stream's chunk events, or the one chat.completion of a non-stream step; an empty list
+        once the events were pruned (then `proxy.journal.replay` rebuilds them from the record).
+        """
+        row = await self._db.fetchone(
+            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.tenant = ? AND s.idempotency_key = ? "
+            "ORDER BY s.id DESC LIMIT 1",
+            (tenant, idempotency_key),
+        )
+        if row is None:
+            return None
+        check_key(row["fingerprint"], row["status"], fingerprint)
+        if row["status"] not in ENDED:
+            return None
+        wanted = CHUNK_EVENTS if row["stream"] else (EventType.DONE,)
+        events = (await stored_events(self._db, [row["id"]]))[row["id"]]
+        return record_from_row(row), [json.loads(content) for _seq, kind, content in events if kind in wanted]
+
+    async def _readable(self, rows: Sequence[sqlite3.Row]) -> list[StepRecord]:
+        open_ids = [row["id"] for row in rows if row["status"] == StepStatus.OPEN and row["events"]]
+        events = await stored_events(self._db, open_ids)
+        return [
+            record_from_row(row, replay_events(bool(row["stream"]), events[row["id"]]).assembly)
+            if row["id"] in events
+            else record_from_row(row)
+            for row in rows
+        ]

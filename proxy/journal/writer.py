@@ -1,0 +1,218 @@
+"""The write side of the journal: a step's lifecycle from `begin` to its end (see `proxy.journal.steps`).
+
+`append` is one write job per batch of chunks and returns after its commit, so the caller relays only what is
+durable (docs/architecture.md, invariant 7): a client can never have seen a chunk that a `kill -9` loses.
+Ending a step with a whole answer (`seal`, and `complete` in recovery) writes the `done` event, the answer's
+history node (`proxy.history.answers`) and the step row in one transaction, so there is no moment where the
+answer is sealed but missing from the conversation, or the reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.config import JournalConfig
+from proxy.errors import Conflict
+from proxy.history.answers import Answers, PendingAnswer
+from proxy.history.messages import StoredMessage
+from proxy.journal.assembly import assemble
+from proxy.journal.keys import KEY_DONE, KEY_PARAM, check_key
+from proxy.journal.steps import (
+    ENDED,
+    JSON_ENCODER,
+    PRUNABLE,
+    EventType,
+    Step,
+    StepRecord,
+    StepStatus,
+    dumps,
+    event_type,
+)
+from proxy.store.database import Database
+from proxy.types import Chunk, Clock
+
+log = logging.getLogger(__name__)
+
+INSERT_EVENT = "INSERT INTO journal_events (step_id, seq, type, content, created_at) VALUES (?, ?, ?, ?, ?)"
+
+_END_STEP = """UPDATE journal_steps
+SET status = ?, message_id = ?, content = ?, tool_calls = ?, finish_reason = ?, usage = ?, error = ?,
+    sealed_at = ?
+WHERE id = ? AND status = 'open'"""
+
+ClosingEvent = tuple[EventType, str]
+
+
+class Journal:
+    def __init__(self, db: Database, answers: Answers, config: JournalConfig, clock: Clock = time.time) -> None:
+        self._db = db
+        self._answers = answers
+        self._config = config
+        self._clock = clock
+
+    async def begin(
+        self,
+        *,
+        tenant: str,
+        session_id: str | None,
+        model: str,
+        fingerprint: str,
+        idempotency_key: str | None,
+        stream: bool,
+        parent_message_id: str | None,
+        encoding: str,
+    ) -> Step:
+        """Open a step; Conflict if the Idempotency-Key is held by another body or by a live/ended step.
+
+        `fingerprint` identifies the request body for Idempotency-Key checks; it is empty for unkeyed steps.
+        """
+        now = self._clock()
+        row = (tenant, session_id, model, fingerprint, idempotency_key, int(stream), parent_message_id, now, encoding)
+
+        def write(connection: sqlite3.Connection) -> int:
+            if idempotency_key is not None:
+                prior = connection.execute(
+                    "SELECT fingerprint, status FROM journal_steps WHERE tenant = ? AND idempotency_key = ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (tenant, idempotency_key),
+                ).fetchone()
+                if prior is not None:
+                    check_key(prior["fingerprint"], prior["status"], fingerprint)
+                    if prior["status"] in ENDED:
+                        raise Conflict(KEY_DONE, param=KEY_PARAM)
+            cursor = connection.execute(
+                "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
+                "status, parent_message_id, created_at, encoding) VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+                row,
+            )
+            if cursor.lastrowid is None:
+                raise RuntimeError("journal step was not inserted")
+            return cursor.lastrowid
+
+        # The only statement that changes anything is the INSERT, which SQLite rolls back alone if it fails.
+        step_id = await self._db.write(write, atomic=False)
+        return Step(step_id, tenant, session_id, model, stream, parent_message_id, encoding=encoding, created_at=now)
+
+    async def append(self, step: Step, chunks: Sequence[Chunk]) -> list[str]:
+        """Store a batch of chunks as events in one write job; returns once they are committed.
+
+        Returns each chunk's JSON as stored, so a wire adapter can send the very bytes that are durable without
+        encoding every chunk a second time.
+        """
+        if step.status != StepStatus.OPEN:
+            raise RuntimeError(f"journal step {step.id} is {step.status}, not open")
+        if not chunks:
+            return []
+        now = self._clock()
+        seq = step.next_seq
+        texts = [JSON_ENCODER.encode(chunk) for chunk in chunks]
+        rows = [
+            (step.id, seq + offset, event_type(chunk), text, now)
+            for offset, (chunk, text) in enumerate(zip(chunks, texts, strict=True))
+        ]
+        step.next_seq = seq + len(rows)
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.executemany(INSERT_EVENT, rows)
+
+        await self._db.write(write, atomic=False, bulk=len(rows) > 1)
+        step.events += len(rows)
+        for chunk in chunks:
+            step.assembly.add(chunk)
+        return texts
+
+    async def seal(self, step: Step, response: Chunk | None = None) -> StepRecord:
+        """End a step with its whole answer: `done` event, history node and step row in one transaction.
+
+        For a stream the answer is what was appended; for a non-stream call `response` is the chat.completion,
+        stored as the step's one event. Conflict if the step is no longer open.
+        """
+        if response is not None:
+            step.assembly = assemble([response])
+            done = JSON_ENCODER.encode(response)
+        else:
+            done = JSON_ENCODER.encode({"finish_reason": step.assembly.finish_reason})
+        record = await self.close(step, StepStatus.SEALED, (EventType.DONE, done))
+        assert record is not None  # close raises rather than return None for a sealing status
+        return record
+
+    async def fail(self, step: Step, error: dict[str, Any]) -> None:
+        """End a step on an upstream failure: an `error` event, the error, and the partial answer so far."""
+        await self.close(step, StepStatus.FAILED, (EventType.ERROR, JSON_ENCODER.encode(error)), error)
+
+    async def interrupt(self, step: Step) -> None:
+        """End a step cancelled on purpose (the client left); its partial answer and events are kept."""
+        await self.close(step, StepStatus.INTERRUPTED)
+
+    async def close(
+        self,
+        step: Step,
+        status: StepStatus,
+        event: ClosingEvent | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> StepRecord | None:
+        """Move an open step to `status` with its closing event and its answer so far, in one transaction.
+
+        An ending status (sealed, complete) also links the answer into history and raises Conflict if the step
+        is no longer open; failing or interrupting an ended step is a no-op returning None, since cleanup paths
+        (a cancelled seal) may call them late.
+        """
+        answer = self._pending_answer(step) if status in ENDED else None
+        now = self._clock()
+        sealed_at = now if status in ENDED else None
+        prune = status in PRUNABLE and self._config.keep_events_s == 0
+        assembly = step.assembly
+        fields = (assembly.content, dumps(assembly.tool_calls), assembly.finish_reason, dumps(assembly.usage))
+
+        def write(connection: sqlite3.Connection) -> tuple[bool, StoredMessage | None]:
+            stored = None if answer is None else answer.write(connection)
+            values = (status, None if stored is None else stored.id, *fields, dumps(error), sealed_at, step.id)
+            if connection.execute(_END_STEP, values).rowcount == 0:
+                if status in ENDED:
+                    raise Conflict(f"journal step {step.id} is no longer open")
+                return False, None
+            if prune:
+                connection.execute("DELETE FROM journal_events WHERE step_id = ?", (step.id,))
+            elif event is not None:
+                connection.execute(INSERT_EVENT, (step.id, step.next_seq, *event, now))
+            return True, stored
+
+        closed, stored = await self._db.write(write)
+        if not closed:
+            log.warning("journal step %d was no longer open; not marked %s", step.id, status)
+            return None
+        step.status = status
+        if answer is not None and stored is not None:
+            self._answers.committed(answer, stored)
+        if prune:
+            step.events = 0
+        elif event is not None:
+            step.events, step.next_seq = step.events + 1, step.next_seq + 1
+        return StepRecord(
+            step.id,
+            step.tenant,
+            step.session_id,
+            step.model,
+            step.stream,
+            status,
+            step.created_at,
+            sealed_at,
+            assembly.content,
+            assembly.tool_calls,
+            assembly.finish_reason,
+            assembly.usage,
+            error,
+            None if stored is None else stored.id,
+            step.events,
+        )
+
+    def _pending_answer(self, step: Step) -> PendingAnswer | None:
+        if step.session_id is None or step.parent_message_id is None:
+            return None
+        return self._answers.prepare(
+            step.tenant, step.session_id, step.parent_message_id, step.assembly.message(), step.encoding
+        )

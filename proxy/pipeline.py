@@ -1,0 +1,259 @@
+"""One request along the path, top to bottom, in the canonical form (docs/architecture.md, "The request path").
+
+    wire adapter   (before this) auth, body within its limit, parse and validate into a `Conversation`
+    budget         an impossible max_tokens is refused before the first write
+    journal        an Idempotency-Key retry is answered from the journal
+    history        under the session lock: reconcile the re-sent messages, remember budget settings
+    budget         the effective input budget (request, session, learned corrections)
+    compaction     the working context, summarizing first when it does not fit
+    upstream       the call; a `context_length_exceeded` the budget should have prevented is healed once
+    journal        the step begins beside the upstream call; streams go through `StreamRelay`
+    wire adapter   (after this) renders the `Answer` with the X-Context-* headers
+
+Bad input is refused before the first write, so it changes nothing in the store. A valid request whose recent
+messages cannot fit the model is stored first and then refused: what a client sent is never discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
+from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.config import Config, ModelEntry
+from proxy.conversation import (
+    Answer,
+    Completed,
+    ContextMode,
+    ContextOptions,
+    ContextReport,
+    Conversation,
+    Replayed,
+    Streaming,
+)
+from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextTooLarge, NotFound, UpstreamError, error_fields
+from proxy.history import chain
+from proxy.history.messages import Reconciled
+from proxy.history.store import History
+from proxy.journal.reader import JournalReader
+from proxy.journal.relay import StreamRelay
+from proxy.journal.replay import answer_chunks
+from proxy.journal.steps import Step
+from proxy.journal.writer import Journal
+from proxy.tokens import count_prompt, encoding_for_model
+from proxy.types import Chunk
+from proxy.upstream.protocol import Upstream
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one request sends upstream, and the numbers its response headers report."""
+
+    entry: ModelEntry
+    reconciled: Reconciled
+    budget: int
+    prepared: Prepared
+    encoding: str
+
+    def report(self) -> ContextReport:
+        return ContextReport(
+            session_id=self.reconciled.session.id,
+            prompt_tokens=self.prepared.tokens,
+            budget=self.budget,
+            history_tokens=count_prompt(m.tokens for m in self.reconciled.path),
+            summaries=self.prepared.summaries,
+        )
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: Config,
+        history: History,
+        journal: Journal,
+        reader: JournalReader,
+        upstream: Upstream,
+        compactor: Compactor,
+        budgets: Budgets,
+        background: set[asyncio.Task[None]],
+    ) -> None:
+        self._config = config
+        self._history = history
+        self._journal = journal
+        self._reader = reader
+        self._upstream = upstream
+        self._compactor = compactor
+        self._budgets = budgets
+        self._background = background
+
+    async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
+        entry = self._config.model(conversation.model)
+        if entry is None:
+            raise NotFound(
+                f"The model `{conversation.model}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+        self._budget(entry, conversation, {})  # refuses a max_tokens that leaves no input room, before any write
+        key = options.idempotency_key
+        # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
+        fingerprint = "" if key is None else request_fingerprint(tenant, conversation.identity)
+        if key is not None:
+            replay = await self._reader.replay(tenant, key, fingerprint)
+            if replay is not None:
+                record, stored = replay
+                return Replayed(record, answer_chunks(record, stored, conversation.stream))
+
+        plan = await self._plan(tenant, conversation, options, entry)
+        step_begun = asyncio.create_task(
+            self._journal.begin(
+                tenant=tenant,
+                session_id=plan.reconciled.session.id,
+                model=conversation.model,
+                fingerprint=fingerprint,
+                idempotency_key=key,
+                stream=conversation.stream,
+                parent_message_id=plan.reconciled.path[-1].id,
+                encoding=plan.encoding,
+            )
+        )
+        if key is not None:
+            await step_begun  # a conflicting key must be refused before the upstream is paid
+        try:
+            if conversation.stream:
+                return await self._stream(conversation, options, plan, step_begun)
+            return await self._complete(conversation, options, plan, step_begun)
+        except Exception as exc:
+            # Until a stream's relay owns the step, any failure ends it here, so no step is left open.
+            await self._journal.fail(await step_begun, error_fields(exc))
+            raise
+
+    async def _plan(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
+        encoding = encoding_for_model(entry.model)
+        session_id = options.session_id or chain.derive_session_id(tenant, conversation.messages)
+        async with self._history.lock(tenant, session_id):
+            reconciled = await self._history.reconcile(
+                tenant, session_id, conversation.messages, conversation.model, encoding
+            )
+            reconciled = await self._remember_settings(tenant, reconciled, options)
+            budget = self._budget(entry, conversation, reconciled.session.settings).input_budget
+            prepared = await self._prepare(tenant, conversation, options, entry, reconciled, budget, encoding)
+        return Plan(entry, reconciled, budget, prepared, encoding)
+
+    async def _remember_settings(self, tenant: str, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
+        settings = dict(reconciled.session.settings)
+        if options.reset_budget:
+            if SESSION_BUDGET_SETTING in settings:
+                settings[SESSION_BUDGET_SETTING] = None  # update_settings merges: only None removes the key
+        elif options.budget is not None:
+            settings[SESSION_BUDGET_SETTING] = options.budget
+        if settings == reconciled.session.settings:
+            return reconciled
+        session = await self._history.update_settings(tenant, reconciled.session.id, settings)
+        return replace(reconciled, session=session or reconciled.session)
+
+    def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
+        budget = self._budgets.budget(entry, conversation.max_output, settings)
+        if budget.input_budget <= 0:
+            raise ContextTooLarge(
+                f"max_tokens={budget.reserved_output} leaves no room for input in the "
+                f"{budget.limits.context_window}-token context window of model '{entry.name}'.",
+                param=conversation.max_output_param,
+            )
+        return budget
+
+    async def _prepare(
+        self,
+        tenant: str,
+        conversation: Conversation,
+        options: ContextOptions,
+        entry: ModelEntry,
+        reconciled: Reconciled,
+        budget: int,
+        encoding: str,
+    ) -> Prepared:
+        if options.mode == ContextMode.OFF:
+            tokens = count_prompt(m.tokens for m in reconciled.path)
+            return Prepared(list(conversation.messages), tokens, summaries=0, written=0)
+        preserve = options.preserve_recent
+        return await self._compactor.prepare(
+            CompactionRequest(
+                tenant=tenant,
+                session_id=reconciled.session.id,
+                messages=conversation.messages,
+                path=reconciled.path,
+                entry=entry,
+                encoding=encoding,
+                budget=budget,
+                preserve_recent=self._config.context.preserve_recent if preserve is None else preserve,
+            )
+        )
+
+    async def _forward(
+        self,
+        conversation: Conversation,
+        options: ContextOptions,
+        plan: Plan,
+        call: Callable[[Plan], Awaitable[T]],
+    ) -> tuple[Plan, T]:
+        """Call the upstream with the plan; heal once if it counted more tokens than we did.
+
+        A `context_length_exceeded` that our budget should have prevented means the upstream's tokenizer
+        differs from ours: the ratio is learned for the model, the context compacted to the smaller budget, and
+        the call made once more.
+        """
+        try:
+            return plan, await call(plan)
+        except UpstreamError as exc:
+            if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == ContextMode.OFF:
+                raise
+            factor = self._budgets.learn(plan.entry, plan.prepared.tokens, exc.message)
+            log.warning(
+                "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
+                plan.prepared.tokens,
+                plan.entry.name,
+                factor,
+            )
+            plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry)
+            return plan, await call(plan)
+
+    async def _complete(
+        self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
+    ) -> Answer:
+        async def complete(plan: Plan) -> Chunk:
+            return await self._upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
+
+        plan, response = await self._forward(conversation, options, plan, complete)
+        await self._journal.seal(await step_begun, response)
+        return Completed(response, plan.report())
+
+    async def _stream(
+        self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
+    ) -> Answer:
+        async def open_stream(plan: Plan) -> AsyncIterator[Chunk]:
+            return await self._upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
+
+        plan, chunks = await self._forward(conversation, options, plan, open_stream)
+        relay = StreamRelay(
+            self._journal,
+            await step_begun,
+            chunks,
+            finish_on_disconnect=self._config.journal.finish_on_disconnect,
+            background=self._background,
+        )
+        return Streaming(relay.events(), plan.report())
+
+
+def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:
+    """Same tenant and same identifying fields (key order aside) → same fingerprint: what Idempotency-Key
+    replays compare."""
+    return hashlib.sha256(f"{tenant}\n{chain.canonical_json(identity)}".encode()).hexdigest()

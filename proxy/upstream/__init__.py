@@ -1,0 +1,5 @@
+"""The upstream: the model a working context is sent to (docs/architecture.md).
+
+`protocol` is the seam every caller uses (and tests fake), `litellm_client` the implementation through
+LiteLLM, and `failures` the one boundary where a foreign exception becomes an `UpstreamError`.
+"""

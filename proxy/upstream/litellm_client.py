@@ -1,0 +1,185 @@
+"""Calls to the upstream model through LiteLLM: the `Upstream` the proxy runs with.
+
+Two routes, chosen once per model entry (measured; see the closing notes of the foundation issue):
+
+- OpenAI-compatible upstreams (LiteLLM provider `openai`: OpenAI itself, or any server at an `api_base`):
+  LiteLLM's httpx handler (see environment.py), with every client parameter in `extra_body` so it reaches the
+  upstream exactly as sent (LiteLLM drops `user` and `metadata` and rejects some parameters by model name when
+  they are passed as keywords). Streams are read from the handler's parsed chunks (`completion_stream`)
+  instead of through `CustomStreamWrapper`, which rebuilds every chunk (~300 µs per chunk against ~40 µs) and
+  replaces the upstream's `created` and the usage chunk's `choices: []`.
+- Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
+  wrapper, which translates the provider's chunks to OpenAI's.
+
+Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`).
+LiteLLM is imported when the first `LiteLLMUpstream` is built, after `proxy.environment` has prepared the
+process for it (`environment.litellm()`); nothing else in the proxy imports LiteLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from proxy import environment
+from proxy.config import ModelEntry, UpstreamConfig
+from proxy.errors import UpstreamError
+from proxy.types import Chunk, Message
+from proxy.upstream.failures import upstream_error
+
+log = logging.getLogger(__name__)
+
+KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
+"""Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
+
+DIRECT_PROVIDERS = frozenset({"openai"})
+_LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
+
+
+@dataclass(frozen=True)
+class UpstreamRoute:
+    model: str
+    provider: str
+    passthrough: bool
+    """True: OpenAI wire format end to end, parameters in extra_body, raw parsed chunks."""
+
+
+class LiteLLMUpstream:
+    """`proxy.upstream.protocol.Upstream` through `litellm.acompletion`."""
+
+    def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...]) -> None:
+        self._litellm = environment.litellm()
+        self._config = config
+        self._routes = {entry.name: self._route(entry) for entry in models}
+
+    def route(self, entry: ModelEntry) -> UpstreamRoute:
+        known = self._routes.get(entry.name)
+        return known if known is not None else self._route(entry)
+
+    async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
+        """A non-stream chat completion as OpenAI's JSON object."""
+        try:
+            response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
+        except Exception as exc:
+            raise upstream_error(exc) from exc
+        return openai_json(response.model_dump(exclude_none=True))
+
+    async def open_stream(
+        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
+    ) -> AsyncIterator[Chunk]:
+        """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
+        route = self.route(entry)
+        try:
+            wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
+            if route.passthrough and wrapper.completion_stream is None:
+                await wrapper.fetch_stream()
+        except Exception as exc:
+            raise upstream_error(exc) from exc
+        if route.passthrough:
+            return _chunks(wrapper.completion_stream, wrapper)
+        return _chunks(wrapper, wrapper)
+
+    def model_info(self, model: str) -> Mapping[str, Any] | None:
+        """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
+        try:
+            info: Mapping[str, Any] = self._litellm.get_model_info(model)
+        except (self._litellm.exceptions.ModelNotMappedError, ValueError, KeyError) as exc:
+            log.debug("no LiteLLM model info for %s: %s", model, type(exc).__name__)
+            return None
+        return info
+
+    def _kwargs(
+        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
+    ) -> dict[str, Any]:
+        route = self.route(entry)
+        kwargs: dict[str, Any] = {
+            "model": entry.model,
+            "messages": messages,
+            "stream": stream,
+            "timeout": self._config.timeout_s,
+            "num_retries": self._config.num_retries,
+            "max_retries": 0,
+        }
+        if entry.api_base:
+            kwargs["api_base"] = entry.api_base
+        if entry.api_key:
+            kwargs["api_key"] = entry.api_key
+        if stream and params.get("stream_options") is not None:
+            kwargs["stream_options"] = params["stream_options"]
+        rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
+        if route.passthrough:
+            if rest:
+                kwargs["extra_body"] = rest
+        else:
+            kwargs.update(rest)
+            if rest.get("tools"):
+                # LiteLLM imports its MCP server module for any tools= unless told not to; `mcp` is not installed.
+                kwargs["_skip_mcp_handler"] = True
+        return kwargs
+
+    def _route(self, entry: ModelEntry) -> UpstreamRoute:
+        try:
+            model, provider, _key, _base = self._litellm.get_llm_provider(entry.model, api_base=entry.api_base)
+        except self._litellm.exceptions.BadRequestError:
+            # Unknown provider: LiteLLM will say so on the first call with the upstream's wording.
+            return UpstreamRoute(entry.model, "unknown", passthrough=False)
+        return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS)
+
+
+async def _chunks(source: Any, wrapper: Any) -> AsyncIterator[Chunk]:
+    """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
+
+    The pass-through handler reports `[DONE]` as a dict marker and silently skips lines it cannot parse, so a
+    stream cut short or corrupted would look complete: one that ends with neither `[DONE]` nor a finish_reason
+    is a failure the client must hear about, not a short answer.
+    """
+    finished = False
+    try:
+        async for chunk in source:
+            if isinstance(chunk, dict):
+                finished = finished or bool(chunk.get("is_finished"))
+                continue
+            payload = openai_json(chunk.model_dump(exclude_none=True))
+            finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
+            yield payload
+    except Exception as exc:
+        raise upstream_error(exc, mid_stream=True) from exc
+    finally:
+        await _close(wrapper)
+    if not finished:
+        raise UpstreamError(
+            "The upstream stream ended before it was complete (no [DONE], malformed or truncated events).",
+            status=502,
+            error_type="upstream_error",
+            code="upstream_stream_incomplete",
+        )
+
+
+async def _close(wrapper: Any) -> None:
+    stream = getattr(wrapper, "completion_stream", None)
+    response = getattr(stream, "response", None)
+    aclose = getattr(response, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except (httpx.HTTPError, RuntimeError) as exc:
+            log.debug("closing the upstream stream: %s", exc)
+
+
+def openai_json(payload: dict[str, Any]) -> Chunk:
+    """Drop the fields LiteLLM adds to OpenAI's objects, so clients receive exactly OpenAI's shape."""
+    for field in _LITELLM_ONLY_FIELDS:
+        payload.pop(field, None)
+    for choice in payload.get("choices") or ():
+        for field in _LITELLM_ONLY_FIELDS:
+            choice.pop(field, None)
+        for key in ("message", "delta"):
+            inner = choice.get(key)
+            if isinstance(inner, dict):
+                for field in _LITELLM_ONLY_FIELDS:
+                    inner.pop(field, None)
+    return payload

@@ -1,0 +1,225 @@
+"""The OpenAI chat-completions door: `POST /v1/chat/completions`, the first wire adapter.
+
+It reads the body within its limit and validates it into the canonical `Conversation` — everything a client
+can get wrong is caught here, before any state is touched, as a 400 (or 413) naming the field — then hands it
+to the pipeline and renders the `Answer`: a `chat.completion`, or SSE chunks from the very JSON the journal
+stored, then `[DONE]`. Validation is deliberately limited to what OpenAI itself rejects and what the proxy
+relies on; every other field passes through untouched, because the upstream is the authority on its own
+parameters. Errors leave in OpenAI's shape (`proxy.errors.openai_error`), which is also this wire's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from proxy.auth import authenticate
+from proxy.config import Config
+from proxy.conversation import Answer, Completed, Conversation, Replayed
+from proxy.errors import InvalidRequest, openai_error
+from proxy.journal.relay import Journaled
+from proxy.pipeline import Pipeline
+from proxy.wire.body import json_type, parse_json_object, read_body
+from proxy.wire.context_headers import context_options, report_headers
+from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+_INTEGER_PARAMS = {"max_tokens": 0, "max_completion_tokens": 0, "n": 1, "top_logprobs": 0}
+_NUMBER_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_BOOLEAN_PARAMS = ("stream", "logprobs", "parallel_tool_calls", "store")
+_OBJECT_PARAMS = ("stream_options", "response_format", "logit_bias", "metadata")
+_LIST_PARAMS = ("tools", "functions")
+_MAX_OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens")
+"""`max_completion_tokens` wins over `max_tokens`, as it does at OpenAI."""
+_DELIVERY_PARAMS = ("stream", "stream_options")
+"""How the answer is delivered, not what is asked."""
+REPLAY_HEADER = "X-Context-Replay"
+
+
+class ChatCompletions:
+    def __init__(self, config: Config, pipeline: Pipeline) -> None:
+        self._config = config
+        self._pipeline = pipeline
+
+    async def __call__(self, request: Request) -> Response:
+        caller = authenticate(request.headers, self._config.auth)
+        raw = await read_body(
+            request.stream(), request.headers.get("content-length"), self._config.request_limits.max_body_bytes
+        )
+        conversation = parse_chat_request(raw)
+        options = context_options(request.headers)
+        return render(await self._pipeline.answer(caller.tenant, conversation, options), conversation.stream)
+
+
+def render(answer: Answer, stream: bool) -> Response:
+    if isinstance(answer, Completed):
+        return JSONResponse(answer.response, headers=report_headers(answer.report))
+    if isinstance(answer, Replayed):
+        headers = {REPLAY_HEADER: "true"}
+        if answer.record.session_id:
+            headers["X-Session-Id"] = answer.record.session_id
+        if not stream:
+            return JSONResponse(answer.chunks[0], headers=headers)
+        return _sse_response(_replay_events(answer), headers)
+    return _sse_response(_stream_events(answer.groups), report_headers(answer.report))
+
+
+def _sse_response(events: AsyncIterator[bytes], headers: Mapping[str, str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
+
+
+async def _stream_events(groups: AsyncGenerator[Sequence[Journaled], None]) -> AsyncIterator[bytes]:
+    # Closing `groups` early (the client left) tells the relay; see `finish_on_disconnect`.
+    async with aclosing(groups):
+        try:
+            async for group in groups:
+                yield b"".join(sse_data(item.text) for item in group)
+        except Exception as exc:
+            _status, body, _headers = openai_error(exc)
+            yield sse_event(body)
+            return
+    yield SSE_DONE
+
+
+async def _replay_events(answer: Replayed) -> AsyncIterator[bytes]:
+    for chunk in answer.chunks:
+        yield sse_event(chunk)
+    yield SSE_DONE
+
+
+def parse_chat_request(raw: bytes) -> Conversation:
+    """A chat completion request as the canonical conversation; 400 naming the field for anything invalid."""
+    body = parse_json_object(raw)
+    model = body.get("model")
+    if model is None:
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"'model' must be a non-empty string, not {json_type(model)}.", param="model")
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("Missing required parameter: 'messages'.", param="messages")
+    if not isinstance(messages, list):
+        raise InvalidRequest(f"'messages' must be an array, not {json_type(messages)}.", param="messages")
+    if not messages:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    for index, message in enumerate(messages):
+        _validate_message(message, f"messages[{index}]")
+    _validate_params(body)
+    max_param = next((name for name in _MAX_OUTPUT_PARAMS if body.get(name) is not None), "max_tokens")
+    max_output = body.get(max_param)
+    return Conversation(
+        model=model,
+        messages=messages,
+        params={key: value for key, value in body.items() if key not in ("model", "messages")},
+        stream=bool(body.get("stream", False)),
+        max_output=None if max_output is None else int(max_output),
+        max_output_param=max_param,
+        identity={key: value for key, value in body.items() if key not in _DELIVERY_PARAMS},
+    )
+
+
+def _validate_message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"'{where}' must be an object, not {json_type(message)}.", param=where)
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise InvalidRequest(f"Missing or invalid 'role' in '{where}'.", param=f"{where}.role")
+    if role not in ROLES:
+        raise InvalidRequest(
+            f"Invalid value for '{where}.role': {role!r}. Supported values are: "
+            + ", ".join(f"'{r}'" for r in sorted(ROLES))
+            + ".",
+            param=f"{where}.role",
+        )
+    content = message.get("content")
+    if content is None:
+        if role != "assistant" and not (role == "tool" and "content" in message):
+            raise InvalidRequest(f"Missing required parameter: '{where}.content'.", param=f"{where}.content")
+    elif isinstance(content, list):
+        for part_index, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise InvalidRequest(
+                    f"'{where}.content[{part_index}]' must be an object with a string 'type'.",
+                    param=f"{where}.content[{part_index}]",
+                )
+    elif not isinstance(content, str):
+        raise InvalidRequest(
+            f"Invalid type for '{where}.content': expected a string or an array of content parts, "
+            f"but got {json_type(content)}.",
+            param=f"{where}.content",
+        )
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise InvalidRequest(f"Missing required parameter: '{where}.tool_call_id'.", param=f"{where}.tool_call_id")
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        raise InvalidRequest(f"'{where}.name' must be a string.", param=f"{where}.name")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        if role != "assistant" or not isinstance(tool_calls, list):
+            raise InvalidRequest(
+                f"'{where}.tool_calls' must be an array on an assistant message.", param=f"{where}.tool_calls"
+            )
+        for call_index, call in enumerate(tool_calls):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not isinstance(function, dict):
+                raise InvalidRequest(
+                    f"'{where}.tool_calls[{call_index}]' must be an object with an 'id' and a 'function'.",
+                    param=f"{where}.tool_calls[{call_index}]",
+                )
+
+
+def _validate_params(body: Mapping[str, Any]) -> None:
+    for name, minimum in _INTEGER_PARAMS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest(
+                f"Invalid type for '{name}': expected an integer, but got {json_type(value)}.", param=name
+            )
+        if value < minimum:
+            raise InvalidRequest(
+                f"Invalid '{name}': integer below minimum value. Expected a value >= {minimum}, "
+                f"but got {value} instead.",
+                param=name,
+            )
+    for name in _NUMBER_PARAMS:
+        value = body.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        ):
+            raise InvalidRequest(
+                f"Invalid type for '{name}': expected a number, but got {json_type(value)}.", param=name
+            )
+    for name in _BOOLEAN_PARAMS:
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequest(
+                f"Invalid type for '{name}': expected a boolean, but got {json_type(value)}.", param=name
+            )
+    for name in _OBJECT_PARAMS:
+        value = body.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise InvalidRequest(
+                f"Invalid type for '{name}': expected an object, but got {json_type(value)}.", param=name
+            )
+    for name in _LIST_PARAMS:
+        value = body.get(name)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
+            raise InvalidRequest(f"Invalid type for '{name}': expected an array of objects.", param=name)
+    stop = body.get("stop")
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise InvalidRequest("Invalid type for 'stop': expected a string or an array of strings.", param="stop")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequest(f"Invalid type for 'user': expected a string, but got {json_type(user)}.", param="user")
