@@ -42,28 +42,35 @@ class Conversation:
 
 
 @dataclass(frozen=True)
-class ContextOptions:
-    """The per-request headers that steer the proxy (docs/architecture.md, "External interface")."""
-
-    session_id: str | None = None
-    budget: int | None = None
-    """X-Context-Budget: a lower input budget, remembered for the session."""
-    reset_budget: bool = False
-    """X-Context-Budget: none — forget the session's remembered budget."""
-    preserve_recent: int | None = None
-    mode: ContextMode = ContextMode.AUTO
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True)
 class ContextReport:
     """What the proxy did with the context of one request; every door sends it as X-Context-* headers."""
 
     session_id: str
     prompt_tokens: int
+    """The working context sent upstream, by the proxy's own count."""
     budget: int
+    """The effective input budget it had to fit."""
     history_tokens: int
+    """The whole stored conversation, which the working context stands for."""
     summaries: int
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """The per-request headers that steer the proxy (docs/architecture.md, "External interface")."""
+
+    session_id: str | None = None
+    """X-Session-Id: the conversation's name; derived from its opening when absent."""
+    budget: int | None = None
+    """X-Context-Budget: a lower input budget, remembered for the session."""
+    reset_budget: bool = False
+    """X-Context-Budget: none — forget the session's remembered budget."""
+    preserve_recent: int | None = None
+    """X-Context-Preserve-Recent: how many latest messages stay verbatim (else `context.preserve_recent`)."""
+    mode: ContextMode = ContextMode.AUTO
+    """X-Context-Mode."""
+    idempotency_key: str | None = None
+    """Idempotency-Key: a retry under the same key and body is answered from the journal."""
 
 
 @dataclass(frozen=True)

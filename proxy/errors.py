@@ -7,12 +7,13 @@ are converted where they enter (`proxy.upstream.failures` for the upstream). An 
 for the OpenAI wire. Anything else that reaches a client becomes an `internal_error` that leaks nothing.
 
     ProxyError                      status / type / code / param / headers
-    ├── InvalidRequest              400 invalid_request_error, `param` names the field or header
-    │   └── ContextTooLarge         400 context_length_exceeded (the recent messages alone do not fit)
-    ├── AuthenticationFailed        401 invalid_api_key
-    ├── NotFound                    404 model_not_found / session_not_found / ...
-    ├── Conflict                    409 (an Idempotency-Key reused with another body)
-    ├── PayloadTooLarge             413
+    ├── ClientError                 type invalid_request_error
+    │   ├── InvalidRequest          400, `param` names the field or header
+    │   │   └── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
+    │   ├── AuthenticationFailed    401 invalid_api_key
+    │   ├── NotFound                404 model_not_found / session_not_found / ...
+    │   ├── Conflict                409 (an Idempotency-Key reused with another body)
+    │   └── PayloadTooLarge         413
     └── UpstreamError               the upstream's own status, type, code and Retry-After
 """
 
@@ -53,9 +54,14 @@ class ProxyError(Exception):
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
 
 
-class InvalidRequest(ProxyError):
-    status = 400
+class ClientError(ProxyError):
+    """Something the client must change; OpenAI calls every such error `invalid_request_error`."""
+
     type = "invalid_request_error"
+
+
+class InvalidRequest(ClientError):
+    status = 400
 
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -67,28 +73,20 @@ class ContextTooLarge(InvalidRequest):
     code = CONTEXT_LENGTH_EXCEEDED
 
 
-class AuthenticationFailed(ProxyError):
-    status = 401
-    type = "invalid_request_error"
-    code = "invalid_api_key"
+class AuthenticationFailed(ClientError):
+    status, code = 401, "invalid_api_key"
 
 
-class NotFound(ProxyError):
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
+class NotFound(ClientError):
+    status, code = 404, "not_found"
 
 
-class Conflict(ProxyError):
-    status = 409
-    type = "invalid_request_error"
-    code = "conflict"
+class Conflict(ClientError):
+    status, code = 409, "conflict"
 
 
-class PayloadTooLarge(ProxyError):
-    status = 413
-    type = "invalid_request_error"
-    code = "request_too_large"
+class PayloadTooLarge(ClientError):
+    status, code = 413, "request_too_large"
 
 
 class UpstreamError(ProxyError):

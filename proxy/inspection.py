@@ -18,7 +18,7 @@ from proxy.compaction.compactor import CompactionRequest, Compactor, builder_ite
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import Session, StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
@@ -64,11 +64,7 @@ class Inspector:
         return {"object": "list", "data": data, "has_more": has_more}
 
     async def session(self, tenant: str, session_id: str) -> dict[str, Any]:
-        session = await self.history.session(tenant, session_id)
-        if session is None:
-            raise _no_session(session_id)
-        entry = self._entry(session.model)
-        encoding = encoding_for_model(entry.model)
+        session, entry, encoding = await self._model_of(tenant, session_id)
         path = await self.history.path(tenant, session_id, encoding) or []
         summaries = await self.summaries.on_path(tenant, path)
         limits = self.budgets.limits(entry)
@@ -119,11 +115,7 @@ class Inspector:
         }
 
     async def summarize(self, tenant: str, session_id: str) -> dict[str, Any]:
-        session = await self.history.session(tenant, session_id)
-        if session is None:
-            raise _no_session(session_id)
-        entry = self._entry(session.model)
-        encoding = encoding_for_model(entry.model)
+        session, entry, encoding = await self._model_of(tenant, session_id)
         async with self.history.lock(tenant, session_id):
             path = await self.history.path(tenant, session_id, encoding) or []
             budget = self.budgets.budget(entry, None, session.settings).input_budget
@@ -172,8 +164,14 @@ class Inspector:
             raise NotFound(f"No journal step {step_id}.", code="step_not_found")
         return record.as_json()
 
-    def _entry(self, model: str | None) -> ModelEntry:
-        return (self.config.model(model) if model else None) or ModelEntry(name=model or "", model=model or "")
+    async def _model_of(self, tenant: str, session_id: str) -> tuple[Session, ModelEntry, str]:
+        """The session, the model entry it last used (a bare entry if that model left the config) and its encoding."""
+        session = await self.history.session(tenant, session_id)
+        if session is None:
+            raise NotFound(f"No session with id '{session_id}'.", code="session_not_found")
+        model = session.model or ""
+        entry = self.config.model(model) or ModelEntry(name=model, model=model)
+        return session, entry, encoding_for_model(entry.model)
 
     def _dry_run(
         self, path: Sequence[StoredMessage], summaries: Sequence[StoredSummary], budget: int
@@ -185,7 +183,3 @@ class Inspector:
         if isinstance(result, WorkingContext):
             return result.tokens, [part for part in result.parts if isinstance(part, Span)]
         return count_prompt(item.tokens for item in items), []
-
-
-def _no_session(session_id: str) -> NotFound:
-    return NotFound(f"No session with id '{session_id}'.", code="session_not_found")

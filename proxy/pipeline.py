@@ -74,29 +74,22 @@ class Plan:
         )
 
 
+@dataclass(frozen=True)
 class Pipeline:
-    def __init__(
-        self,
-        config: Config,
-        history: History,
-        journal: Journal,
-        reader: JournalReader,
-        upstream: Upstream,
-        compactor: Compactor,
-        budgets: Budgets,
-        background: set[asyncio.Task[None]],
-    ) -> None:
-        self._config = config
-        self._history = history
-        self._journal = journal
-        self._reader = reader
-        self._upstream = upstream
-        self._compactor = compactor
-        self._budgets = budgets
-        self._background = background
+    """The stages of the request path, wired once (`proxy.services`)."""
+
+    config: Config
+    history: History
+    journal: Journal
+    reader: JournalReader
+    upstream: Upstream
+    compactor: Compactor
+    budgets: Budgets
+    background: set[asyncio.Task[None]]
+    """Streams still being relayed: shutdown lets them seal (`proxy.services`)."""
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
-        entry = self._config.model(conversation.model)
+        entry = self.config.model(conversation.model)
         if entry is None:
             raise NotFound(
                 f"The model `{conversation.model}` does not exist or you do not have access to it.",
@@ -108,14 +101,14 @@ class Pipeline:
         # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
         fingerprint = "" if key is None else request_fingerprint(tenant, conversation.identity)
         if key is not None:
-            replay = await self._reader.replay(tenant, key, fingerprint)
+            replay = await self.reader.replay(tenant, key, fingerprint)
             if replay is not None:
                 record, stored = replay
                 return Replayed(record, answer_chunks(record, stored, conversation.stream))
 
         plan = await self._plan(tenant, conversation, options, entry)
         step_begun = asyncio.create_task(
-            self._journal.begin(
+            self.journal.begin(
                 tenant=tenant,
                 session_id=plan.reconciled.session.id,
                 model=conversation.model,
@@ -134,14 +127,14 @@ class Pipeline:
             return await self._complete(conversation, options, plan, step_begun)
         except Exception as exc:
             # Until a stream's relay owns the step, any failure ends it here, so no step is left open.
-            await self._journal.fail(await step_begun, error_fields(exc))
+            await self.journal.fail(await step_begun, error_fields(exc))
             raise
 
     async def _plan(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         encoding = encoding_for_model(entry.model)
         session_id = options.session_id or chain.derive_session_id(tenant, conversation.messages)
-        async with self._history.lock(tenant, session_id):
-            reconciled = await self._history.reconcile(
+        async with self.history.lock(tenant, session_id):
+            reconciled = await self.history.reconcile(
                 tenant, session_id, conversation.messages, conversation.model, encoding
             )
             reconciled = await self._remember_settings(tenant, reconciled, options)
@@ -158,11 +151,11 @@ class Pipeline:
             settings[SESSION_BUDGET_SETTING] = options.budget
         if settings == reconciled.session.settings:
             return reconciled
-        session = await self._history.update_settings(tenant, reconciled.session.id, settings)
+        session = await self.history.update_settings(tenant, reconciled.session.id, settings)
         return replace(reconciled, session=session or reconciled.session)
 
     def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
-        budget = self._budgets.budget(entry, conversation.max_output, settings)
+        budget = self.budgets.budget(entry, conversation.max_output, settings)
         if budget.input_budget <= 0:
             raise ContextTooLarge(
                 f"max_tokens={budget.reserved_output} leaves no room for input in the "
@@ -185,7 +178,7 @@ class Pipeline:
             tokens = count_prompt(m.tokens for m in reconciled.path)
             return Prepared(list(conversation.messages), tokens, summaries=0, written=0)
         preserve = options.preserve_recent
-        return await self._compactor.prepare(
+        return await self.compactor.prepare(
             CompactionRequest(
                 tenant=tenant,
                 session_id=reconciled.session.id,
@@ -194,7 +187,7 @@ class Pipeline:
                 entry=entry,
                 encoding=encoding,
                 budget=budget,
-                preserve_recent=self._config.context.preserve_recent if preserve is None else preserve,
+                preserve_recent=self.config.context.preserve_recent if preserve is None else preserve,
             )
         )
 
@@ -216,7 +209,7 @@ class Pipeline:
         except UpstreamError as exc:
             if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == ContextMode.OFF:
                 raise
-            factor = self._budgets.learn(plan.entry, plan.prepared.tokens, exc.message)
+            factor = self.budgets.learn(plan.entry, plan.prepared.tokens, exc.message)
             log.warning(
                 "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
                 plan.prepared.tokens,
@@ -230,25 +223,25 @@ class Pipeline:
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Answer:
         async def complete(plan: Plan) -> Chunk:
-            return await self._upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
+            return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
 
         plan, response = await self._forward(conversation, options, plan, complete)
-        await self._journal.seal(await step_begun, response)
+        await self.journal.seal(await step_begun, response)
         return Completed(response, plan.report())
 
     async def _stream(
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Answer:
         async def open_stream(plan: Plan) -> AsyncIterator[Chunk]:
-            return await self._upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
+            return await self.upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
 
         plan, chunks = await self._forward(conversation, options, plan, open_stream)
         relay = StreamRelay(
-            self._journal,
+            self.journal,
             await step_begun,
             chunks,
-            finish_on_disconnect=self._config.journal.finish_on_disconnect,
-            background=self._background,
+            finish_on_disconnect=self.config.journal.finish_on_disconnect,
+            background=self.background,
         )
         return Streaming(relay.events(), plan.report())
 

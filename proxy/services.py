@@ -53,7 +53,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     try:
         history = History(db)
         journal = Journal(db, Answers(history), config.journal)
-        recovery = Recovery(db, journal, config.journal)
+        recovery = Recovery(db, journal)
         if recover:
             report = await recovery.recover()
             log.info("journal recovery: %s", report)

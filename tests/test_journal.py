@@ -79,7 +79,7 @@ class Store:
         self.history = History(self.db, clock=self.clock, count=count)
         self.journal = Journal(self.db, Answers(self.history), self.config, clock=self.clock)
         self.reader = JournalReader(self.db)
-        self.recovery = Recovery(self.db, self.journal, self.config, clock=self.clock)
+        self.recovery = Recovery(self.db, self.journal)
         return self
 
     async def conversation(self, tenant: str = TENANT, session: str = SESSION) -> str:

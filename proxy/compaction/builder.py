@@ -1,7 +1,8 @@
 """The working context builder: which stored messages go upstream verbatim and which as summaries.
 
 A pure function of the path's messages (role, token count, tool-call links), the summaries that exist for it
-and a policy, so that every invariant can be pinned by unit and property tests without a database or a model:
+and a policy, so that every invariant (docs/architecture.md) can be pinned by unit and property tests without a
+database or a model. Its rules:
 
 1. System (and developer) messages are pinned verbatim at their positions.
 2. The last `preserve_recent` messages are kept verbatim, widened backwards so a tool group (an assistant

@@ -13,7 +13,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.compaction.builder import Span
@@ -97,26 +97,26 @@ class Summaries:
         generated_by: str,
         replaces: Sequence[int] = (),
     ) -> StoredSummary:
-        now = self._clock()
-        row = (
-            tenant,
-            start_depth,
-            end.depth,
-            end.id,
-            content,
-            tokens,
-            original_tokens,
-            model,
-            generated_by,
-            json.dumps(list(replaces)),
-            now,
+        summary = StoredSummary(
+            id=0,  # known once inserted
+            start_depth=start_depth,
+            end_depth=end.depth,
+            end_id=end.id,
+            content=content,
+            tokens=tokens,
+            original_tokens=original_tokens,
+            model=model,
+            generated_by=generated_by,
+            replaces=tuple(replaces),
+            orphaned_at=None,
+            created_at=self._clock(),
         )
 
         def write(connection: sqlite3.Connection) -> int:
             cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
                 "model, generated_by, replaces, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
+                (tenant, *_columns(summary)),
             )
             new_id = cursor.lastrowid
             if new_id is None:
@@ -125,25 +125,27 @@ class Summaries:
                 connection.execute(
                     "UPDATE summaries SET orphaned_at = ? WHERE tenant = ? AND orphaned_at IS NULL "
                     "AND id IN (SELECT value FROM json_each(?))",
-                    (now, tenant, json.dumps(list(replaces))),
+                    (summary.created_at, tenant, json.dumps(list(replaces))),
                 )
             return new_id
 
-        summary_id = await self._db.write(write)
-        return StoredSummary(
-            summary_id,
-            start_depth,
-            end.depth,
-            end.id,
-            content,
-            tokens,
-            original_tokens,
-            model,
-            generated_by,
-            tuple(replaces),
-            None,
-            now,
-        )
+        return replace(summary, id=await self._db.write(write))
+
+
+def _columns(summary: StoredSummary) -> tuple[Any, ...]:
+    """The insert's values after `tenant`, in the column order of `add`."""
+    return (
+        summary.start_depth,
+        summary.end_depth,
+        summary.end_id,
+        summary.content,
+        summary.tokens,
+        summary.original_tokens,
+        summary.model,
+        summary.generated_by,
+        json.dumps(list(summary.replaces)),
+        summary.created_at,
+    )
 
 
 def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:

@@ -218,44 +218,61 @@ def _first_sentences(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(firsts)
 
 
-def _labelled_texts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
-    """(label, text) per message: summaries unwrapped, tool calls named, tool outputs reduced."""
+@dataclass(frozen=True)
+class _Seen:
+    """One message as both readers of a transcript see it."""
+
+    message: Mapping[str, Any]
+    role: str
+    text: str
+    tool: str | None
+    """On a tool result: the name of the call it answers."""
+    reduced: str
+    """On a tool result: its output reduced to what matters (`reduce_tool_output`)."""
+    summary: str | None
+    """On an earlier summary: its content without the header."""
+
+
+def _seen(messages: Sequence[Mapping[str, Any]]) -> Iterator[_Seen]:
     calls = _calls_by_id(messages)
     for message in messages:
         role = str(message.get("role") or "message")
         text = content_text(message.get("content"))
+        tool, reduced, summary = None, "", None
         if role == "tool":
+            tool, arguments = calls.get(str(message.get("tool_call_id")), (None, None))
+            reduced = reduce_tool_output(tool, arguments, text, TOOL_OUTPUT_LIMIT)
+        elif text.startswith(SUMMARY_HEADER):
+            summary = text[len(SUMMARY_HEADER) :].strip()
+        yield _Seen(message, role, text, tool, reduced, summary)
+
+
+def _labelled_texts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(label, text) per message: summaries unwrapped, tool calls named, tool outputs reduced."""
+    for seen in _seen(messages):
+        if seen.role == "tool":
             # The call itself was already yielded with its key inputs: keep only the outcome lines.
-            name, arguments = calls.get(str(message.get("tool_call_id")), (None, None))
-            reduced = reduce_tool_output(name, arguments, text, TOOL_OUTPUT_LIMIT)
-            outcome = [line for line in reduced.splitlines() if not _REDUCTION_MARK.match(line)]
-            yield f"tool {name or ''}".rstrip(), "\n".join(outcome)
-            continue
-        if text.startswith(SUMMARY_HEADER):
-            yield SUMMARY_LABEL, text[len(SUMMARY_HEADER) :].strip()
-            continue
-        if text.strip():
-            yield role, text
-        for name, arguments in _tool_calls(message):
-            yield role, f"called {name}({key_inputs(arguments)})"
+            outcome = [line for line in seen.reduced.splitlines() if not _REDUCTION_MARK.match(line)]
+            yield f"tool {seen.tool or ''}".rstrip(), "\n".join(outcome)
+        elif seen.summary is not None:
+            yield SUMMARY_LABEL, seen.summary
+        else:
+            if seen.text.strip():
+                yield seen.role, seen.text
+            for name, arguments in _tool_calls(seen.message):
+                yield seen.role, f"called {name}({key_inputs(arguments)})"
 
 
 def _render(messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
-    calls = _calls_by_id(messages)
-    for message in messages:
-        role = str(message.get("role") or "message")
-        text = content_text(message.get("content"))
-        if role == "tool":
-            name, arguments = calls.get(str(message.get("tool_call_id")), (None, None))
-            reduced = reduce_tool_output(name, arguments, text, TOOL_OUTPUT_LIMIT)
-            yield f"TOOL RESULT ({name or 'unknown tool'}):\n{reduced}"
-            continue
-        if text.startswith(SUMMARY_HEADER):
-            yield f"Earlier summary: {text[len(SUMMARY_HEADER) :].strip()}"
-            continue
-        parts = [text] if text.strip() else []
-        parts += [f"-> {name}({_shown_arguments(arguments)})" for name, arguments in _tool_calls(message)]
-        yield f"{role.upper()}: " + "\n".join(parts)
+    for seen in _seen(messages):
+        if seen.role == "tool":
+            yield f"TOOL RESULT ({seen.tool or 'unknown tool'}):\n{seen.reduced}"
+        elif seen.summary is not None:
+            yield f"Earlier summary: {seen.summary}"
+        else:
+            parts = [seen.text] if seen.text.strip() else []
+            parts += [f"-> {name}({_shown_arguments(arguments)})" for name, arguments in _tool_calls(seen.message)]
+            yield f"{seen.role.upper()}: " + "\n".join(parts)
 
 
 def _shown_arguments(arguments: str | None) -> str:

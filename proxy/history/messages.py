@@ -8,7 +8,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StoredMessage:
+    """One node of the chain, as stored."""
+
     id: str
+    """The sha256 of the parent's id and the normalized message (`chain.message_id`)."""
     parent_id: str | None
     depth: int
     """0 for the root."""
@@ -22,13 +25,19 @@ class StoredMessage:
 
 @dataclass(frozen=True)
 class Session:
+    """A named line of conversation of one tenant."""
+
     tenant: str
     id: str
-    head_id: str | None
-    model: str | None
-    settings: dict[str, Any]
+    """`X-Session-Id`, or derived from the conversation's opening (`chain.derive_session_id`)."""
     created_at: float
     updated_at: float
+    head_id: str | None
+    """Its latest message; None only for a session whose messages were never written."""
+    model: str | None
+    """The model its last request asked for."""
+    settings: dict[str, Any]
+    """What it remembers between requests (`budget`, from X-Context-Budget)."""
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
 from dataclasses import dataclass, field
 
-from proxy.config import JournalConfig
 from proxy.journal.steps import (
     JSON_ENCODER,
     PRUNABLE,
@@ -27,7 +25,6 @@ from proxy.journal.steps import (
 )
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +41,11 @@ class RecoveryReport:
 
 
 class Recovery:
-    def __init__(self, db: Database, journal: Journal, config: JournalConfig, clock: Clock = time.time) -> None:
+    """Ends steps through the journal's own `close`, with its config and clock."""
+
+    def __init__(self, db: Database, journal: Journal) -> None:
         self._db = db
         self._journal = journal
-        self._config = config
-        self._clock = clock
 
     async def recover(self) -> RecoveryReport:
         """Classify every step left open by a previous process; run once at startup, before serving."""
@@ -79,10 +76,10 @@ class Recovery:
 
     async def prune_expired(self) -> int:
         """Delete the events of ended steps older than `keep_events_s`; returns how many were deleted."""
-        keep = self._config.keep_events_s
+        keep = self._journal.config.keep_events_s
         if keep is None:
             return 0
-        cutoff = self._clock() - keep
+        cutoff = self._journal.clock() - keep
         statuses = tuple(str(status) for status in PRUNABLE)
 
         def write(connection: sqlite3.Connection) -> int:

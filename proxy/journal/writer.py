@@ -51,8 +51,8 @@ class Journal:
     def __init__(self, db: Database, answers: Answers, config: JournalConfig, clock: Clock = time.time) -> None:
         self._db = db
         self._answers = answers
-        self._config = config
-        self._clock = clock
+        self.config = config
+        self.clock = clock
 
     async def begin(
         self,
@@ -70,7 +70,7 @@ class Journal:
 
         `fingerprint` identifies the request body for Idempotency-Key checks; it is empty for unkeyed steps.
         """
-        now = self._clock()
+        now = self.clock()
         row = (tenant, session_id, model, fingerprint, idempotency_key, int(stream), parent_message_id, now, encoding)
 
         def write(connection: sqlite3.Connection) -> int:
@@ -107,7 +107,7 @@ class Journal:
             raise RuntimeError(f"journal step {step.id} is {step.status}, not open")
         if not chunks:
             return []
-        now = self._clock()
+        now = self.clock()
         seq = step.next_seq
         texts = [JSON_ENCODER.encode(chunk) for chunk in chunks]
         rows = [
@@ -162,9 +162,9 @@ class Journal:
         (a cancelled seal) may call them late.
         """
         answer = self._pending_answer(step) if status in ENDED else None
-        now = self._clock()
+        now = self.clock()
         sealed_at = now if status in ENDED else None
-        prune = status in PRUNABLE and self._config.keep_events_s == 0
+        prune = status in PRUNABLE and self.config.keep_events_s == 0
         assembly = step.assembly
         fields = (assembly.content, dumps(assembly.tool_calls), assembly.finish_reason, dumps(assembly.usage))
 

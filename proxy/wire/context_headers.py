@@ -68,7 +68,7 @@ def report_headers(report: ContextReport) -> dict[str, str]:
 
 
 def usage_text(tokens: int, budget: int, summaries: int) -> str:
-    """The seeds' compact gauge: `2.1k / 129k (1%)`, `50k / 129k (39%) [2S]`."""
+    """The compact gauge of `X-Context-Usage`: `2.1k / 129k (1%)`, `50k / 129k (39%) [2S]`."""
     percent = round(100 * tokens / budget) if budget > 0 else 100
     text = f"{compact_count(tokens)} / {compact_count(budget)} ({percent}%)"
     return f"{text} [{summaries}S]" if summaries else text
