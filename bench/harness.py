@@ -67,13 +67,18 @@ def proxy_config(workdir: Path, upstream: str, name: str, **sections: Any) -> Pa
 
 @contextmanager
 def process(
-    args: list[str], health: str, log: Path | None = None, start_timeout: float = START_TIMEOUT_S
+    args: list[str],
+    health: str,
+    log: Path | None = None,
+    start_timeout: float = START_TIMEOUT_S,
+    root: Path = ROOT,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child Python process running `args`, yielded once `health` answers; terminated on exit."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """A child Python process running `args` from the checkout `root`, yielded once `health` answers;
+    terminated on exit."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
     sink = log.open("ab") if log is not None else subprocess.DEVNULL
     try:
-        child = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, *args], cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT)
     finally:
         if log is not None and not isinstance(sink, int):
             sink.close()

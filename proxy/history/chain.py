@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-Message = dict[str, Any]
+from proxy.types import Message
 
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"

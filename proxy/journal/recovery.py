@@ -37,7 +37,7 @@ class RecoveryReport:
     pruned_events: int = 0
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in ("complete", "interrupted", "failed")}
+        return {"complete": len(self.complete), "interrupted": len(self.interrupted), "failed": len(self.failed)}
 
 
 class Recovery:
@@ -51,7 +51,7 @@ class Recovery:
         """Classify every step left open by a previous process; run once at startup, before serving."""
         report = RecoveryReport()
         rows = await self._db.fetchall(
-            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.status = 'open' ORDER BY s.id"
+            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.status = ? ORDER BY s.id", (StepStatus.OPEN,)
         )
         events = await stored_events(self._db, [row["id"] for row in rows])
         for row in rows:

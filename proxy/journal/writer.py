@@ -42,7 +42,7 @@ INSERT_EVENT = "INSERT INTO journal_events (step_id, seq, type, content, created
 _END_STEP = """UPDATE journal_steps
 SET status = ?, message_id = ?, content = ?, tool_calls = ?, finish_reason = ?, usage = ?, error = ?,
     sealed_at = ?
-WHERE id = ? AND status = 'open'"""
+WHERE id = ? AND status = ?"""
 
 ClosingEvent = tuple[EventType, str]
 
@@ -71,7 +71,18 @@ class Journal:
         `fingerprint` identifies the request body for Idempotency-Key checks; it is empty for unkeyed steps.
         """
         now = self.clock()
-        row = (tenant, session_id, model, fingerprint, idempotency_key, int(stream), parent_message_id, now, encoding)
+        row = (
+            tenant,
+            session_id,
+            model,
+            fingerprint,
+            idempotency_key,
+            int(stream),
+            StepStatus.OPEN,
+            parent_message_id,
+            now,
+            encoding,
+        )
 
         def write(connection: sqlite3.Connection) -> int:
             if idempotency_key is not None:
@@ -86,7 +97,7 @@ class Journal:
                         raise Conflict(KEY_DONE, param=KEY_PARAM)
             cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
-                "status, parent_message_id, created_at, encoding) VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+                "status, parent_message_id, created_at, encoding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             if cursor.lastrowid is None:
@@ -170,7 +181,15 @@ class Journal:
 
         def write(connection: sqlite3.Connection) -> tuple[bool, StoredMessage | None]:
             stored = None if answer is None else answer.write(connection)
-            values = (status, None if stored is None else stored.id, *fields, dumps(error), sealed_at, step.id)
+            values = (
+                status,
+                None if stored is None else stored.id,
+                *fields,
+                dumps(error),
+                sealed_at,
+                step.id,
+                StepStatus.OPEN,
+            )
             if connection.execute(_END_STEP, values).rowcount == 0:
                 if status in ENDED:
                     raise Conflict(f"journal step {step.id} is no longer open")
