@@ -315,7 +315,7 @@ def test_an_upstream_that_counts_more_is_healed_once_and_not_hit_again(
     enforced = 3000
     fake.context_window = enforced
     install_responder(fake)
-    _proxy, client = start(serve_proxy, fake)
+    proxy, client = start(serve_proxy, fake)
     session = ScriptedSession(client, fake, "healing")
 
     turns = session.run(40)
@@ -335,6 +335,9 @@ def test_an_upstream_that_counts_more_is_healed_once_and_not_hit_again(
         check_headers(turn, shrunk)
     fitting_after = [r for r in fake.requests if r.body is not over[0]]
     assert all(fake.count_tokens(r.body["messages"]) <= enforced for r in fitting_after)
+    # The inspection view reports the budget the requests got, learned correction included.
+    view = httpx.get(f"{proxy.url}/sessions/{turns[-1].headers['x-session-id']}").json()
+    assert view["usage"]["budget"] == shrunk
 
 
 # 9 — X-Context-Mode: off.
