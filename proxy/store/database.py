@@ -104,7 +104,7 @@ class Database:
         writer thread even in NORMAL mode, so the commit overlaps the parsing of the next chunks instead of
         pausing the event loop.
         """
-        if self._task is None:
+        if self._task is None or self._task.done():
             raise RuntimeError("database is closed")
         job: _Job[T] = _Job(work, atomic, bulk)
         self._jobs.put_nowait(job)
@@ -143,6 +143,15 @@ class Database:
                         job.future.set_result(result)
                     else:
                         job.future.set_exception(error)
+            except BaseException:
+                # Not a failed transaction but the writer itself stopping (cancelled, interrupted): no caller may
+                # wait for a commit that will never come.
+                while not self._jobs.empty():
+                    batch.append(self._jobs.get_nowait())
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(RuntimeError("the database writer stopped"))
+                raise
             finally:
                 for _ in batch:
                     self._jobs.task_done()
@@ -220,6 +229,10 @@ def _migrate(connection: sqlite3.Connection) -> None:
         if migration.__name__ in applied:
             continue
         connection.execute("BEGIN IMMEDIATE")
+        # Another process opening the same file may have applied it since the read above: ask again under the lock.
+        if connection.execute("SELECT 1 FROM migrations WHERE name = ?", (migration.__name__,)).fetchone():
+            connection.execute("COMMIT")
+            continue
         try:
             migration(connection)
             connection.execute(

@@ -1,0 +1,226 @@
+"""The schema's ordered migrations (`proxy.store.migrations`) and how `Database.open` applies them: each once, in
+order, recorded in `migrations`; an older file is upgraded with its data; a failing migration leaves nothing."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from proxy.store import database as database_module
+from proxy.store.database import Database, _migrate
+from proxy.store.migrations import MIGRATIONS, m001_history
+
+EXPECTED_TABLES = {"sessions", "messages", "message_tokens", "summaries", "journal_steps", "journal_events"}
+
+
+@contextmanager
+def raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain connection of our own (autocommit: transactions only where we open them)."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as connection:
+        yield connection
+
+
+def tables(connection: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def recorded(connection: sqlite3.Connection) -> list[tuple[str, float]]:
+    return [(row[0], row[1]) for row in connection.execute("SELECT name, applied_at FROM migrations ORDER BY rowid")]
+
+
+async def open_and_close(path: Path) -> None:
+    database = await Database.open(path)
+    await database.close()
+
+
+# --- the list itself -------------------------------------------------------------------------------------------
+
+
+def test_migration_names_are_unique_and_ordered() -> None:
+    names = [migration.__name__ for migration in MIGRATIONS]
+    assert names
+    assert len(set(names)) == len(names)
+    numbers = []
+    for name in names:
+        match = re.fullmatch(r"m(\d{3})_[a-z0-9_]+", name)
+        assert match, f"migration {name!r} is not named mNNN_description"
+        numbers.append(int(match.group(1)))
+    assert numbers == list(range(1, len(names) + 1))
+    assert names == sorted(names)
+    assert MIGRATIONS[0] is m001_history
+
+
+# --- a fresh file ----------------------------------------------------------------------------------------------
+
+
+async def test_fresh_file_gets_every_migration_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.sqlite"
+    await open_and_close(path)
+    with raw(path) as connection:
+        rows = recorded(connection)
+        assert [name for name, _ in rows] == [migration.__name__ for migration in MIGRATIONS]
+        times = [applied_at for _, applied_at in rows]
+        assert times == sorted(times)
+        assert all(applied_at > 0 for applied_at in times)
+        assert EXPECTED_TABLES | {"migrations"} <= tables(connection)
+
+
+async def test_db_fixture_is_fully_migrated(db: Database) -> None:
+    rows = await db.fetchall("SELECT name FROM migrations")
+    assert {row["name"] for row in rows} == {migration.__name__ for migration in MIGRATIONS}
+    names = await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
+    assert {row["name"] for row in names} >= EXPECTED_TABLES
+
+
+async def test_reopening_applies_nothing_again(tmp_path: Path) -> None:
+    path = tmp_path / "twice.sqlite"
+    await open_and_close(path)
+    with raw(path) as connection:
+        first = recorded(connection)
+        schema = sorted(connection.execute("SELECT type, name, sql FROM sqlite_master"))
+    await open_and_close(path)
+    with raw(path) as connection:
+        assert recorded(connection) == first
+        assert sorted(connection.execute("SELECT type, name, sql FROM sqlite_master")) == schema
+
+
+def test_migrate_twice_on_one_connection_is_a_no_op(tmp_path: Path) -> None:
+    with raw(tmp_path / "direct.sqlite") as connection:
+        _migrate(connection)
+        first = recorded(connection)
+        _migrate(connection)
+        assert recorded(connection) == first
+        assert not connection.in_transaction
+
+
+# --- upgrading an older file -----------------------------------------------------------------------------------
+
+
+async def test_file_with_only_the_first_migration_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    with raw(path) as connection:
+        connection.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        connection.execute("BEGIN")
+        m001_history(connection)
+        connection.execute("INSERT INTO migrations (name, applied_at) VALUES ('m001_history', 123.0)")
+        connection.execute(
+            "INSERT INTO messages (id, parent_id, depth, role, body, created_at) "
+            'VALUES (\'msg-1\', NULL, 1, \'user\', \'{"role": "user", "content": "hi"}\', 5.0)'
+        )
+        connection.execute(
+            "INSERT INTO sessions (tenant, id, head_id, model, created_at, updated_at) "
+            "VALUES ('open', 's1', 'msg-1', 'm', 5.0, 6.0)"
+        )
+        connection.execute("COMMIT")
+        assert not {"summaries", "journal_steps", "journal_events"} & tables(connection)
+
+    database = await Database.open(path)
+    try:
+        message = await database.fetchone("SELECT id, depth, role, body FROM messages")
+        assert message is not None
+        assert tuple(message) == ("msg-1", 1, "user", '{"role": "user", "content": "hi"}')
+        session = await database.fetchone("SELECT head_id, settings FROM sessions WHERE id = 's1'")
+        assert session is not None
+        assert tuple(session) == ("msg-1", "{}")
+
+        # The new tables work, and reference the old rows.
+        def summarize(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
+                "model, generated_by, created_at) VALUES ('open', 1, 1, 'msg-1', 'sum', 1, 5, 'm', 'llm', 7.0)"
+            )
+
+        await database.write(summarize)
+        count = await database.fetchone("SELECT COUNT(*) FROM summaries")
+        assert count is not None
+        assert count[0] == 1
+    finally:
+        await database.close()
+
+    with raw(path) as connection:
+        rows = recorded(connection)
+        assert [name for name, _ in rows] == [migration.__name__ for migration in MIGRATIONS]
+        assert rows[0] == ("m001_history", 123.0)
+        assert tables(connection) >= EXPECTED_TABLES
+
+
+# --- a failing migration ---------------------------------------------------------------------------------------
+
+
+class MigrationBroke(Exception):
+    pass
+
+
+def m999_broken(connection: sqlite3.Connection) -> None:
+    connection.execute("CREATE TABLE half_done (id INTEGER PRIMARY KEY)")
+    connection.execute("INSERT INTO half_done (id) VALUES (1)")
+    raise MigrationBroke("migration failed halfway")
+
+
+async def test_failing_migration_leaves_nothing_half_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "broken.sqlite"
+    monkeypatch.setattr(database_module, "MIGRATIONS", (*MIGRATIONS, m999_broken))
+    with pytest.raises(MigrationBroke):
+        await Database.open(path)
+    with raw(path) as connection:
+        assert "half_done" not in tables(connection)
+        names = [name for name, _ in recorded(connection)]
+        assert "m999_broken" not in names
+        # Migrations before the broken one were each committed on their own.
+        assert names == [migration.__name__ for migration in MIGRATIONS]
+        assert tables(connection) >= EXPECTED_TABLES
+
+
+async def test_failed_migration_is_retried_on_next_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "retry.sqlite"
+    monkeypatch.setattr(database_module, "MIGRATIONS", (*MIGRATIONS, m999_broken))
+    with pytest.raises(MigrationBroke):
+        await Database.open(path)
+
+    def m999_broken_fixed(connection: sqlite3.Connection) -> None:
+        connection.execute("CREATE TABLE half_done (id INTEGER PRIMARY KEY)")
+
+    m999_broken_fixed.__name__ = "m999_broken"
+    monkeypatch.setattr(database_module, "MIGRATIONS", (*MIGRATIONS, m999_broken_fixed))
+    await open_and_close(path)
+    with raw(path) as connection:
+        assert "half_done" in tables(connection)
+        assert [name for name, _ in recorded(connection)][-1] == "m999_broken"
+
+
+async def test_failing_first_migration_on_fresh_file_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "first.sqlite"
+    monkeypatch.setattr(database_module, "MIGRATIONS", (m999_broken, *MIGRATIONS))
+    with pytest.raises(MigrationBroke):
+        await Database.open(path)
+    with raw(path) as connection:
+        assert recorded(connection) == []
+        assert tables(connection) == {"migrations"}
+
+
+def test_a_process_migrating_the_same_file_meanwhile_is_not_raced(tmp_path: Path) -> None:
+    """Two proxies starting on one new file: the second must not re-run what the first applied in between."""
+    path = tmp_path / "store.sqlite"
+
+    class RacedConnection(sqlite3.Connection):
+        raced = False
+
+        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+            if sql == "BEGIN IMMEDIATE" and not RacedConnection.raced:
+                RacedConnection.raced = True
+                with raw(path) as other:  # the other process, between our read of `migrations` and our lock
+                    _migrate(other)
+            return super().execute(sql, *args)  # type: ignore[arg-type]
+
+    with closing(sqlite3.connect(path, isolation_level=None, factory=RacedConnection)) as connection:
+        _migrate(connection)
+        assert RacedConnection.raced
+        assert [name for name, _at in recorded(connection)] == [m.__name__ for m in MIGRATIONS]
+        assert tables(connection) >= EXPECTED_TABLES
