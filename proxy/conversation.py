@@ -8,11 +8,11 @@ which the adapter renders back in its own format. See docs/architecture.md, "The
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.journal.relay import Journaled
+from proxy.journal.relay import JournaledGroups
 from proxy.journal.steps import StepRecord
 from proxy.types import Chunk, Message
 
@@ -85,7 +85,7 @@ class Completed:
 class Streaming:
     """A stream answer: groups of chunks, each durable before it is yielded (`proxy.journal.relay`)."""
 
-    groups: AsyncGenerator[Sequence[Journaled], None]
+    groups: JournaledGroups
     report: ContextReport
 
 

@@ -125,10 +125,17 @@ class Pipeline:
             if conversation.stream:
                 return await self._stream(conversation, options, plan, step_begun)
             return await self._complete(conversation, options, plan, step_begun)
+        except asyncio.CancelledError:
+            # Until a stream's relay owns the step, any ending ends it here, so no step is left open (an open
+            # step would hold its Idempotency-Key until the next restart).
+            await asyncio.shield(self._interrupt(step_begun))
+            raise
         except Exception as exc:
-            # Until a stream's relay owns the step, any failure ends it here, so no step is left open.
             await self.journal.fail(await step_begun, error_fields(exc))
             raise
+
+    async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
+        await self.journal.interrupt(await step_begun)
 
     async def _plan(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         encoding = encoding_for_model(entry.model)

@@ -9,7 +9,9 @@ import json
 from collections.abc import AsyncGenerator, Sequence
 
 import pytest
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Message
 
 from proxy.conversation import Completed, ContextReport, Replayed, Streaming
 from proxy.errors import UpstreamError
@@ -297,7 +299,7 @@ async def test_render_streaming_unexpected_error_leaks_nothing() -> None:
     assert b"[DONE]" not in body
 
 
-async def test_render_streaming_consumer_stopping_early_closes_the_groups() -> None:
+async def test_render_streaming_client_leaving_mid_body_closes_the_groups() -> None:
     produced: list[int] = []
     closed = asyncio.Event()
 
@@ -309,16 +311,24 @@ async def test_render_streaming_consumer_stopping_early_closes_the_groups() -> N
         finally:
             closed.set()
 
-    response = render(Streaming(endless(), REPORT), True)
-    assert isinstance(response, StreamingResponse)
-    iterator = response.body_iterator
-    assert isinstance(iterator, AsyncGenerator)
-    first = await anext(iterator)
-    assert first == sse_data(journaled(chunk("0")).text)
-    assert not closed.is_set()
-    await iterator.aclose()
+    response = render(Streaming(endless(), REPORT), True)  # type: ignore[arg-type]
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            raise OSError("the client is gone")
+
+    async def receive() -> Message:
+        await asyncio.sleep(60)
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(ClientDisconnect):
+        async with asyncio.timeout(5):
+            await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
     assert closed.is_set()
     assert produced == [0]
+    assert [message["type"] for message in sent] == ["http.response.start", "http.response.body"]
 
 
 async def test_render_streaming_closes_groups_at_the_end() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from proxy.errors import error_fields
@@ -71,39 +71,34 @@ class StreamRelay:
         self._error: BaseException | None = None
         self._ready: asyncio.Queue[Ready] = asyncio.Queue()
         self._detached = False
+        self._started = False
+        self._abandoned = False
         self._pump = asyncio.create_task(self._run(), name=f"stream-step-{step.id}")
         background.add(self._pump)
         self._pump.add_done_callback(background.discard)
 
-    async def events(self) -> AsyncGenerator[Sequence[Journaled], None]:
+    def events(self) -> JournaledGroups:
         """The consumer's side: groups of journaled chunks; ends when the step is sealed, or raises the failure
         (an `UpstreamError`, or the journal's own) once everything before it was delivered.
 
-        Closing the iterator early (the client left) detaches the consumer; see `finish_on_disconnect`.
+        Closing it before the end (the client left) detaches the consumer; see `finish_on_disconnect`.
         """
-        finished = False
-        try:
-            while True:
-                item = await self._ready.get()
-                if isinstance(item, _Done):
-                    finished = True
-                    return
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-        finally:
-            if not finished:
-                self._client_gone()
+        return JournaledGroups(self)
 
     def _client_gone(self) -> None:
         self._detached = True
         if self._finish_on_disconnect:
             log.info("client left stream step %d; reading the answer to its end", self._step.id)
-        else:
+        elif self._started:
             self._pump.cancel()
+        else:
+            self._abandoned = True  # a task cancelled before it starts runs none of its code, so no interrupt
 
     async def _run(self) -> None:
+        self._started = True
+        if self._abandoned:
+            await self._journal.interrupt(self._step)
+            return
         reader = asyncio.create_task(self._read())
         try:
             while True:
@@ -159,3 +154,35 @@ class StreamRelay:
     def _publish(self, item: Ready) -> None:
         if not self._detached:
             self._ready.put_nowait(item)
+
+
+class JournaledGroups:
+    """What `StreamRelay.events` hands the consumer: an async iterator of durable groups.
+
+    A class rather than an async generator, because closing a generator that never started runs none of its
+    code: `aclose` must tell the relay that the consumer left, even before the first group.
+    """
+
+    def __init__(self, relay: StreamRelay) -> None:
+        self._relay = relay
+        self._finished = False
+
+    def __aiter__(self) -> JournaledGroups:
+        return self
+
+    async def __anext__(self) -> Sequence[Journaled]:
+        if self._finished:
+            raise StopAsyncIteration
+        item = await self._relay._ready.get()
+        if isinstance(item, _Done):
+            self._finished = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._relay._client_gone()

@@ -11,18 +11,18 @@ parameters. Errors leave in OpenAI's shape (`proxy.errors.openai_error`), which 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import Answer, Completed, Conversation, Replayed
 from proxy.errors import InvalidRequest, openai_error
-from proxy.journal.relay import Journaled
+from proxy.journal.relay import JournaledGroups
 from proxy.pipeline import Pipeline
 from proxy.wire.body import json_type, parse_json_object, read_body
 from proxy.wire.context_headers import context_options, report_headers
@@ -67,23 +67,36 @@ def render(answer: Answer, stream: bool) -> Response:
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
         return _sse_response(_replay_events(answer), headers)
-    return _sse_response(_stream_events(answer.groups), report_headers(answer.report))
+    return _RelayedStream(answer.groups, {**SSE_HEADERS, **report_headers(answer.report)})
 
 
 def _sse_response(events: AsyncIterator[bytes], headers: Mapping[str, str]) -> StreamingResponse:
     return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
 
 
-async def _stream_events(groups: AsyncGenerator[Sequence[Journaled], None]) -> AsyncIterator[bytes]:
-    # Closing `groups` early (the client left) tells the relay; see `finish_on_disconnect`.
-    async with aclosing(groups):
+class _RelayedStream(StreamingResponse):
+    """SSE from the relay's groups. However the response ends — sent whole, client gone before or during the
+    body — the groups are closed, which tells the relay whether its consumer left (`finish_on_disconnect`)."""
+
+    def __init__(self, groups: JournaledGroups, headers: Mapping[str, str]) -> None:
+        super().__init__(_stream_events(groups), media_type=SSE_MEDIA_TYPE, headers=headers)
+        self._groups = groups
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for group in groups:
-                yield b"".join(sse_data(item.text) for item in group)
-        except Exception as exc:
-            _status, body, _headers = openai_error(exc)
-            yield sse_event(body)
-            return
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._groups.aclose()
+
+
+async def _stream_events(groups: JournaledGroups) -> AsyncIterator[bytes]:
+    try:
+        async for group in groups:
+            yield b"".join(sse_data(item.text) for item in group)
+    except Exception as exc:
+        _status, body, _headers = openai_error(exc)
+        yield sse_event(body)
+        return
     yield SSE_DONE
 
 
