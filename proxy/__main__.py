@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from proxy.cli.main import main
+from proxy.cli import main
 
 sys.exit(main())

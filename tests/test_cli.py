@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.cli.main import EXIT_CONFIG, main
+from proxy.cli.commands import EXIT_CONFIG, main
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import make_config

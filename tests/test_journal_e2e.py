@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.cli.main import main as cli_main
+from proxy.cli import main as cli_main
 from tests import proxy_server
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream, Fault, Reply

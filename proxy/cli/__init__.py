@@ -1,1 +1,8 @@
-"""`context-proxy`: the command line (`main`) and the text rendering of the inspection views (`render`)."""
+"""`context-proxy`: the commands (`commands`) and the text rendering of the inspection views (`render`).
+
+`main` is the console script's entry point (`proxy.cli:main`).
+"""
+
+from proxy.cli.commands import main
+
+__all__ = ["main"]
