@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.errors import error_fields
@@ -83,7 +83,7 @@ class StreamRelay:
 
         Closing it before the end (the client left) detaches the consumer; see `finish_on_disconnect`.
         """
-        return JournaledGroups(self)
+        return JournaledGroups(self._ready, self._client_gone)
 
     def _client_gone(self) -> None:
         self._detached = True
@@ -145,7 +145,7 @@ class StreamRelay:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # Handed to the pump, which journals it as the step's error and sends it as an SSE error event.
+            # Handed to the pump, which journals it as the step's error and raises it to the consumer.
             self._error = exc
         finally:
             self._ended = True
@@ -163,8 +163,9 @@ class JournaledGroups:
     code: `aclose` must tell the relay that the consumer left, even before the first group.
     """
 
-    def __init__(self, relay: StreamRelay) -> None:
-        self._relay = relay
+    def __init__(self, ready: asyncio.Queue[Ready], on_leave: Callable[[], None]) -> None:
+        self._ready = ready
+        self._on_leave = on_leave
         self._finished = False
 
     def __aiter__(self) -> JournaledGroups:
@@ -173,7 +174,7 @@ class JournaledGroups:
     async def __anext__(self) -> Sequence[Journaled]:
         if self._finished:
             raise StopAsyncIteration
-        item = await self._relay._ready.get()
+        item = await self._ready.get()
         if isinstance(item, _Done):
             self._finished = True
             raise StopAsyncIteration
@@ -185,4 +186,4 @@ class JournaledGroups:
     async def aclose(self) -> None:
         if not self._finished:
             self._finished = True
-            self._relay._client_gone()
+            self._on_leave()
