@@ -54,13 +54,22 @@ class ContextReport:
     """The whole stored conversation, which the working context stands for."""
     summaries: int
 
+    def as_json(self) -> dict[str, int]:
+        """What the journal keeps of it for the step (the session id is the step's own)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "budget": self.budget,
+            "history_tokens": self.history_tokens,
+            "summaries": self.summaries,
+        }
+
 
 @dataclass(frozen=True)
 class ContextOptions:
     """The per-request headers that steer the proxy (docs/architecture.md, "External interface")."""
 
     session_id: str | None = None
-    """X-Session-Id: the conversation's name; derived from its opening when absent."""
+    """X-Session-Id: the conversation's name; derived from its first request when absent."""
     budget: int | None = None
     """X-Context-Budget: a lower input budget, remembered for the session."""
     reset_budget: bool = False

@@ -1,15 +1,16 @@
 """What the inspection endpoints and the CLI show: sessions, their history and summaries, the journal.
 
 The HTTP routes and `context-proxy sessions|journal` share these views (as JSON-ready dicts), so a person
-reading the terminal and a program reading JSON see the same facts. Usage is the working context the session's
-next request would send (a dry run of the builder: no summarizer call), against the budget that request would
-get (`Budgets`, the same numbers as its X-Context-Budget header).
+reading the terminal and a program reading JSON see the same facts. A session's usage is what its last request
+actually sent (the journal keeps each step's numbers: the same as that response's X-Context-* headers); a
+session with no such step shows an estimate, a dry run of the builder (no summarizer call) against the budget
+its next request would get.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.budget.budgets import Budgets
@@ -67,9 +68,16 @@ class Inspector:
         session, entry, encoding = await self._model_of(tenant, session_id)
         path = await self.history.path(tenant, session_id, encoding) or []
         summaries = await self.summaries.on_path(tenant, path)
+        settings = await self.history.settings_on(tenant, path)
         limits = self.budgets.limits(entry)
-        budget = self.budgets.budget(entry, None, session.settings).input_budget
+        budget = self.budgets.budget(entry, None, settings).input_budget
         context_tokens, used = self._dry_run(path, in_force(summaries), budget)
+        in_context, source = len(used), "estimate"
+        last = await self.journal.last_context(tenant, session_id)
+        if last is not None:
+            context_tokens, budget, in_context = last["prompt_tokens"], last["budget"], last["summaries"]
+            source = "last_request"
+            path = await self._as_sent(path, last.get("pinned") or {})
         percent = round(100 * context_tokens / budget, 1) if budget > 0 else 100.0
         covered_by = {position: span.id for span in used for position in range(span.start, span.end)}
         return {
@@ -78,7 +86,7 @@ class Inspector:
             "model": session.model,
             "created_at": session.created_at,
             "updated_at": session.updated_at,
-            "settings": session.settings,
+            "settings": settings,
             "limits": {
                 "context_window": limits.context_window,
                 "max_output": limits.max_output,
@@ -89,9 +97,10 @@ class Inspector:
                 "budget": budget,
                 "percent": percent,
                 "severity": severity(percent),
-                "text": usage_text(context_tokens, budget, len(used)),
+                "text": usage_text(context_tokens, budget, in_context),
                 "history_tokens": count_prompt(m.tokens for m in path),
-                "summaries_in_context": len(used),
+                "summaries_in_context": in_context,
+                "source": source,
             },
             "messages": [
                 {
@@ -115,10 +124,11 @@ class Inspector:
         }
 
     async def summarize(self, tenant: str, session_id: str) -> dict[str, Any]:
-        session, entry, encoding = await self._model_of(tenant, session_id)
+        _session, entry, encoding = await self._model_of(tenant, session_id)
         async with self.history.lock(tenant, session_id):
             path = await self.history.path(tenant, session_id, encoding) or []
-            budget = self.budgets.budget(entry, None, session.settings).input_budget
+            settings = await self.history.settings_on(tenant, path)
+            budget = self.budgets.budget(entry, None, settings).input_budget
             summary = await self.compactor.force(
                 CompactionRequest(
                     tenant=tenant,
@@ -172,6 +182,11 @@ class Inspector:
         model = session.model or ""
         entry = self.config.model(model) or ModelEntry(name=model, model=model)
         return session, entry, encoding_for_model(entry.model)
+
+    async def _as_sent(self, path: list[StoredMessage], pinned: Mapping[str, str]) -> list[StoredMessage]:
+        """The path with the system prompts its session last sent (a node keeps the first prompt sent there)."""
+        forms = await self.history.forms(pinned)
+        return [replace(m, message=forms[m.id]) if m.id in forms else m for m in path]
 
     def _dry_run(
         self, path: Sequence[StoredMessage], summaries: Sequence[StoredSummary], budget: int

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
@@ -63,6 +63,10 @@ class Plan:
     budget: int
     prepared: Prepared
     encoding: str
+
+    def context(self) -> dict[str, Any]:
+        """What the step records of it: the report's numbers and the system prompts as sent."""
+        return {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
 
     def report(self) -> ContextReport:
         return ContextReport(
@@ -115,8 +119,9 @@ class Pipeline:
                 fingerprint=fingerprint,
                 idempotency_key=key,
                 stream=conversation.stream,
-                parent_message_id=plan.reconciled.path[-1].id,
+                parent_message_id=plan.reconciled.end_id,
                 encoding=plan.encoding,
+                context=plan.context(),
             )
         )
         if key is not None:
@@ -139,27 +144,23 @@ class Pipeline:
 
     async def _plan(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         encoding = encoding_for_model(entry.model)
-        session_id = options.session_id or chain.derive_session_id(tenant, conversation.messages)
-        async with self.history.lock(tenant, session_id):
-            reconciled = await self.history.reconcile(
-                tenant, session_id, conversation.messages, conversation.model, encoding
-            )
-            reconciled = await self._remember_settings(tenant, reconciled, options)
-            budget = self._budget(entry, conversation, reconciled.session.settings).input_budget
+        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
+        async with self.history.lock(tenant, located.session_id):
+            reconciled = await self.history.store(located, conversation.model)
+            reconciled = await self._remember_settings(reconciled, options)
+            budget = self._budget(entry, conversation, reconciled.settings).input_budget
             prepared = await self._prepare(tenant, conversation, options, entry, reconciled, budget, encoding)
         return Plan(entry, reconciled, budget, prepared, encoding)
 
-    async def _remember_settings(self, tenant: str, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
-        settings = dict(reconciled.session.settings)
-        if options.reset_budget:
-            if SESSION_BUDGET_SETTING in settings:
-                settings[SESSION_BUDGET_SETTING] = None  # update_settings merges: only None removes the key
-        elif options.budget is not None:
-            settings[SESSION_BUDGET_SETTING] = options.budget
-        if settings == reconciled.session.settings:
-            return reconciled
-        session = await self.history.update_settings(tenant, reconciled.session.id, settings)
-        return replace(reconciled, session=session or reconciled.session)
+    async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
+        """Attach a changed X-Context-Budget where this request's conversation ends (only a change: a tool that
+        sends the header on every request writes nothing)."""
+        in_force = reconciled.settings.get(SESSION_BUDGET_SETTING)
+        if options.reset_budget and in_force is not None:
+            return await self.history.attach_settings(reconciled, {SESSION_BUDGET_SETTING: None})
+        if options.budget is not None and options.budget != in_force:
+            return await self.history.attach_settings(reconciled, {SESSION_BUDGET_SETTING: options.budget})
+        return reconciled
 
     def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
         budget = self.budgets.budget(entry, conversation.max_output, settings)
@@ -232,9 +233,12 @@ class Pipeline:
         async def complete(plan: Plan) -> Chunk:
             return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
 
-        plan, response = await self._forward(conversation, options, plan, complete)
-        await self.journal.seal(await step_begun, response)
-        return Completed(response, plan.report())
+        sent, response = await self._forward(conversation, options, plan, complete)
+        step = await step_begun
+        if sent is not plan:
+            await self.journal.recontext(step, sent.context())
+        await self.journal.seal(step, response)
+        return Completed(response, sent.report())
 
     async def _stream(
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
@@ -242,15 +246,18 @@ class Pipeline:
         async def open_stream(plan: Plan) -> AsyncIterator[Chunk]:
             return await self.upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
 
-        plan, chunks = await self._forward(conversation, options, plan, open_stream)
+        sent, chunks = await self._forward(conversation, options, plan, open_stream)
+        step = await step_begun
+        if sent is not plan:
+            await self.journal.recontext(step, sent.context())
         relay = StreamRelay(
             self.journal,
-            await step_begun,
+            step,
             chunks,
             finish_on_disconnect=self.config.journal.finish_on_disconnect,
             background=self.background,
         )
-        return Streaming(relay.events(), plan.report())
+        return Streaming(relay.events(), sent.report())
 
 
 def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ the model saw, turn by turn.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -72,7 +73,7 @@ def is_summarizer_request(body: Mapping[str, Any]) -> bool:
 
 
 def is_summary_message(message: Mapping[str, Any]) -> bool:
-    return message.get("role") == "system" and content_text(message.get("content")).startswith(SUMMARY_HEADER)
+    return content_text(message.get("content")).startswith(SUMMARY_HEADER)
 
 
 def filler(rng: random.Random, words: int) -> str:
@@ -299,3 +300,34 @@ def prefix_breaks(turns: Sequence[TurnRecord]) -> list[int]:
                 breaks.append(turn.number)
             previous = [*current, comparable(answer)]
     return breaks
+
+
+def without_nulls(value: Any) -> Any:
+    """A JSON value without its null fields: `"content": null` and an absent content are the same request."""
+    if isinstance(value, Mapping):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def after_system_prompt(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A request's messages after the client's leading system messages, each as JSON without null fields.
+
+    Summaries are kept: they belong to the part of the prompt that a provider's cache can reuse.
+    """
+    start = 0
+    while (
+        start < len(messages)
+        and messages[start].get("role") in ("system", "developer")
+        and not is_summary_message(messages[start])
+    ):
+        start += 1
+    return [json.dumps(without_nulls(message), sort_keys=True) for message in messages[start:]]
+
+
+def prefix_extensions(requests: Sequence[Sequence[Mapping[str, Any]]]) -> list[bool]:
+    """For each pair of consecutive requests: are the earlier one's messages after the system prompt a prefix of
+    the later one's? (Invariant 6 whatever the system prompt does; one entry per pair, in order.)"""
+    parts = [after_system_prompt(messages) for messages in requests]
+    return [later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(parts)]

@@ -126,12 +126,54 @@ def test_normalize_is_idempotent(message: dict[str, Any]) -> None:
     assert chain.normalize(once) == once
 
 
-def test_derived_session_id_follows_the_opening_and_the_tenant() -> None:
-    opening = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    later = [*opening, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
-    session = chain.derive_session_id("t", opening)
+def test_derived_session_id_follows_the_anchor_and_the_tenant() -> None:
+    session = chain.derived_session_id("t", "a" * 64)
     assert session.startswith("s-")
     assert len(session) == 26
-    assert chain.derive_session_id("t", later) == session
-    assert chain.derive_session_id("other", opening) != session
-    assert chain.derive_session_id("t", [opening[0], {"role": "user", "content": "v"}]) != session
+    assert chain.derived_session_id("t", "a" * 64) == session
+    assert chain.derived_session_id("other", "a" * 64) != session
+    assert chain.derived_session_id("t", "b" * 64) != session
+
+
+def test_a_system_message_is_identified_by_its_place_not_its_text() -> None:
+    first = chain.normalize({"role": "system", "content": "Time: 10:00"})
+    later = chain.normalize({"role": "system", "content": "Time: 10:01"})
+    assert chain.message_id("p", first) == chain.message_id("p", later)
+    assert chain.encode("p", first)[1] != chain.encode("p", later)[1]  # each is stored as it was sent
+    developer = chain.normalize({"role": "developer", "content": "Time: 10:00"})
+    assert chain.message_id("p", developer) != chain.message_id("p", first)
+
+
+@pytest.mark.parametrize(
+    "resent",
+    [
+        "line one  \nline two\t\n",
+        "\n\nline one\nline two",
+        "line one\r\nline two",
+        "line one\n   \nline two".replace("\n   \n", "\n"),
+    ],
+)
+def test_whitespace_a_tool_changes_when_it_restores_history_keeps_the_id(resent: str) -> None:
+    original = chain.normalize({"role": "user", "content": "line one\nline two"})
+    variant = chain.normalize({"role": "user", "content": resent})
+    assert chain.message_id("p", variant) == chain.message_id("p", original)
+    parts = chain.normalize({"role": "user", "content": [{"type": "text", "text": resent}]})
+    original_parts = chain.normalize({"role": "user", "content": [{"type": "text", "text": "line one\nline two"}]})
+    assert chain.message_id("p", parts) == chain.message_id("p", original_parts)
+
+
+@pytest.mark.parametrize(
+    "different",
+    ["  line one\nline two", "line one\n\nline two", "line one line two", "line one\n    line two"],
+)
+def test_whitespace_that_carries_meaning_changes_the_id(different: str) -> None:
+    original = chain.normalize({"role": "user", "content": "line one\nline two"})
+    assert chain.message_id("p", chain.normalize({"role": "user", "content": different})) != chain.message_id(
+        "p", original
+    )
+
+
+def test_the_conversation_ends_before_trailing_system_messages() -> None:
+    assert chain.conversation_end(["system", "user", "assistant", "user", "system"]) == 3
+    assert chain.conversation_end(["system", "user"]) == 1
+    assert chain.conversation_end(["system", "developer"]) == 1

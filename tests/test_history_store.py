@@ -178,7 +178,6 @@ async def test_tenants_never_see_or_extend_each_others_sessions(db: Database, hi
     assert await history.session("b", "shared") is None
     assert await history.path("b", "shared") is None
     assert await history.sessions("b") == ([], False)
-    assert await history.update_settings("b", "shared", {"budget": 1}) is None
 
     theirs = await history.reconcile("b", "shared", conversation(2), MODEL, ENCODING)
     assert theirs.stored_before == 0
@@ -226,25 +225,108 @@ async def test_sessions_are_listed_newest_first_with_their_size(db: Database, hi
     assert page[0].summaries == 1
 
 
-async def test_settings_are_merged_and_scoped(history: History) -> None:
-    await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
-    await history.update_settings("t", "s", {"budget": 1000, "preserve_recent": 6})
-    updated = await history.update_settings("t", "s", {"budget": None, "mode": "auto"})
-    assert updated is not None
-    assert updated.settings == {"preserve_recent": 6, "mode": "auto"}
-    session = await history.session("t", "s")
-    assert session is not None
-    assert session.settings == updated.settings
-    assert await history.update_settings("t", "missing", {"budget": 1}) is None
+async def test_settings_hold_from_where_they_were_sent_on(history: History) -> None:
+    first = await history.reconcile("t", "s", conversation(1), MODEL, ENCODING)
+    assert first.settings == {}
+    set_at_one = await history.attach_settings(first, {"budget": 1000, "preserve_recent": 6})
+    assert set_at_one.settings == {"budget": 1000, "preserve_recent": 6}
+    two = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
+    assert two.settings == {"budget": 1000, "preserve_recent": 6}
+    changed = await history.attach_settings(two, {"budget": None, "mode": "auto"})
+    assert changed.settings == {"preserve_recent": 6, "mode": "auto"}
+    three = await history.reconcile("t", "s", conversation(3), MODEL, ENCODING)
+    assert three.settings == {"preserve_recent": 6, "mode": "auto"}
+
+    # A branch from before the change keeps what held there; another conversation has none of it.
+    branch = [*conversation(1), {"role": "user", "content": "edited"}]
+    assert (await history.reconcile("t", "s", branch, MODEL, ENCODING)).settings == {
+        "budget": 1000,
+        "preserve_recent": 6,
+    }
+    assert (await history.reconcile("t", "s", conversation(1, "other"), MODEL, ENCODING)).settings == {}
+    assert (await history.reconcile("u", "s", conversation(3), MODEL, ENCODING)).settings == {}
+    path = await history.path("t", "s")
+    assert path is not None
+    assert await history.settings_on("t", path) == {}
+
+
+async def test_settings_are_found_without_the_process_cache(db: Database, history: History) -> None:
+    first = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
+    await history.attach_settings(first, {"budget": 900})
+    cold = History(db, clock=Clock())
+    again = await cold.reconcile("t", None, conversation(3), MODEL, ENCODING)
+    assert again.settings == {"budget": 900}
+
+
+def drifting(turns: int, tag: str = "") -> list[dict[str, Any]]:
+    messages = conversation(turns, tag)
+    messages[0] = {"role": "system", "content": f"The time is 10:{turns:02d}. {tag}"}
+    return messages
+
+
+async def test_a_rewritten_system_prompt_is_a_variant_of_the_same_node(db: Database, history: History) -> None:
+    first = await history.reconcile("t", "s", drifting(1), MODEL, ENCODING)
+    second = await history.reconcile("t", "s", drifting(2), MODEL, ENCODING)
+    assert second.stored_before == 3
+    assert [m.id for m in second.path[:3]] == [m.id for m in first.path]
+    assert second.path[0].message == drifting(2)[0]  # the request's own prompt, with its own count
+    assert second.path[0].tokens == tokens.count_message(drifting(2)[0], ENCODING)
+    assert await count(db, "messages") == 5
+    rows = await db.fetchall("SELECT body FROM message_variants")
+    assert [row[0] for row in rows] == ['{"content":"The time is 10:02. ","role":"system"}']
+
+    cold = History(db, clock=Clock())  # without the process cache: found by id, the variant known
+    third = await cold.reconcile("t", "s", drifting(2), MODEL, ENCODING)
+    assert third.stored_before == 5
+    assert third.path[0].message == drifting(2)[0]
+    assert await count(db, "message_variants") == 1
+
+
+async def test_history_re_sent_with_other_whitespace_lands_on_the_same_nodes(db: Database, history: History) -> None:
+    first = await history.reconcile("t", "s", conversation(3), MODEL, ENCODING)
+    restored = [{**m, "content": "\n" + m["content"] + "  "} if m["role"] != "system" else m for m in conversation(3)]
+    for cache in (history, History(db, clock=Clock())):
+        again = await cache.reconcile("t", "s", [*restored, {"role": "user", "content": "new"}], MODEL, ENCODING)
+        assert [m.id for m in again.path[:7]] == [m.id for m in first.path]
+        assert again.path[1].message == restored[1]
+    assert await count(db, "messages") == 8
+    assert await count(db, "message_variants") == 6
+
+
+async def test_a_derived_session_is_found_by_its_first_request(history: History) -> None:
+    opening = [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Example request"},
+        {"role": "assistant", "content": "Example answer"},
+    ]
+    a = await history.reconcile("t", None, [*opening, {"role": "user", "content": "task A"}], MODEL, ENCODING)
+    b = await history.reconcile("t", None, [*opening, {"role": "user", "content": "task B"}], MODEL, ENCODING)
+    assert a.session.id != b.session.id
+    assert a.session.anchor_id == a.path[-1].id
+
+    cold = History(history._db, clock=Clock())  # found by anchor, not by the process cache
+    for store in (history, cold):
+        later_a = [*opening, {"role": "user", "content": "task A"}, {"role": "assistant", "content": "ok"}]
+        later_a[0] = {"role": "system", "content": "You are a coding assistant. It is 11:00."}
+        assert (
+            await store.reconcile("t", None, [*later_a, {"role": "user", "content": "next"}], MODEL, ENCODING)
+        ).session.id == a.session.id
+        later_b = [*opening, {"role": "user", "content": "task B"}, {"role": "assistant", "content": "ok"}]
+        assert (await store.reconcile("t", None, later_b, MODEL, ENCODING)).session.id == b.session.id
+    # A trailing system reminder is not where the conversation ends.
+    reminded = [*opening, {"role": "user", "content": "task C"}, {"role": "system", "content": "Reply in diffs."}]
+    c = await history.reconcile("t", None, reminded, MODEL, ENCODING)
+    assert c.session.anchor_id == c.path[-2].id
+    assert c.end_id == c.path[-2].id
+    follow = [*reminded[:-1], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}, reminded[-1]]
+    assert (await cold.reconcile("t", None, follow, MODEL, ENCODING)).session.id == c.session.id
+    assert (await history.reconcile("u", None, reminded, MODEL, ENCODING)).session.id != c.session.id
 
 
 async def test_identical_concurrent_requests_store_each_node_once(db: Database, history: History) -> None:
     await asyncio.gather(*(history.reconcile("t", "s", conversation(3), MODEL, ENCODING) for _ in range(10)))
     assert await count(db, "messages") == 7
     assert await count(db, "message_tokens") == 7
-
-
-
 
 
 def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:

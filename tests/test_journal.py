@@ -366,7 +366,7 @@ async def test_steps_are_paged_newest_first_and_filtered(store: Store) -> None:
     assert [r.id for r in in_session] == [ids[3], ids[1]]
     assert set(page[0].as_json()) == {
         *("step_id", "session_id", "model", "status", "created_at", "sealed_at", "content", "tool_calls"),
-        *("finish_reason", "usage", "error", "message_id"),
+        *("finish_reason", "usage", "error", "message_id", "context"),
     }
 
 

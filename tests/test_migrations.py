@@ -116,6 +116,10 @@ async def test_file_with_only_the_first_migration_is_upgraded(tmp_path: Path) ->
             "INSERT INTO sessions (tenant, id, head_id, model, created_at, updated_at) "
             "VALUES ('open', 's1', 'msg-1', 'm', 5.0, 6.0)"
         )
+        connection.execute(
+            "INSERT INTO sessions (tenant, id, head_id, model, settings, created_at, updated_at) "
+            "VALUES ('open', 's2', 'msg-1', 'm', '{\"budget\": 900}', 5.0, 6.0)"
+        )
         connection.execute("COMMIT")
         assert not {"summaries", "journal_steps", "journal_events"} & tables(connection)
 
@@ -124,9 +128,12 @@ async def test_file_with_only_the_first_migration_is_upgraded(tmp_path: Path) ->
         message = await database.fetchone("SELECT id, depth, role, body FROM messages")
         assert message is not None
         assert tuple(message) == ("msg-1", 1, "user", '{"role": "user", "content": "hi"}')
-        session = await database.fetchone("SELECT head_id, settings FROM sessions WHERE id = 's1'")
+        session = await database.fetchone("SELECT head_id, anchor_id FROM sessions WHERE id = 's1'")
         assert session is not None
-        assert tuple(session) == ("msg-1", "{}")
+        assert tuple(session) == ("msg-1", None)
+        # A session's remembered settings now hold from its head on.
+        settings = await database.fetchall("SELECT tenant, message_id, settings FROM context_settings")
+        assert [tuple(row) for row in settings] == [("open", "msg-1", '{"budget": 900}')]
 
         # The new tables work, and reference the old rows.
         def summarize(connection: sqlite3.Connection) -> None:

@@ -164,7 +164,8 @@ async def test_a_json_answer_is_sealed_and_becomes_the_session_head(rig: Rig) ->
         {"temperature": 0.2, "max_tokens": 50},
     )
     report = answer.report
-    assert report.session_id == chain.derive_session_id(TENANT, MESSAGES)
+    anchor = chain.chain_ids(TENANT, [chain.normalize(m) for m in MESSAGES])[-1]  # the request's last message
+    assert report.session_id == chain.derived_session_id(TENANT, anchor)
     assert report.budget == WINDOW - 50 - 400  # the request's own max_tokens is what is reserved
     assert (report.prompt_tokens, report.summaries) == (report.history_tokens, 0)
     assert report.prompt_tokens > 0

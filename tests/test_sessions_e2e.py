@@ -127,7 +127,9 @@ def test_concurrent_sessions_store_every_turn_once(proxy: ProxyServer) -> None:
     assert len(listed) == sessions
     assert {s["message_count"] for s in listed} == {1 + 2 * turns}
     with sqlite3.connect(proxy.config.store.path) as db:
-        assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == sessions * (1 + 2 * turns)
+        # One node for the system prompts at the same place (each its own variant), one per other message.
+        assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 1 + sessions * 2 * turns
+        assert db.execute("SELECT COUNT(*) FROM message_variants").fetchone()[0] == sessions - 1
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     by_system = {s["id"]: s for s in listed}
     for session in by_system:

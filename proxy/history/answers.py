@@ -17,7 +17,6 @@ import sqlite3
 from dataclasses import dataclass
 
 from proxy.history import chain
-from proxy.history.caches import CachedMessage, json_copy
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History, insert_tokens
 from proxy.types import Message
@@ -99,5 +98,5 @@ class Answers:
         self._history.recent.extend(
             (pending.tenant, pending.session_id, pending.encoding),
             pending.parent_id,
-            CachedMessage(stored, json_copy(stored.message)),
+            stored,
         )

@@ -7,6 +7,7 @@ read from the store instead (the same nodes, found more slowly).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -15,9 +16,13 @@ from typing import Any
 
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
+from proxy.types import Message
 
 RECENT_PATH_MESSAGES = 100_000
 """How many messages the recent-path cache holds in all; the least recent sessions' paths go first."""
+
+DERIVED_CANDIDATES = 32
+"""How many of a tenant's most recent paths a request without `X-Session-Id` is compared with."""
 
 PathKey = tuple[str, str, str]
 """(tenant, session id, encoding)."""
@@ -49,7 +54,25 @@ class SessionLocks:
 class CachedMessage:
     stored: StoredMessage
     private: dict[str, Any]
-    """A copy of the normalized message no caller holds: what incoming messages are compared with."""
+    """A copy of the normal form last sent for this node, which no caller holds: what incoming messages are
+    compared with."""
+    settings: Mapping[str, Any]
+    """The settings in force after this message (folded along the path; shared between entries)."""
+
+
+@dataclass(frozen=True)
+class PathMatch:
+    """The cached entries a request's messages start with, and which of them it re-sent in another form."""
+
+    session_id: str | None
+    entries: list[CachedMessage]
+    variants: dict[int, Message]
+    """Position → the normal form sent this time, for entries whose node was sent differently before."""
+    whole: bool
+    """The request extends the cached path entirely (it is that session's next turn)."""
+
+
+NO_MATCH = PathMatch(None, [], {}, whole=False)
 
 
 class RecentPaths:
@@ -58,45 +81,106 @@ class RecentPaths:
     A client re-sends the conversation it sent a moment ago plus a turn or two. Comparing each incoming
     message with the cached one (dict equality) is an order of magnitude cheaper than hashing it and looking
     it up, and it is sound because stored nodes never change: the cached prefix is exactly what hashing would
-    find. The comparison is against private copies, so a caller mutating a returned `StoredMessage.message`
-    can neither make a different message match nor leak into the next request (it is handed out afresh).
+    find. A message that differs only where its identity does not look (a rewritten system prompt, changed
+    whitespace: `chain.identity`) still matches, as a variant. The comparison is against private copies, so a
+    caller mutating a returned `StoredMessage.message` can neither make a different message match nor leak into
+    the next request (it is handed out afresh).
+
+    A request without `X-Session-Id` does not know its session yet: the tenant's most recent paths are tried
+    and the longest match wins.
     """
 
     def __init__(self, max_messages: int = RECENT_PATH_MESSAGES) -> None:
         self._paths: OrderedDict[PathKey, list[CachedMessage]] = OrderedDict()
+        self._by_tenant: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._max_messages = max_messages
         self._size = 0
 
-    def match(self, key: PathKey, messages: Sequence[Mapping[str, Any]]) -> list[CachedMessage]:
-        """The cached entries equal to a prefix of `messages`, in order."""
-        entries = self._paths.get(key)
-        if entries is None:
-            return []
-        self._paths.move_to_end(key)
-        matched: list[CachedMessage] = []
-        for message, entry in zip(messages, entries, strict=False):
-            if message != entry.private and chain.normalize(message) != entry.private:
-                break
-            if entry.stored.message != entry.private:
-                entry = CachedMessage(replace(entry.stored, message=json_copy(entry.private)), entry.private)
-            matched.append(entry)
-        return matched
+    def match(
+        self, tenant: str, encoding: str, session_id: str | None, messages: Sequence[Mapping[str, Any]]
+    ) -> PathMatch:
+        if session_id is not None:
+            candidates: list[str] = [session_id]
+        else:
+            recent = self._by_tenant.get((tenant, encoding))
+            candidates = [] if recent is None else list(itertools.islice(reversed(recent), DERIVED_CANDIDATES))
+        best = NO_MATCH
+        for candidate in candidates:
+            key = (tenant, candidate, encoding)
+            entries = self._paths.get(key)
+            if entries is None:
+                continue
+            found = _match(entries, messages, candidate)
+            if len(found.entries) > len(best.entries):
+                best = found
+        if best.session_id is not None:
+            self._touch((tenant, best.session_id, encoding))
+        return best
 
     def put(self, key: PathKey, entries: list[CachedMessage]) -> None:
-        self._size -= len(self._paths.pop(key, ()))
+        self._drop(key)
         if len(entries) > self._max_messages:
             return
         self._paths[key] = entries
+        tenant, session_id, encoding = key
+        self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
         self._size += len(entries)
         while self._size > self._max_messages:
-            _, evicted = self._paths.popitem(last=False)
-            self._size -= len(evicted)
+            self._drop(next(iter(self._paths)))
 
-    def extend(self, key: PathKey, parent_id: str, entry: CachedMessage) -> None:
-        """Append an answer to a cached path that ends at its parent."""
+    def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:
+        """Append an answer to a cached path whose conversation ends at its parent.
+
+        System messages after the parent (a reminder the tool appends to each request) are dropped: the
+        tool's next request has the answer right after the parent.
+        """
         entries = self._paths.get(key)
-        if entries and entries[-1].stored.id == parent_id:
-            self.put(key, [*entries, entry])
+        if not entries:
+            return
+        for end in range(len(entries) - 1, -1, -1):
+            parent = entries[end]
+            if parent.stored.id == parent_id:
+                self.put(key, [*entries[: end + 1], CachedMessage(stored, json_copy(stored.message), parent.settings)])
+                return
+            if entries[end].stored.role not in chain.SYSTEM_ROLES:
+                return
+
+    def forget_tenant(self, tenant: str) -> None:
+        """After a setting changed: the settings folded into the tenant's cached paths may be stale."""
+        for key in [key for key in self._paths if key[0] == tenant]:
+            self._drop(key)
+
+    def _touch(self, key: PathKey) -> None:
+        self._paths.move_to_end(key)
+        tenant, session_id, encoding = key
+        self._by_tenant[(tenant, encoding)].move_to_end(session_id)
+
+    def _drop(self, key: PathKey) -> None:
+        entries = self._paths.pop(key, None)
+        if entries is None:
+            return
+        self._size -= len(entries)
+        tenant, session_id, encoding = key
+        sessions = self._by_tenant[(tenant, encoding)]
+        sessions.pop(session_id, None)
+        if not sessions:
+            del self._by_tenant[(tenant, encoding)]
+
+
+def _match(entries: list[CachedMessage], messages: Sequence[Mapping[str, Any]], session_id: str) -> PathMatch:
+    matched: list[CachedMessage] = []
+    variants: dict[int, Message] = {}
+    for position, (message, entry) in enumerate(zip(messages, entries, strict=False)):
+        if message != entry.private:
+            normal = chain.normalize(message)
+            if normal != entry.private:
+                if chain.identity(normal) != chain.identity(entry.private):
+                    break
+                variants[position] = normal
+        if entry.stored.message != entry.private:
+            entry = replace(entry, stored=replace(entry.stored, message=json_copy(entry.private)))
+        matched.append(entry)
+    return PathMatch(session_id, matched, variants, whole=len(matched) == len(entries))
 
 
 def json_copy(value: Any) -> Any:

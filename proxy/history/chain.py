@@ -2,10 +2,20 @@
 
 A client re-sends its whole history on every request, and the OpenAI SDK echoes stored answers back with extra
 fields (`"refusal": null`, `"annotations": []`, `"audio": null`, ...). For a re-sent history to land on the
-rows already stored, every message is first reduced to its meaning — role, content, name, tool calls,
-tool_call_id — and its id is the sha256 of its parent's id and that normal form as canonical JSON. Ids chain:
-a message's id fixes its whole prefix, so an edit anywhere starts a new branch, and the root's parent is the
-tenant, so two tenants never share a node. Pure functions only: the store lives in `proxy.history`.
+rows already stored, every message is first reduced to its normal form — role, content, name, tool calls,
+tool_call_id — which is what is stored and sent. Its id hashes its parent's id and its *identity*, the part of
+the normal form that says which message it is (docs/architecture.md, "Message chain"):
+
+- a system (or developer) message is identified by its role at its position, not its text: agents rewrite
+  their system prompt every turn (a clock, the working directory, a repo map), and the conversation after it
+  is still the same conversation, with the same summaries;
+- text is compared without trailing whitespace on its lines and without blank lines at either end, which is
+  what tools change when they restore a chat history.
+
+What the client sent is still what is stored: the first form a node was seen in is its body, later forms are
+its variants. Ids chain: a message's id fixes its whole prefix, so an edit anywhere starts a new branch, and
+the root's parent is the tenant, so two tenants never share a node. Pure functions only: the store lives in
+`proxy.history`.
 """
 
 from __future__ import annotations
@@ -84,6 +94,49 @@ def normalize(message: Mapping[str, Any]) -> Message:
     return normal
 
 
+def identity(normal: Message) -> Message:
+    """The part of a normalized message its id hashes (see the module docstring); `normal` itself when
+    nothing is left out, so the common message is encoded once."""
+    role = normal.get("role")
+    if role in SYSTEM_ROLES:
+        return {"role": role}
+    content = normal.get("content")
+    if isinstance(content, str):
+        trimmed = trim(content)
+        return normal if trimmed == content else {**normal, "content": trimmed}
+    if isinstance(content, list):
+        parts = [_trimmed_part(part) for part in content]
+        if any(new is not old for new, old in zip(parts, content, strict=True)):
+            return {**normal, "content": parts}
+    return normal
+
+
+def trim(text: str) -> str:
+    """Text as tools may re-send it: no trailing whitespace on any line, no blank lines at either end."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    return "\n".join(line.rstrip() for line in lines).strip("\n")
+
+
+def _trimmed_part(part: Any) -> Any:
+    text = part.get("text") if isinstance(part, Mapping) else None
+    if not isinstance(text, str):
+        return part
+    trimmed = trim(text)
+    return part if trimmed == text else {**part, "text": trimmed}
+
+
+def conversation_end(roles: Sequence[object]) -> int:
+    """Index of the last message that is not a system (or developer) message; the last one if all are.
+
+    Answers and settings attach there: a system reminder a tool appends after the latest turn is not re-sent
+    at that place next time, so what hangs below it would not be found again.
+    """
+    for index in range(len(roles) - 1, -1, -1):
+        if roles[index] not in SYSTEM_ROLES:
+            return index
+    return len(roles) - 1
+
+
 def root_parent(tenant: str) -> str:
     """The virtual parent of a tenant's roots: it makes every id tenant-specific."""
     return ROOT_PARENT_PREFIX + tenant
@@ -91,7 +144,20 @@ def root_parent(tenant: str) -> str:
 
 def message_id(parent: str, normal: Message) -> str:
     """The id of an already-normalized message under `parent` (a message id, or `root_parent(tenant)`)."""
-    return _digest(parent + "\n" + canonical_json(normal))
+    return encode(parent, normal)[0]
+
+
+def encode(parent: str, normal: Message) -> tuple[str, str]:
+    """The id of `normal` under `parent`, and its body as stored (canonical JSON): for most messages the
+    identity is the normal form, and one encoding serves both."""
+    key = identity(normal)
+    text = canonical_json(key)
+    return _digest(parent + "\n" + text), text if key is normal else canonical_json(normal)
+
+
+def body_digest(body: str) -> str:
+    """Names one stored form of a message among its variants."""
+    return _digest(body)
 
 
 def chain_ids(tenant: str, normals: Iterable[Message], after: str | None = None) -> list[str]:
@@ -104,17 +170,11 @@ def chain_ids(tenant: str, normals: Iterable[Message], after: str | None = None)
     return ids
 
 
-def derive_session_id(tenant: str, messages: Sequence[Mapping[str, Any]]) -> str:
-    """A session id for a request without `X-Session-Id`: the tenant plus the conversation's opening.
+def derived_session_id(tenant: str, anchor_id: str) -> str:
+    """The session of a request without `X-Session-Id` that continues no known conversation.
 
-    The opening is the first system (or developer) message and the first user message, normalized, so every
-    later request of the same conversation — however long, however edited after its first turn — finds it.
+    Its anchor is the last message of its first request (`conversation_end`): later requests of the same
+    conversation contain it, and two conversations that open alike (the same system prompt and example turns,
+    as every chat of one tool does) differ there.
     """
-    system = next((m for m in messages if m.get("role") in SYSTEM_ROLES), None)
-    user = next((m for m in messages if m.get("role") == "user"), None)
-    opening = {
-        "tenant": tenant,
-        "system": normalize(system) if system is not None else None,
-        "user": normalize(user) if user is not None else None,
-    }
-    return SESSION_ID_PREFIX + _digest(canonical_json(opening))[:SESSION_ID_HEX_CHARS]
+    return SESSION_ID_PREFIX + _digest(f"{tenant}\n{anchor_id}")[:SESSION_ID_HEX_CHARS]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.history import chain
 
 
 @dataclass(frozen=True)
@@ -29,15 +32,15 @@ class Session:
 
     tenant: str
     id: str
-    """`X-Session-Id`, or derived from the conversation's opening (`chain.derive_session_id`)."""
+    """`X-Session-Id`, or derived from its first request (`chain.derived_session_id`)."""
     created_at: float
     updated_at: float
     head_id: str | None
     """Its latest message; None only for a session whose messages were never written."""
     model: str | None
     """The model its last request asked for."""
-    settings: dict[str, Any]
-    """What it remembers between requests (`budget`, from X-Context-Budget)."""
+    anchor_id: str | None = None
+    """A derived session's anchor (`chain.derived_session_id`); None for an `X-Session-Id` session."""
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,22 @@ class Reconciled:
     """The request's messages in order, as stored, with token counts."""
     stored_before: int
     """How many of them were already stored (the reused prefix)."""
+    settings: Mapping[str, Any]
+    """The settings in force at `end`: those attached on the path, the latest of each key winning."""
+    end: int
+    """Where answers and settings attach: the last message that is not a system message
+    (`chain.conversation_end`)."""
+
+    @property
+    def end_id(self) -> str:
+        return self.path[self.end].id
+
+    def pinned_forms(self) -> dict[str, str]:
+        """Which form of each system message this request sent (node id → `chain.body_digest`): nodes of system
+        messages are shared by every prompt sent at that place, so a session's view needs this to show its
+        own."""
+        return {
+            stored.id: chain.body_digest(chain.canonical_json(stored.message))
+            for stored in self.path
+            if stored.role in chain.SYSTEM_ROLES
+        }

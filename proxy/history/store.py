@@ -26,12 +26,13 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import tokens
 from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import CachedMessage, RecentPaths, SessionLocks, json_copy
+from proxy.history.caches import CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
 from proxy.history.messages import Reconciled, Session, SessionInfo, StoredMessage
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
@@ -39,12 +40,13 @@ from proxy.types import Clock, Message
 
 TokenCounter = Callable[[Mapping[str, Any], str], int]
 
-_SESSION_COLUMNS = "tenant, id, head_id, model, settings, created_at, updated_at"
+_SESSION_COLUMNS = "tenant, id, head_id, model, anchor_id, created_at, updated_at"
 
 _KNOWN_SQL = """
-SELECT m.id, m.created_at, t.tokens
+SELECT m.id, m.created_at, t.tokens, m.body, c.settings
 FROM messages AS m
 LEFT JOIN message_tokens AS t ON t.message_id = m.id AND t.encoding = ?
+LEFT JOIN context_settings AS c ON c.tenant = ? AND c.message_id = m.id
 WHERE m.id IN (SELECT value FROM json_each(?))
 """
 
@@ -62,8 +64,8 @@ ORDER BY path.depth
 """
 
 _UPSERT_SESSION_SQL = f"""
-INSERT INTO sessions (tenant, id, head_id, model, settings, created_at, updated_at)
-VALUES (?, ?, ?, ?, '{{}}', ?, ?)
+INSERT INTO sessions (tenant, id, head_id, model, anchor_id, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant, id) DO UPDATE
     SET head_id = excluded.head_id, model = excluded.model, updated_at = excluded.updated_at
 RETURNING {_SESSION_COLUMNS}
@@ -113,11 +115,35 @@ def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
     return tokens.count_message(message, encoding)
 
 
+@dataclass(frozen=True)
+class Located:
+    """A request's messages mapped onto the chain, before anything is written (`History.locate`)."""
+
+    tenant: str
+    session_id: str
+    anchor_id: str | None
+    """Set when the request starts a derived session: the message later requests will find it by."""
+    encoding: str
+    messages: list[StoredMessage]
+    """The request's messages as this request sent them (a variant's own text and tokens), in order."""
+    private: list[Message]
+    """Private copies of their normal forms, for the recent-path cache."""
+    settings: list[Mapping[str, Any]]
+    """The settings in force after each message."""
+    stored_before: int
+    new_messages: list[tuple[str, str | None, int, str, str, float]]
+    new_tokens: list[tuple[str, str, int]]
+    variants: list[tuple[str, str, str, float]]
+    """(message id, digest, body, created_at) of forms not stored yet."""
+
+
 class History:
     """The store of sessions and messages on top of `Database`.
 
-    `reconcile` is safe without the session lock (one write job of idempotent inserts); hold `lock()` around a
-    longer section (reconcile + settings + compaction) to order the requests of one session.
+    A request is reconciled in two halves: `locate` (hashing, reading, counting; no write) finds its session,
+    and `store` writes what is new. Hold `lock()` of the located session around `store` and whatever must see
+    the session's requests one at a time (settings, compaction); `reconcile` runs both halves, for callers that
+    need no lock.
     """
 
     def __init__(self, db: Database, *, clock: Clock = time.time, count: TokenCounter | None = None) -> None:
@@ -140,71 +166,218 @@ class History:
         model: str,
         encoding: str,
     ) -> Reconciled:
-        """Map a request's messages onto the chain, store what is new, and move the session head to the last.
+        """Map a request's messages onto the chain, store what is new, and move the session head to the last."""
+        return await self.store(await self.locate(tenant, session_id, messages, encoding), model)
 
-        Without `session_id`, the session is derived from the opening (`chain.derive_session_id`).
+    async def locate(self, tenant: str, session_id: str | None, messages: list[Message], encoding: str) -> Located:
+        """Which stored nodes the request's messages are, which session it belongs to, what must be written.
+
+        Without `session_id` the session is the derived one whose anchor lies deepest on the request's path;
+        a request that contains no anchor starts a session anchored at its own conversation end.
         """
         if not messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
-        if session_id is None:
-            session_id = chain.derive_session_id(tenant, messages)
-        key = (tenant, session_id, encoding)
-        reused = self.recent.match(key, messages)
-        after = reused[-1].stored.id if reused else None
-        normals = [chain.normalize(message) for message in messages[len(reused) :]]
-        ids = chain.chain_ids(tenant, normals, after)
-        known = await self._known(ids, encoding)
-        stored_before = len(reused) + next((i + 1 for i in range(len(ids) - 1, -1, -1) if ids[i] in known), 0)
-
         now = self.clock()
-        fresh: list[CachedMessage] = []
+        found = self.recent.match(tenant, encoding, session_id, messages)
+        reused, private, settings, variants = self._reused(found, encoding, now)
+        after = reused[-1].id if reused else None
+        normals = [chain.normalize(message) for message in messages[len(reused) :]]
+        encoded: list[tuple[str, str]] = []
+        parent = chain.root_parent(tenant) if after is None else after
+        for normal in normals:
+            node_id, body = chain.encode(parent, normal)
+            encoded.append((node_id, body))
+            parent = node_id
+        known = await self._known(tenant, [node_id for node_id, _ in encoded], encoding)
+        stored_before = len(reused) + next(
+            (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
+        )
+
+        path = list(reused)
+        in_force = settings[-1] if settings else {}
         new_messages: list[tuple[str, str | None, int, str, str, float]] = []
         new_tokens: list[tuple[str, str, int]] = []
-        parent, depth = after, len(reused)
-        for node_id, normal in zip(ids, normals, strict=True):
+        parent_id, depth = after, len(reused)
+        for (node_id, body), normal in zip(encoded, normals, strict=True):
             role = str(normal["role"])
-            created_at, count = known.get(node_id, (now, None))
-            if depth >= stored_before:
-                created_at = now
-                new_messages.append((node_id, parent, depth, role, chain.canonical_json(normal), now))
+            row = known.get(node_id)
+            if depth >= stored_before or row is None:
+                created_at, count = now, None
+                if depth >= stored_before:
+                    new_messages.append((node_id, parent_id, depth, role, body, now))
+            else:
+                created_at, count = row.created_at, row.tokens
+                if body != row.body:
+                    variants.append((node_id, chain.body_digest(body), body, now))
+                    count = None  # the stored count is the first form's
+                elif count is None:
+                    count = self.count(normal, encoding)
+                    new_tokens.append((node_id, encoding, count))
+                if row.settings is not None:
+                    in_force = fold(in_force, row.settings)
             if count is None:
                 count = self.count(normal, encoding)
-                new_tokens.append((node_id, encoding, count))
-            stored = StoredMessage(node_id, parent, depth, role, normal, count, created_at)
-            fresh.append(CachedMessage(stored, json_copy(normal)))
-            parent, depth = node_id, depth + 1
+                if depth >= stored_before:
+                    new_tokens.append((node_id, encoding, count))
+            path.append(StoredMessage(node_id, parent_id, depth, role, normal, count, created_at))
+            private.append(json_copy(normal))
+            settings.append(in_force)
+            parent_id, depth = node_id, depth + 1
 
-        session_row = (tenant, session_id, parent, model, now, now)
+        anchor_id = None
+        if session_id is None:
+            session_id = found.session_id if found.whole else await self._derived(tenant, path)
+            if session_id is None:
+                anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
+                session_id = chain.derived_session_id(tenant, anchor_id)
+        return Located(
+            tenant, session_id, anchor_id, encoding, path, private, settings, stored_before,
+            new_messages, new_tokens, variants,
+        )
+
+    def _reused(
+        self, found: PathMatch, encoding: str, now: float
+    ) -> tuple[list[StoredMessage], list[Message], list[Mapping[str, Any]], list[tuple[str, str, str, float]]]:
+        """The cached entries as this request sent them: a variant gets its own form and token count."""
+        reused: list[StoredMessage] = []
+        private: list[Message] = []
+        settings: list[Mapping[str, Any]] = []
+        variants: list[tuple[str, str, str, float]] = []
+        for position, entry in enumerate(found.entries):
+            variant = found.variants.get(position)
+            if variant is None:
+                reused.append(entry.stored)
+                private.append(entry.private)
+            else:
+                body = chain.canonical_json(variant)
+                variants.append((entry.stored.id, chain.body_digest(body), body, now))
+                reused.append(replace(entry.stored, message=variant, tokens=self.count(variant, encoding)))
+                private.append(json_copy(variant))
+            settings.append(entry.settings)
+        return reused, private, settings, variants
+
+    async def store(self, located: Located, model: str) -> Reconciled:
+        """Write what `locate` found new, and move the session's head to the request's last message."""
+        tenant, session_id = located.tenant, located.session_id
+        now = self.clock()
+        session_row = (tenant, session_id, located.messages[-1].id, model, located.anchor_id, now, now)
 
         def write(connection: sqlite3.Connection) -> Session:
-            if new_messages:
+            variants = located.variants
+            new_tokens = located.new_tokens
+            if located.new_messages:
+                before = connection.total_changes
                 connection.executemany(
                     "INSERT OR IGNORE INTO messages (id, parent_id, depth, role, body, created_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
-                    new_messages,
+                    located.new_messages,
                 )
+                if connection.total_changes - before < len(located.new_messages):
+                    lost = _lost_races(connection, located.new_messages)
+                    variants = [*variants, *lost]
+                    new_tokens = [row for row in new_tokens if row[0] not in {variant[0] for variant in lost}]
             if new_tokens:
                 insert_tokens(connection, new_tokens)
+            if variants:
+                connection.executemany(
+                    "INSERT OR IGNORE INTO message_variants (message_id, digest, body, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    variants,
+                )
             row = connection.execute(_UPSERT_SESSION_SQL, session_row).fetchone()
             if row is None:
                 raise sqlite3.IntegrityError(f"session {session_id!r} was not written")
             return _session(row)
 
         # A job of one statement needs no savepoint: SQLite rolls a failing statement back by itself.
-        session = await self._db.write(write, atomic=bool(new_messages or new_tokens))
+        atomic = bool(located.new_messages or located.new_tokens or located.variants)
+        session = await self._db.write(write, atomic=atomic)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
-        entries = reused + fresh
-        self.recent.put(key, entries)
-        return Reconciled(session, [entry.stored for entry in entries], stored_before)
+        self.recent.put(
+            (tenant, session_id, located.encoding),
+            [
+                CachedMessage(stored, private, settings)
+                for stored, private, settings in zip(
+                    located.messages, located.private, located.settings, strict=True
+                )
+            ],
+        )
+        end = chain.conversation_end([stored.role for stored in located.messages])
+        return Reconciled(session, list(located.messages), located.stored_before, located.settings[end], end)
 
-    async def _known(self, ids: list[str], encoding: str) -> dict[str, tuple[float, int | None]]:
-        """Which of `ids` are stored, with their created_at and token count for `encoding`: one query."""
+    async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:
+        """Attach setting changes (a None value removes the key) to the request's conversation end: they hold
+        for every request that continues from there, and for no other conversation (docs/architecture.md,
+        "Session")."""
+        tenant = reconciled.session.tenant
+        message_id = reconciled.end_id
+        now = self.clock()
+
+        def write(connection: sqlite3.Connection) -> None:
+            row = connection.execute(
+                "SELECT settings FROM context_settings WHERE tenant = ? AND message_id = ?", (tenant, message_id)
+            ).fetchone()
+            merged = {**(json.loads(row[0]) if row is not None else {}), **changes}
+            connection.execute(
+                "INSERT INTO context_settings (tenant, message_id, settings, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (tenant, message_id) DO UPDATE SET settings = excluded.settings",
+                (tenant, message_id, json.dumps(merged, sort_keys=True), now),
+            )
+
+        await self._db.write(write)
+        self.recent.forget_tenant(tenant)
+        return replace(reconciled, settings=fold(reconciled.settings, changes))
+
+    async def settings_on(self, tenant: str, path: Sequence[StoredMessage]) -> dict[str, Any]:
+        """The settings in force at the end of `path`."""
+        if not path:
+            return {}
+        rows = await self._db.fetchall(
+            "SELECT message_id, settings FROM context_settings "
+            "WHERE tenant = ? AND message_id IN (SELECT value FROM json_each(?))",
+            (tenant, json.dumps([stored.id for stored in path])),
+        )
+        attached = {row[0]: json.loads(row[1]) for row in rows}
+        in_force: Mapping[str, Any] = {}
+        for stored in path[: chain.conversation_end([stored.role for stored in path]) + 1]:
+            if stored.id in attached:
+                in_force = fold(in_force, attached[stored.id])
+        return dict(in_force)
+
+    async def forms(self, wanted: Mapping[str, str]) -> dict[str, Message]:
+        """The stored forms named by `wanted` (node id → digest, as `Reconciled.pinned_forms`), where found."""
+        if not wanted:
+            return {}
+        rows = await self._db.fetchall(
+            "SELECT v.message_id, v.body FROM message_variants AS v JOIN json_each(?) AS w "
+            "ON v.message_id = w.key AND v.digest = w.value",
+            (json.dumps(dict(wanted)),),
+        )
+        return {row[0]: json.loads(row[1]) for row in rows}
+
+    async def _derived(self, tenant: str, path: Sequence[StoredMessage]) -> str | None:
+        """The derived session whose anchor lies deepest on `path` (the most recently updated on a tie)."""
+        rows = await self._db.fetchall(
+            "SELECT id, anchor_id FROM sessions WHERE tenant = ? AND anchor_id IN (SELECT value FROM json_each(?)) "
+            "ORDER BY updated_at DESC, id",
+            (tenant, json.dumps([stored.id for stored in path])),
+        )
+        if not rows:
+            return None
+        depth = {stored.id: stored.depth for stored in path}
+        deepest = max(rows, key=lambda row: depth[row[1]])  # max keeps the first of equals: the most recent
+        return str(deepest[0])
+
+    async def _known(self, tenant: str, ids: list[str], encoding: str) -> dict[str, KnownNode]:
+        """Which of `ids` are stored, with what the request needs of them: one query."""
         if not ids:
             return {}
-        async with self._db.reader.execute(_KNOWN_SQL, (encoding, json.dumps(ids))) as cursor:
+        async with self._db.reader.execute(_KNOWN_SQL, (encoding, tenant, json.dumps(ids))) as cursor:
             cursor.row_factory = None  # plain tuples: measurably cheaper than sqlite3.Row for long paths
             rows = await cursor.fetchall()
-        return {row[0]: (row[1], row[2]) for row in rows}
+        return {
+            row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
+        }
 
     async def session(self, tenant: str, session_id: str) -> Session | None:
         row = await self._db.fetchone(
@@ -284,24 +457,21 @@ class History:
 
         await self._db.write(write, atomic=False)
 
-    async def update_settings(self, tenant: str, session_id: str, settings: dict[str, Any]) -> Session | None:
-        """Merge `settings` into the session's (a None value removes the key); None if no such session."""
 
-        def write(connection: sqlite3.Connection) -> Session | None:
-            row = connection.execute(
-                "SELECT settings FROM sessions WHERE tenant = ? AND id = ?", (tenant, session_id)
-            ).fetchone()
-            if row is None:
-                return None
-            merged = {**json.loads(row[0]), **settings}
-            merged = {key: value for key, value in merged.items() if value is not None}
-            updated = connection.execute(
-                f"UPDATE sessions SET settings = ? WHERE tenant = ? AND id = ? RETURNING {_SESSION_COLUMNS}",
-                (json.dumps(merged, sort_keys=True), tenant, session_id),
-            ).fetchone()
-            return None if updated is None else _session(updated)
-
-        return await self._db.write(write)
+def _lost_races(
+    connection: sqlite3.Connection, new_messages: Sequence[tuple[str, str | None, int, str, str, float]]
+) -> list[tuple[str, str, str, float]]:
+    """Nodes another request stored first, in another form (two concurrent requests with different system
+    prompts at one place): this request's form becomes a variant, so it is stored all the same."""
+    mine = {row[0]: (row[4], row[5]) for row in new_messages}
+    rows = connection.execute(
+        "SELECT id, body FROM messages WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(mine)),)
+    ).fetchall()
+    return [
+        (row[0], chain.body_digest(mine[row[0]][0]), mine[row[0]][0], mine[row[0]][1])
+        for row in rows
+        if row[1] != mine[row[0]][0]
+    ]
 
 
 def insert_tokens(connection: sqlite3.Connection, rows: Sequence[tuple[str, str, int]]) -> None:
@@ -309,13 +479,31 @@ def insert_tokens(connection: sqlite3.Connection, rows: Sequence[tuple[str, str,
 
 
 def _session(row: sqlite3.Row) -> Session:
-    settings = json.loads(row["settings"])
     return Session(
         tenant=row["tenant"],
         id=row["id"],
         head_id=row["head_id"],
         model=row["model"],
-        settings=settings if isinstance(settings, dict) else {},
+        anchor_id=row["anchor_id"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+@dataclass(frozen=True)
+class KnownNode:
+    """A stored node as `locate` needs it."""
+
+    created_at: float
+    tokens: int | None
+    body: str
+    settings: dict[str, Any] | None
+    """The setting changes attached to it, if any."""
+
+
+def fold(in_force: Mapping[str, Any], changes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Settings after `changes` (None removes a key); `in_force` itself when nothing changes."""
+    merged = {**in_force, **changes}
+    merged = {key: value for key, value in merged.items() if value is not None}
+    return in_force if merged == in_force else merged
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from proxy.journal.keys import check_key
 from proxy.journal.steps import (
@@ -61,6 +62,16 @@ class JournalReader:
             f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.tenant = ? AND s.id = ?", (tenant, step_id)
         )
         return None if row is None else (await self._readable([row]))[0]
+
+    async def last_context(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """What the session's latest step sent upstream (`StepRecord.context`); None before its first step."""
+        row = await self._db.fetchone(
+            "SELECT context FROM journal_steps WHERE tenant = ? AND session_id = ? AND context IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1",
+            (tenant, session_id),
+        )
+        context = None if row is None else json.loads(row[0])
+        return context if isinstance(context, dict) else None
 
     async def replay(
         self, tenant: str, idempotency_key: str, fingerprint: str

@@ -52,7 +52,7 @@ CHUNK_EVENTS = (EventType.TEXT, EventType.TOOL_CALL, EventType.USAGE)
 
 STEP_COLUMNS = """s.id, s.tenant, s.session_id, s.model, s.fingerprint, s.stream, s.status,
     s.parent_message_id, s.message_id, s.content, s.tool_calls, s.finish_reason, s.usage, s.error,
-    s.created_at, s.sealed_at, s.encoding,
+    s.created_at, s.sealed_at, s.encoding, s.context,
     (SELECT COUNT(*) FROM journal_events AS e WHERE e.step_id = s.id) AS events"""
 
 StoredEvent = tuple[int, str, str]
@@ -110,6 +110,8 @@ class StepRecord:
     message_id: str | None
     events: int
     """Events still stored (0 once pruned)."""
+    context: dict[str, Any] | None = None
+    """The working context the step sent: `ContextReport.as_json` (None for steps from before it was kept)."""
 
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""
@@ -118,7 +120,7 @@ class StepRecord:
 
 _RECORD_JSON_FIELDS = (
     *("session_id", "model", "status", "created_at", "sealed_at", "content", "tool_calls"),
-    *("finish_reason", "usage", "error", "message_id"),
+    *("finish_reason", "usage", "error", "message_id", "context"),
 )
 
 
@@ -196,6 +198,7 @@ def record_from_row(row: sqlite3.Row, assembly: Assembly | None = None) -> StepR
         error=loads(row["error"]),
         message_id=row["message_id"],
         events=row["events"],
+        context=loads(row["context"]),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.config import JournalConfig
@@ -65,10 +65,13 @@ class Journal:
         stream: bool,
         parent_message_id: str | None,
         encoding: str,
+        context: Mapping[str, Any] | None = None,
     ) -> Step:
         """Open a step; Conflict if the Idempotency-Key is held by another body or by a live/ended step.
 
         `fingerprint` identifies the request body for Idempotency-Key checks; it is empty for unkeyed steps.
+        `parent_message_id` is where the answer will join the history; `context` what the working context sent
+        upstream adds up to (what inspection reports as the session's usage).
         """
         now = self.clock()
         row = (
@@ -82,6 +85,7 @@ class Journal:
             parent_message_id,
             now,
             encoding,
+            dumps(context),
         )
 
         def write(connection: sqlite3.Connection) -> int:
@@ -97,7 +101,7 @@ class Journal:
                         raise Conflict(KEY_DONE, param=KEY_PARAM)
             cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
-                "status, parent_message_id, created_at, encoding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "status, parent_message_id, created_at, encoding, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             if cursor.lastrowid is None:
@@ -135,6 +139,14 @@ class Journal:
         for chunk in chunks:
             step.assembly.add(chunk)
         return texts
+
+    async def recontext(self, step: Step, context: Mapping[str, Any]) -> None:
+        """The step's request was compacted again (a context error healed): record what the retry sent."""
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.execute("UPDATE journal_steps SET context = ? WHERE id = ?", (dumps(context), step.id))
+
+        await self._db.write(write, atomic=False)
 
     async def seal(self, step: Step, response: Chunk | None = None) -> StepRecord:
         """End a step with its whole answer: `done` event, history node and step row in one transaction.

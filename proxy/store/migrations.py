@@ -10,6 +10,7 @@ can open the file with `sqlite3` and read their conversations:
 - `summaries`: a summary of the contiguous chain range from depth `start_depth` to the message `end_id`
   (inclusive); valid on every branch that contains `end_id`. A summary replaced by a wider one is
   `orphaned_at`, never deleted.
+- `message_variants`, `context_settings`: see `m004_conversations`.
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
@@ -132,4 +133,43 @@ def m003_journal(connection: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (m001_history, m002_summaries, m003_journal)
+def m004_conversations(connection: sqlite3.Connection) -> None:
+    """Real tools' conversations (docs/architecture.md, "Message chain" and "Session").
+
+    - `message_variants`: the other forms a node was re-sent in (a rewritten system prompt, a history restored
+      with changed whitespace); the node's `body` stays the first form.
+    - `context_settings`: settings (X-Context-Budget) attach to the message they were sent with and hold for
+      what continues from it; a session's old settings move to its head.
+    - `sessions.anchor_id`: the last message of a derived session's first request, by which later requests
+      of the same conversation find it.
+    - `journal_steps.context`: the numbers of the working context the step sent (tokens, budget, summaries).
+    """
+    _script(
+        connection,
+        """
+        CREATE TABLE message_variants (
+            message_id TEXT NOT NULL REFERENCES messages(id),
+            digest TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (message_id, digest)
+        );
+        CREATE TABLE context_settings (
+            tenant TEXT NOT NULL,
+            message_id TEXT NOT NULL REFERENCES messages(id),
+            settings TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (tenant, message_id)
+        );
+        INSERT INTO context_settings (tenant, message_id, settings, created_at)
+            SELECT tenant, head_id, settings, updated_at FROM sessions
+            WHERE head_id IS NOT NULL AND settings NOT IN ('', '{}');
+        ALTER TABLE sessions DROP COLUMN settings;
+        ALTER TABLE sessions ADD COLUMN anchor_id TEXT REFERENCES messages(id);
+        CREATE INDEX sessions_by_anchor ON sessions (tenant, anchor_id) WHERE anchor_id IS NOT NULL;
+        ALTER TABLE journal_steps ADD COLUMN context TEXT
+        """,
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (m001_history, m002_summaries, m003_journal, m004_conversations)
