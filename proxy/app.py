@@ -38,12 +38,15 @@ def create_app(config: Config) -> Starlette:
         async with open_services(config) as services:
             app.state.services = services
             app.state.chat = ChatCompletions(config, services.pipeline)
+            app.state.started = int(time.time())
+            services.upstream.warn_missing_keys()
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
             yield
 
     routes = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/healthz", _health, methods=["GET"]),
         Route("/sessions", _sessions, methods=["GET"]),
         Route("/sessions/{session_id}", _session, methods=["GET"]),
@@ -75,12 +78,26 @@ async def _chat(request: Request) -> Response:
 async def _models(request: Request) -> Response:
     services = _services(request)
     authenticate(request.headers, services.config.auth)
-    created = int(time.time())
-    data = [
-        {"id": m.name, "object": "model", "created": created, "owned_by": "context-infinity"}
-        for m in services.config.models
-    ]
+    data = [_model_card(request, entry.name) for entry in services.config.models]
     return JSONResponse({"object": "list", "data": data})
+
+
+async def _model(request: Request) -> Response:
+    """OpenAI's `GET /v1/models/{model}`: SDKs and tools call it to check a model before they use it."""
+    services = _services(request)
+    authenticate(request.headers, services.config.auth)
+    name = request.path_params["model_id"]
+    if services.config.model(name) is None:
+        raise NotFound(
+            f"The model `{name}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+        )
+    return JSONResponse(_model_card(request, name))
+
+
+def _model_card(request: Request, name: str) -> dict[str, object]:
+    """A model in OpenAI's shape; `created` is when the proxy started serving it."""
+    created: int = request.app.state.started
+    return {"id": name, "object": "model", "created": created, "owned_by": "context-infinity"}
 
 
 async def _health(request: Request) -> Response:

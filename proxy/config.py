@@ -22,6 +22,10 @@ DEFAULT_STORE_PATH = "context-infinity.db"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_KEEP_EVENTS_S = 24 * 3600
+DEFAULT_MAX_SUMMARIZER_CALLS = 2
+"""Summarizer-model calls one request may wait for; further summaries it needs are extractive."""
+DEFAULT_SUMMARIZER_DEADLINE_S = 60.0
+"""Wall time one request may spend waiting on the summarizer model."""
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -64,6 +68,8 @@ class ContextConfig:
     trigger_ratio: float = 1.0
     compact_to: float = 0.55
     summarizer_model: str | None = None
+    max_summarizer_calls: int = DEFAULT_MAX_SUMMARIZER_CALLS
+    summarizer_deadline_s: float = DEFAULT_SUMMARIZER_DEADLINE_S
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,10 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             trigger_ratio=context.number("trigger_ratio", 1.0, low=0.1, high=1.0),
             compact_to=context.number("compact_to", 0.55, low=0.05, high=1.0),
             summarizer_model=context.optional_string("summarizer_model"),
+            max_summarizer_calls=context.integer("max_summarizer_calls", DEFAULT_MAX_SUMMARIZER_CALLS, minimum=0),
+            summarizer_deadline_s=context.number(
+                "summarizer_deadline_s", DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0
+            ),
         ),
         journal=JournalConfig(
             synchronous=journal.choice("synchronous", "NORMAL", SYNCHRONOUS_MODES),

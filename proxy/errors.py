@@ -14,11 +14,13 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── NotFound                404 model_not_found / session_not_found / ...
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
     │   └── PayloadTooLarge         413
-    └── UpstreamError               the upstream's own status, type, code and Retry-After
+    └── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
+                                    when it refused the prompt as longer than its context window
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 JSONBody = dict[str, Any]
@@ -89,8 +91,38 @@ class PayloadTooLarge(ClientError):
     status, code = 413, "request_too_large"
 
 
+@dataclass(frozen=True)
+class ContextOverflow:
+    """The upstream refused the prompt as longer than its context window, in whatever words it used.
+
+    Wire-neutral on purpose: providers say it with a code (OpenAI's `context_length_exceeded`), a type
+    (llama.cpp's `exceed_context_size_error`) or only a sentence, and the client still receives exactly what the
+    upstream said. The counts are the upstream's own, when it reported them.
+    """
+
+    prompt_tokens: int | None = None
+    """The prompt as the upstream's tokenizer counted it."""
+    context_window: int | None = None
+    """The window the upstream says it has (prompt and output together)."""
+
+
 class UpstreamError(ProxyError):
     """A failure the upstream reported (or caused); keeps its status so the client SDK reacts as to the provider."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        error_type: str | None = None,
+        headers: dict[str, str] | None = None,
+        context_overflow: ContextOverflow | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code, status=status, error_type=error_type, headers=headers)
+        self.context_overflow = context_overflow
+        """Set when the upstream refused the prompt as too long for its window: the pipeline heals on it."""
 
 
 def error_fields(exc: BaseException) -> JSONBody:

@@ -6,7 +6,7 @@
     history        under the session lock: reconcile the re-sent messages, remember budget settings
     budget         the effective input budget (request, session, learned corrections)
     compaction     the working context, summarizing first when it does not fit
-    upstream       the call; a `context_length_exceeded` the budget should have prevented is healed once
+    upstream       the call; a context-window refusal the budget should have prevented is healed once
     journal        the step begins beside the upstream call; streams go through `StreamRelay`
     wire adapter   (after this) renders the `Answer` with the X-Context-* headers
 
@@ -20,11 +20,11 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
 from proxy.config import Config, ModelEntry
 from proxy.conversation import (
     Answer,
@@ -36,7 +36,7 @@ from proxy.conversation import (
     Replayed,
     Streaming,
 )
-from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextTooLarge, NotFound, UpstreamError, error_fields
+from proxy.errors import ContextTooLarge, NotFound, UpstreamError, error_fields
 from proxy.history import chain
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
@@ -63,6 +63,7 @@ class Plan:
     budget: int
     prepared: Prepared
     encoding: str
+    allowance: Allowance
 
     def context(self) -> dict[str, Any]:
         """What the step records of it: the report's numbers and the system prompts as sent."""
@@ -110,7 +111,7 @@ class Pipeline:
                 record, stored = replay
                 return Replayed(record, answer_chunks(record, stored, conversation.stream))
 
-        plan = await self._plan(tenant, conversation, options, entry)
+        plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
         step_begun = asyncio.create_task(
             self.journal.begin(
                 tenant=tenant,
@@ -142,15 +143,37 @@ class Pipeline:
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
         await self.journal.interrupt(await step_begun)
 
-    async def _plan(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
+    async def _plan(
+        self,
+        tenant: str,
+        conversation: Conversation,
+        options: ContextOptions,
+        entry: ModelEntry,
+        allowance: Allowance,
+    ) -> Plan:
+        """`allowance` is the summarizer work this request may still wait for: one per request, so a healing
+        retry does not get a second."""
         encoding = encoding_for_model(entry.model)
         located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.store(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
             budget = self._budget(entry, conversation, reconciled.settings).input_budget
-            prepared = await self._prepare(tenant, conversation, options, entry, reconciled, budget, encoding)
-        return Plan(entry, reconciled, budget, prepared, encoding)
+            prepared = await self._prepare(
+                CompactionRequest(
+                    tenant=tenant,
+                    session_id=reconciled.session.id,
+                    messages=conversation.messages,
+                    path=reconciled.path,
+                    entry=entry,
+                    encoding=encoding,
+                    budget=budget,
+                    preserve_recent=self.config.context.preserve_recent,
+                    allowance=allowance,
+                ),
+                options,
+            )
+        return Plan(entry, reconciled, budget, prepared, encoding, allowance)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         """Attach a changed X-Context-Budget where this request's conversation ends (only a change: a tool that
@@ -172,32 +195,13 @@ class Pipeline:
             )
         return budget
 
-    async def _prepare(
-        self,
-        tenant: str,
-        conversation: Conversation,
-        options: ContextOptions,
-        entry: ModelEntry,
-        reconciled: Reconciled,
-        budget: int,
-        encoding: str,
-    ) -> Prepared:
+    async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> Prepared:
         if options.mode == ContextMode.OFF:
-            tokens = count_prompt(m.tokens for m in reconciled.path)
-            return Prepared(list(conversation.messages), tokens, summaries=0, written=0)
-        preserve = options.preserve_recent
-        return await self.compactor.prepare(
-            CompactionRequest(
-                tenant=tenant,
-                session_id=reconciled.session.id,
-                messages=conversation.messages,
-                path=reconciled.path,
-                entry=entry,
-                encoding=encoding,
-                budget=budget,
-                preserve_recent=self.config.context.preserve_recent if preserve is None else preserve,
-            )
-        )
+            tokens = count_prompt(m.tokens for m in request.path)
+            return Prepared([dict(message) for message in request.messages], tokens, summaries=0, written=0)
+        if options.preserve_recent is not None:
+            request = replace(request, preserve_recent=options.preserve_recent)
+        return await self.compactor.prepare(request)
 
     async def _forward(
         self,
@@ -208,23 +212,24 @@ class Pipeline:
     ) -> tuple[Plan, T]:
         """Call the upstream with the plan; heal once if it counted more tokens than we did.
 
-        A `context_length_exceeded` that our budget should have prevented means the upstream's tokenizer
-        differs from ours: the ratio is learned for the model, the context compacted to the smaller budget, and
+        A context-window refusal (in any provider's wording: `upstream/context_window.py`) that our budget
+        should have prevented means the upstream's tokenizer differs from ours, or its window is smaller than
+        configured: what it reported is learned for the model, the context compacted to the smaller budget, and
         the call made once more.
         """
         try:
             return plan, await call(plan)
         except UpstreamError as exc:
-            if exc.code != CONTEXT_LENGTH_EXCEEDED or options.mode == ContextMode.OFF:
+            if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
-            factor = self.budgets.learn(plan.entry, plan.prepared.tokens, exc.message)
+            factor = self.budgets.learn(plan.entry, plan.prepared.tokens, exc.context_overflow)
             log.warning(
                 "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
                 plan.prepared.tokens,
                 plan.entry.name,
                 factor,
             )
-            plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry)
+            plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry, plan.allowance)
             return plan, await call(plan)
 
     async def _complete(

@@ -43,6 +43,7 @@ class Services:
     db: Database
     pipeline: Pipeline
     inspector: Inspector
+    upstream: LiteLLMUpstream
 
 
 @asynccontextmanager
@@ -70,7 +71,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
             pruning = asyncio.create_task(_prune_periodically(recovery), name="journal-pruning")
             background.add(pruning)
             pruning.add_done_callback(background.discard)
-        yield Services(config, db, pipeline, inspector)
+        yield Services(config, db, pipeline, inspector, upstream)
     finally:
         await _finish(background)
         await db.close()

@@ -4,7 +4,11 @@ The proxy talks to its upstream through LiteLLM and the network, so the fake is 
 127.0.0.1 rather than a mocked transport: every byte the proxy would see from OpenAI goes through sockets.
 It rejects what OpenAI rejects (missing fields, unpaired tool messages, prompts over the context window) with
 OpenAI's error bodies, streams `chat.completion.chunk` events the way OpenAI does, and can be told to fail
-the next requests (`Fault`): error statuses, slow answers, streams cut mid-way or corrupted.
+the next requests (`Fault`): error statuses, slow answers, streams cut mid-way or corrupted. With `strict_roles`
+it also rejects the role orders that strict chat templates reject (local models, several providers), and `delay`
+can slow down chosen requests (a slow summarizer). `context_dialect` refuses a prompt over the window the way
+another provider does (llama.cpp, Anthropic, vLLM, Ollama), and `token_ratio` counts like a tokenizer that
+sees more tokens than OpenAI's.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import functools
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -32,6 +37,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.context_dialects import ContextDialect
 
 DEFAULT_CONTEXT_WINDOW = 8192
 FAKE_MODEL_ID = "fake-model"
@@ -67,6 +74,9 @@ DEFAULT_ERRORS: dict[int, tuple[str, str | None, str]] = {
 }
 
 ReplyFn = Callable[[dict[str, Any]], "Reply"]
+DelayFn = Callable[[dict[str, Any]], float]
+PINNED_ROLES = ("system", "developer")
+ROLES_MUST_ALTERNATE = "Conversation roles must alternate user/assistant/user/assistant/..."
 
 
 @dataclass
@@ -132,9 +142,7 @@ def error_body(message: str, type_: str, param: str | None, code: str | None) ->
 def default_error_body(status: int) -> dict[str, Any]:
     type_, code, message = DEFAULT_ERRORS.get(
         status,
-        ("server_error", None, "Server error.")
-        if status >= 500
-        else ("invalid_request_error", None, "Error."),
+        ("server_error", None, "Server error.") if status >= 500 else ("invalid_request_error", None, "Error."),
     )
     return error_body(message, type_, None, code)
 
@@ -212,15 +220,12 @@ def _check_body(body: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if not messages:
         raise _invalid(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
-            "but got an empty array instead.",
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
             "messages",
             "empty_array",
         )
     if body.get("stream_options") is not None and body.get("stream") is not True:
-        raise _invalid(
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
-        )
+        raise _invalid("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
     for index, message in enumerate(messages):
         _check_message(index, message)
     _check_tool_pairing(messages)
@@ -242,17 +247,13 @@ def _check_message(index: int, message: Any) -> None:
         raise _missing(f"{where}.role")
     if role not in MESSAGE_ROLES:
         supported = ", ".join(f"'{r}'" for r in MESSAGE_ROLES[:-1]) + f", and '{MESSAGE_ROLES[-1]}'"
-        raise _invalid(
-            f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role", "invalid_value"
-        )
+        raise _invalid(f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role", "invalid_value")
     content = message.get("content")
     has_tool_calls = role == "assistant" and bool(message.get("tool_calls"))
     if content is None and not has_tool_calls:
         if "content" not in message and role != "assistant":
             raise _missing(f"{where}.content")
-        raise _invalid(
-            "Invalid value for 'content': expected a string, got null.", f"messages.[{index}].content", None
-        )
+        raise _invalid("Invalid value for 'content': expected a string, got null.", f"messages.[{index}].content", None)
     if content is not None and not isinstance(content, str | list):
         raise _invalid(
             f"Invalid type for '{where}.content': expected one of a string or array of objects.",
@@ -310,10 +311,37 @@ def _raise_if_unanswered(unanswered: list[str]) -> None:
     if unanswered:
         raise _invalid(
             "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-            "'tool_call_id'. The following tool_call_ids did not have response messages: "
-            + ", ".join(unanswered),
+            "'tool_call_id'. The following tool_call_ids did not have response messages: " + ", ".join(unanswered),
             "messages",
         )
+
+
+def role_order_error(messages: list[dict[str, Any]]) -> str | None:
+    """Why the strictest common chat templates would refuse this order of roles, or None if they accept it.
+
+    One system message may come first, and no other; then turns alternate, starting with a user turn. An
+    assistant turn may hold tool calls, their results, and the assistant's message after them (whether the
+    results answer the calls is `_check_tool_pairing`'s business). The texts are the raise_exception messages of
+    Hugging Face chat templates.
+    """
+    leading = 1 if messages and messages[0].get("role") in PINNED_ROLES else 0
+    previous: str | None = None
+    for message in messages[leading:]:
+        role = message.get("role")
+        if role in PINNED_ROLES:
+            return "System message must be at the beginning."
+        if previous is None and role != "user":
+            return "After the optional system message, conversation roles must start with a user message."
+        if role == previous and role in ("user", "assistant"):
+            return ROLES_MUST_ALTERNATE
+        previous = role if isinstance(role, str) else None
+    return None
+
+
+def _check_role_order(messages: list[dict[str, Any]]) -> None:
+    error = role_order_error(messages)
+    if error is not None:
+        raise _invalid(error, "messages")
 
 
 def _check_context_window(prompt_tokens: int, max_tokens: int, context_window: int) -> None:
@@ -325,10 +353,7 @@ def _check_context_window(prompt_tokens: int, max_tokens: int, context_window: i
             f"{max_tokens} in the completion). Please reduce the length of the messages or completion."
         )
     else:
-        detail = (
-            f"However, your messages resulted in {prompt_tokens} tokens. "
-            "Please reduce the length of the messages."
-        )
+        detail = f"However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
     raise _invalid(
         f"This model's maximum context length is {context_window} tokens. {detail}",
         "messages",
@@ -380,9 +405,7 @@ def _normalized_tool_calls(reply: Reply) -> list[dict[str, Any]]:
     ]
 
 
-def completion_json(
-    completion_id: str, created: int, model: str, reply: Reply, prompt_tokens: int
-) -> dict[str, Any]:
+def completion_json(completion_id: str, created: int, model: str, reply: Reply, prompt_tokens: int) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": reply.content,
@@ -396,9 +419,7 @@ def completion_json(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}
-        ],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
         "usage": _usage(prompt_tokens, _completion_tokens(reply)),
         "service_tier": "default",
         "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -471,6 +492,14 @@ class FakeUpstream:
         self.context_window = context_window
         self.chunk_delay_s = chunk_delay_s
         self.responder: ReplyFn | None = None
+        self.strict_roles = False
+        """Reject role orders a strict chat template rejects (`role_order_error`)."""
+        self.delay: DelayFn | None = None
+        """Seconds to wait before answering a request, by its body (on top of any fault's delay)."""
+        self.context_dialect: ContextDialect | None = None
+        """How a prompt over the window is refused (`tests.context_dialects`); None: in OpenAI's words."""
+        self.token_ratio = 1.0
+        """How many tokens this upstream's tokenizer counts for one of OpenAI's (llama.cpp counted 1.27)."""
         self.requests: list[ReceivedRequest] = []
         self._default_context_window = context_window
         self._default_chunk_delay_s = chunk_delay_s
@@ -576,12 +605,20 @@ class FakeUpstream:
             self._faults.clear()
             self._completions = 0
         self.responder = None
+        self.strict_roles = False
+        self.delay = None
+        self.context_dialect = None
+        self.token_ratio = 1.0
         self.context_window = self._default_context_window
         self.chunk_delay_s = self._default_chunk_delay_s
 
     @staticmethod
     def count_tokens(messages: list[dict[str, Any]]) -> int:
         return count_prompt_tokens(messages)
+
+    def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt as this upstream counts it: OpenAI's count times `token_ratio`."""
+        return math.ceil(count_prompt_tokens(messages) * self.token_ratio)
 
     def _take_fault(self, stream: bool) -> Fault | None:
         with self._lock:
@@ -612,9 +649,7 @@ class FakeUpstream:
             parsed: Any = json.loads(raw)
         except ValueError:
             parsed = None
-        body: dict[str, Any] = (
-            parsed if isinstance(parsed, dict) else {"_unparsed": raw.decode("utf-8", "replace")}
-        )
+        body: dict[str, Any] = parsed if isinstance(parsed, dict) else {"_unparsed": raw.decode("utf-8", "replace")}
         with self._lock:
             self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items())))
 
@@ -632,12 +667,21 @@ class FakeUpstream:
                     "using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
                 )
             messages = _check_body(body)
-            prompt_tokens = count_prompt_tokens(messages)
+            if self.strict_roles:
+                _check_role_order(messages)
+            prompt_tokens = self.prompt_tokens(messages)
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-            _check_context_window(prompt_tokens, max_tokens, self.context_window)
+            dialect = self.context_dialect
+            if dialect is None:
+                _check_context_window(prompt_tokens, max_tokens, self.context_window)
+            elif (refusal := dialect(prompt_tokens, max_tokens, self.context_window)) is not None:
+                return JSONResponse(refusal[1], status_code=refusal[0])
         except UpstreamError as exc:
             return JSONResponse(exc.body, status_code=exc.status)
 
+        delay = self.delay
+        if delay is not None:
+            await self._pause(delay(body))
         responder = self.responder
         reply = responder(body) if responder is not None else echo_reply(body)
         completion_id, created, model = self._next_completion_id(), int(time.time()), body["model"]

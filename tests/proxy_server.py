@@ -63,7 +63,12 @@ class ProxyServer:
         self.port = free_port()
         self._server = uvicorn.Server(
             uvicorn.Config(
-                create_app(self.config), host=HOST, port=self.port, log_level="warning", lifespan="on", log_config=None,
+                create_app(self.config),
+                host=HOST,
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                log_config=None,
                 loop="asyncio",  # a plain loop per test thread: uvloop's handle teardown warns at interpreter exit
             )
         )

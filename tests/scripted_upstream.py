@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.config import ModelEntry
-from proxy.errors import CONTEXT_LENGTH_EXCEEDED, UpstreamError
+from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
 from proxy.types import Chunk, Message
 
 CallKind = Literal["complete", "stream"]
@@ -161,7 +161,7 @@ def completion(content: str, finish_reason: str = "stop") -> Chunk:
 
 
 def context_length_exceeded(window: int, counted: int) -> UpstreamError:
-    """OpenAI's refusal of a prompt its tokenizer counted as `counted` tokens."""
+    """OpenAI's refusal of a prompt its tokenizer counted as `counted` tokens, as the boundary marks it."""
     return UpstreamError(
         f"This model's maximum context length is {window} tokens. However, your messages resulted in {counted} "
         "tokens. Please reduce the length of the messages.",
@@ -169,6 +169,7 @@ def context_length_exceeded(window: int, counted: int) -> UpstreamError:
         error_type="invalid_request_error",
         param="messages",
         code=CONTEXT_LENGTH_EXCEEDED,
+        context_overflow=ContextOverflow(prompt_tokens=counted, context_window=window),
     )
 
 

@@ -272,9 +272,7 @@ async def test_tool_round_trip(caller: Caller, fake: FakeUpstream) -> None:
 
 async def test_context_headers_non_stream(caller: Caller) -> None:
     if caller.sync:
-        raw = caller.client.chat.completions.with_raw_response.create(
-            model="fake", messages=sdk_messages(MESSAGES)
-        )
+        raw = caller.client.chat.completions.with_raw_response.create(model="fake", messages=sdk_messages(MESSAGES))
     else:
         raw = await caller.async_client.chat.completions.with_raw_response.create(
             model="fake", messages=sdk_messages(MESSAGES)
@@ -318,14 +316,16 @@ def test_budget_headers_follow_the_request(client: openai.OpenAI) -> None:
         model="fake", messages=sdk_messages(MESSAGES), max_tokens=100
     )
     capped = client.chat.completions.with_raw_response.create(
-        model="fake", messages=sdk_messages(MESSAGES),
+        model="fake",
+        messages=sdk_messages(MESSAGES),
         extra_headers={"X-Context-Budget": "3000", "X-Session-Id": "budget-capped"},
     )
     remembered = client.chat.completions.with_raw_response.create(
         model="fake", messages=sdk_messages(MESSAGES), extra_headers={"X-Session-Id": "budget-capped"}
     )
     reset = client.chat.completions.with_raw_response.create(
-        model="fake", messages=sdk_messages(MESSAGES),
+        model="fake",
+        messages=sdk_messages(MESSAGES),
         extra_headers={"X-Context-Budget": "none", "X-Session-Id": "budget-capped"},
     )
     assert int(remembered.headers["x-context-budget"]) == 3000
@@ -382,8 +382,9 @@ async def test_recent_messages_too_large_is_the_proxys_own_400(
 def test_max_tokens_beyond_the_window_is_refused_before_anything_is_stored(
     refusing_proxy: ProxyServer, fake: FakeUpstream, field: str, stream: bool
 ) -> None:
-    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions",
-                          content=valid(stream=stream, **{field: 100_000}))
+    response = httpx.post(
+        f"{refusing_proxy.base_url}/chat/completions", content=valid(stream=stream, **{field: 100_000})
+    )
     assert_openai_error(response, 400, "invalid_request_error", "context_length_exceeded")
     assert response.json()["error"]["param"] == field
     assert fake.requests == []
@@ -400,8 +401,14 @@ def long_history(turns: int) -> list[dict[str, Any]]:
 
 
 def test_without_mode_off_the_proxy_compacts_instead(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
-    model = {"name": "fake", "model": "openai/fake-model", "api_base": fake.url, "api_key": UPSTREAM_KEY,
-             "context_window": 2048, "max_output": 256}
+    model = {
+        "name": "fake",
+        "model": "openai/fake-model",
+        "api_base": fake.url,
+        "api_key": UPSTREAM_KEY,
+        "context_window": 2048,
+        "max_output": 256,
+    }
     proxy = serve_proxy(models=[model])
     fake.context_window = 2048
     history = long_history(12)
@@ -431,11 +438,11 @@ def test_without_mode_off_the_proxy_compacts_instead(serve_proxy: ServeProxy, fa
 async def test_unknown_model(caller: Caller, fake: FakeUpstream, stream: bool) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         if caller.sync:
-            caller.client.chat.completions.create(model="no-such-model", messages=sdk_messages(MESSAGES),
-                                                  stream=stream)
+            caller.client.chat.completions.create(model="no-such-model", messages=sdk_messages(MESSAGES), stream=stream)
         else:
-            await caller.async_client.chat.completions.create(model="no-such-model",
-                                                              messages=sdk_messages(MESSAGES), stream=stream)
+            await caller.async_client.chat.completions.create(
+                model="no-such-model", messages=sdk_messages(MESSAGES), stream=stream
+            )
     assert caught.value.status_code == 404
     assert caught.value.code == "model_not_found"
     assert caught.value.param == "model"
@@ -488,8 +495,14 @@ async def test_upstream_server_errors(caller: Caller, fake: FakeUpstream, status
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_unreachable_upstream_is_502(serve_proxy: ServeProxy, tmp_path: Path, stream: bool) -> None:
-    model = {"name": "fake", "model": "openai/fake-model", "api_base": f"http://127.0.0.1:{free_port()}/v1",
-             "api_key": UPSTREAM_KEY, "context_window": 8192, "max_output": 1024}
+    model = {
+        "name": "fake",
+        "model": "openai/fake-model",
+        "api_base": f"http://127.0.0.1:{free_port()}/v1",
+        "api_key": UPSTREAM_KEY,
+        "context_window": 8192,
+        "max_output": 1024,
+    }
     proxy = serve_proxy(models=[model])
     with (
         openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client,
@@ -578,8 +591,9 @@ def test_unknown_url_is_openai_shaped_404(refusing_proxy: ProxyServer, path: str
     assert path in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"),
-                                              ("POST", "/healthz")])
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"), ("POST", "/healthz")]
+)
 def test_wrong_method_is_openai_shaped_405(refusing_proxy: ProxyServer, method: str, path: str) -> None:
     response = httpx.request(method, f"{refusing_proxy.url}{path}")
     assert_openai_error(response, 405, "invalid_request_error", "method_not_allowed")
@@ -618,12 +632,15 @@ BAD_BODIES: list[tuple[str, bytes, str | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("raw", "param"), [(raw, param) for _, raw, param in BAD_BODIES],
-                         ids=[name for name, _, _ in BAD_BODIES])
-def test_bad_body_is_a_400_naming_the_field(refusing_proxy: ProxyServer, fake: FakeUpstream, raw: bytes,
-                                            param: str | None) -> None:
-    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions", content=raw,
-                          headers={"Content-Type": "application/json"})
+@pytest.mark.parametrize(
+    ("raw", "param"), [(raw, param) for _, raw, param in BAD_BODIES], ids=[name for name, _, _ in BAD_BODIES]
+)
+def test_bad_body_is_a_400_naming_the_field(
+    refusing_proxy: ProxyServer, fake: FakeUpstream, raw: bytes, param: str | None
+) -> None:
+    response = httpx.post(
+        f"{refusing_proxy.base_url}/chat/completions", content=raw, headers={"Content-Type": "application/json"}
+    )
     assert_openai_error(response, 400, "invalid_request_error")
     assert response.json()["error"]["param"] == param
     assert fake.requests == []
@@ -644,10 +661,14 @@ BAD_HEADERS: list[tuple[dict[str, str], str]] = [
 
 
 @pytest.mark.parametrize(("headers", "param"), BAD_HEADERS)
-def test_bad_header_is_a_400_naming_the_header(refusing_proxy: ProxyServer, fake: FakeUpstream, headers: dict[str, str],
-                                               param: str) -> None:
-    response = httpx.post(f"{refusing_proxy.base_url}/chat/completions", content=valid(stream=True),
-                          headers={"Content-Type": "application/json", **headers})
+def test_bad_header_is_a_400_naming_the_header(
+    refusing_proxy: ProxyServer, fake: FakeUpstream, headers: dict[str, str], param: str
+) -> None:
+    response = httpx.post(
+        f"{refusing_proxy.base_url}/chat/completions",
+        content=valid(stream=True),
+        headers={"Content-Type": "application/json", **headers},
+    )
     assert_openai_error(response, 400, "invalid_request_error")
     assert response.json()["error"]["param"] == param
     assert fake.requests == []
@@ -737,19 +758,24 @@ def test_keys_are_neither_forwarded_stored_logged_nor_echoed(
 
     for fault in (Fault(status=401), Fault(status=500), Fault(drop_after_chunks=1)):
         fake.fail_next(fault)
-        with httpx.stream("POST", f"{proxy.base_url}/chat/completions",
-                          json={"model": "fake", "messages": MESSAGES, "stream": fault.breaks_stream},
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as response:
+        with httpx.stream(
+            "POST",
+            f"{proxy.base_url}/chat/completions",
+            json={"model": "fake", "messages": MESSAGES, "stream": fault.breaks_stream},
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        ) as response:
             bodies.append(response.read().decode())
-    bodies.append(httpx.post(f"{proxy.base_url}/chat/completions", content=b"{",
-                             headers={"Authorization": f"Bearer {CLIENT_KEY}"}).text)
+    bodies.append(
+        httpx.post(
+            f"{proxy.base_url}/chat/completions", content=b"{", headers={"Authorization": f"Bearer {CLIENT_KEY}"}
+        ).text
+    )
     assert any("error" in body for body in bodies)
 
     store = proxy.config.store.path
     files = [p for p in store.parent.iterdir() if p.name.startswith(store.name)]
     assert files
-    logged = "\n".join(record.getMessage() + str(record.exc_info or "") + str(record.args) for record in
-                       caplog.records)
+    logged = "\n".join(record.getMessage() + str(record.exc_info or "") + str(record.args) for record in caplog.records)
     for secret in (CLIENT_KEY, UPSTREAM_KEY):
         for file in files:
             assert secret.encode() not in file.read_bytes(), file

@@ -1,15 +1,26 @@
-"""Model limits (config → LiteLLM's map → prefix table → default) and the effective input budget."""
+"""Model limits (config → LiteLLM's map → prefix table → default), the effective input budget, and the
+corrections learned from an upstream's context-window refusals."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from proxy.budget.budgets import Budget, effective_budget
-from proxy.budget.limits import DEFAULT_CONTEXT_WINDOW, DEFAULT_MAX_OUTPUT, ModelLimits, model_limits, prefix_limits
+from proxy.budget.budgets import Budget, Budgets, effective_budget
+from proxy.budget.corrections import FALLBACK_FACTOR_STEP, HEADROOM, MAX_FACTOR, TokenCorrections
+from proxy.budget.limits import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_MAX_OUTPUT,
+    ModelLimits,
+    model_limits,
+    prefix_limits,
+    with_reported_window,
+)
 from proxy.config import ModelEntry
+from proxy.errors import ContextOverflow
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:
@@ -39,17 +50,13 @@ def test_config_wins_over_every_other_source() -> None:
 
 
 def test_config_window_alone_takes_max_output_from_litellm() -> None:
-    limits = model_limits(
-        entry("openai/gpt-4o", 50_000), mapped(max_input_tokens=128_000, max_output_tokens=9_000)
-    )
+    limits = model_limits(entry("openai/gpt-4o", 50_000), mapped(max_input_tokens=128_000, max_output_tokens=9_000))
     assert limits == ModelLimits(50_000, 9_000, "config")
 
 
 def test_config_max_output_alone_overrides_only_max_output() -> None:
     lookup = mapped(max_input_tokens=128_000, max_output_tokens=16_384)
-    assert model_limits(entry("openai/gpt-4o", max_output=1_000), lookup) == ModelLimits(
-        128_000, 1_000, "litellm"
-    )
+    assert model_limits(entry("openai/gpt-4o", max_output=1_000), lookup) == ModelLimits(128_000, 1_000, "litellm")
 
 
 def test_litellm_map_is_used_for_known_models() -> None:
@@ -65,9 +72,7 @@ def test_litellm_max_tokens_stands_in_for_a_missing_max_input() -> None:
 
 
 def test_litellm_entry_without_limits_falls_through_to_the_prefix_table() -> None:
-    assert model_limits(entry("openai/gpt-4o-2099"), mapped(mode="chat")) == ModelLimits(
-        128_000, 16_384, "prefix"
-    )
+    assert model_limits(entry("openai/gpt-4o-2099"), mapped(mode="chat")) == ModelLimits(128_000, 16_384, "prefix")
 
 
 @pytest.mark.parametrize(
@@ -115,9 +120,7 @@ def test_unknown_models_get_the_default() -> None:
         (entry("x/y", max_output=9_000), unknown, ModelLimits(8_192, 4_096, "default")),
     ],
 )
-def test_max_output_is_clamped_below_the_window(
-    model_entry: ModelEntry, lookup: Any, expected: ModelLimits
-) -> None:
+def test_max_output_is_clamped_below_the_window(model_entry: ModelEntry, lookup: Any, expected: ModelLimits) -> None:
     assert model_limits(model_entry, lookup) == expected
 
 
@@ -155,3 +158,91 @@ def test_session_cap_never_raises_the_budget() -> None:
 def test_no_room_left_is_a_zero_budget_for_the_caller_to_report() -> None:
     assert effective_budget(LIMITS, 125_000, 0.05).input_budget == 0
     assert effective_budget(LIMITS, 10_000_000, 0.05).input_budget == 0
+
+
+# Corrections: learning from the upstream's refusals how much more it counts, and how large its window really is.
+
+
+def counted(prompt: int | None = None, window: int | None = None) -> ContextOverflow:
+    return ContextOverflow(prompt_tokens=prompt, context_window=window)
+
+
+def test_a_counted_refusal_shrinks_that_models_budget_by_the_ratio() -> None:
+    corrections = TokenCorrections()
+
+    factor = corrections.learn("small", 1000, counted(1200), 4096)
+
+    assert factor == pytest.approx(1.2 * HEADROOM)
+    assert corrections.apply("small", 3379) == math.floor(3379 / (1.2 * HEADROOM))
+    assert corrections.apply("big", 3379) == 3379
+    assert corrections.factor("big") == 1.0
+
+
+def test_a_refusal_that_explains_nothing_shrinks_by_a_fixed_step_up_to_a_limit() -> None:
+    corrections = TokenCorrections()
+
+    assert corrections.learn("m", 1000, counted(), 4096) == pytest.approx(FALLBACK_FACTOR_STEP)
+    assert corrections.learn("m", 1000, counted(900), 4096) == pytest.approx(FALLBACK_FACTOR_STEP**2)
+    for _ in range(20):
+        corrections.learn("m", 1000, counted(), 4096)
+    assert corrections.factor("m") == MAX_FACTOR
+    assert corrections.apply("m", 4000) == 1000
+
+
+def test_a_factor_never_shrinks_back() -> None:
+    corrections = TokenCorrections()
+    corrections.learn("m", 1000, counted(1500), 4096)
+
+    again = corrections.learn("m", 1000, counted(1100), 4096)
+
+    assert again == pytest.approx(1.5 * HEADROOM * HEADROOM)
+
+
+def test_a_smaller_reported_window_is_learned_without_shrinking_the_factor_when_the_counts_agree() -> None:
+    corrections = TokenCorrections()
+
+    assert corrections.learn("m", 3000, counted(3000, 2048), 4096) == 1.0
+    assert corrections.window("m") == 2048
+    assert corrections.factor("m") == 1.0
+
+
+def test_a_reported_window_no_smaller_than_ours_is_not_learned() -> None:
+    corrections = TokenCorrections()
+
+    corrections.learn("m", 1000, counted(1270, 4096), 4096)
+
+    assert corrections.window("m") is None
+    assert corrections.factor("m") == pytest.approx(1.27 * HEADROOM)
+
+
+# Budgets: what the request path and the views ask, after a refusal was learned.
+
+LLAMA_CPP_REFUSAL = ContextOverflow(prompt_tokens=2063, context_window=2048)
+"""What llama.cpp's "request (2063 tokens) exceeds the available context size (2048 tokens)" reports."""
+
+
+def test_budgets_learn_the_ratio_from_the_refusal_of_another_provider() -> None:
+    local = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 2048, 256)
+    budgets = Budgets((local,), unknown, 0.05)
+    before = budgets.budget(local).input_budget
+
+    factor = budgets.learn(local, 1624, LLAMA_CPP_REFUSAL)
+
+    assert factor == pytest.approx(2063 / 1624 * HEADROOM)
+    assert budgets.budget(local).input_budget == math.floor(before / factor)
+    assert budgets.limits(local) == ModelLimits(2048, 256, "config")
+
+
+def test_budgets_use_the_smaller_window_the_upstream_reported() -> None:
+    configured = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 8192, 1024)
+    budgets = Budgets((configured,), unknown, 0.05)
+
+    budgets.learn(configured, 2063, LLAMA_CPP_REFUSAL)
+
+    assert budgets.limits(configured) == ModelLimits(2048, 1024, "upstream")
+    assert budgets.budget(configured).input_budget == 2048 - 1024 - math.ceil(0.05 * 2048)
+
+
+def test_a_reported_window_keeps_the_output_limit_below_it() -> None:
+    assert with_reported_window(ModelLimits(8192, 4096, "config"), 4096) == ModelLimits(4096, 2048, "upstream")
+    assert with_reported_window(ModelLimits(8192, 4096, "config"), 16384) == ModelLimits(8192, 4096, "config")

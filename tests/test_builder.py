@@ -85,21 +85,23 @@ def pinned_and_recent(items: Sequence[Item], policy: Policy) -> tuple[int, int]:
 
 
 def tool_pairs(items: Sequence[Item]) -> list[tuple[int, int]]:
-    owner = {call: i for i, item in enumerate(items) for call in item.tool_call_ids}
-    return [(owner[item.tool_call_id], i) for i, item in enumerate(items) if item.tool_call_id in owner]
+    """(call, result) positions: a result answers the nearest call before it with its id (ids may be reused)."""
+    owner: dict[str, int] = {}
+    pairs: list[tuple[int, int]] = []
+    for position, item in enumerate(items):
+        if item.tool_call_id in owner:
+            pairs.append((owner[item.tool_call_id], position))
+        owner.update((call, position) for call in item.tool_call_ids)
+    return pairs
 
 
-def check_needs_summary(
-    items: Sequence[Item], spans: Sequence[Span], policy: Policy, need: NeedsSummary
-) -> None:
+def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Policy, need: NeedsSummary) -> None:
     recent, _ = pinned_and_recent(items, policy)
     assert 0 <= need.start < need.end <= recent
     assert all(items[i].role != "system" for i in range(need.start, need.end))
     for call, answer in tool_pairs(items):
         assert (need.start <= call < need.end) == (need.start <= answer < need.end)
-    covered = [
-        p for part in need.parts for p in ([part] if isinstance(part, int) else range(part.start, part.end))
-    ]
+    covered = [p for part in need.parts for p in ([part] if isinstance(part, int) else range(part.start, part.end))]
     assert covered == list(range(need.start, need.end))
     assert {s.id for s in spans if need.start <= s.start and s.end <= need.end} == set(need.replaces)
     assert need.target == policy.summary_target(input_tokens(items, need.parts))
@@ -107,7 +109,8 @@ def check_needs_summary(
 
 def check_context(items: Sequence[Item], policy: Policy, context: WorkingContext) -> None:
     assert context.tokens <= policy.budget
-    assert context.tokens == input_tokens(items, context.parts) + PRIMING
+    acknowledgements = len(context.acknowledgements) * policy.acknowledgement_tokens
+    assert context.tokens == input_tokens(items, context.parts) + acknowledgements + PRIMING
     where: dict[int, int | Span] = {}
     for part in context.parts:
         for position in [part] if isinstance(part, int) else range(part.start, part.end):
@@ -179,7 +182,8 @@ def test_needs_summary_for_the_oldest_range_just_long_enough_to_reach_compact_to
 
     def after(end: int) -> float:
         original = sum(item.tokens for item in items[1:end])
-        return total - original + policy.estimated_summary(original)
+        acknowledgement = policy.acknowledgement_tokens if items[end].role == "user" else 0  # rule 6
+        return total - original + policy.estimated_summary(original) + acknowledgement
 
     assert after(result.end) <= policy.compact_to * policy.budget
     assert after(result.end - 1) > policy.compact_to * policy.budget
@@ -270,8 +274,10 @@ def test_a_compaction_goes_on_to_compact_to_through_hierarchy() -> None:
 def test_single_summary_plus_recent_too_large() -> None:
     items = chat(10, tokens=300)
     spans = [Span(1, 1, 17, 1_000)]
-    result = build(items, spans, Policy(budget=2_200, preserve_recent=4))
-    assert result == RecentTooLarge(needed=10 + 1_000 + 1_200 + PRIMING, budget=2_200)
+    policy = Policy(budget=2_200, preserve_recent=4)
+    result = build(items, spans, policy)
+    acknowledgement = policy.acknowledgement_tokens  # between the summary and the user turn after it
+    assert result == RecentTooLarge(needed=10 + 1_000 + acknowledgement + 1_200 + PRIMING, budget=2_200)
 
 
 def test_max_summary_input_bounds_each_range() -> None:
@@ -433,8 +439,9 @@ def check_result(items: Sequence[Item], policy: Policy, result: BuildResult) -> 
     assert result.needed > policy.budget
     assert result.needed >= fixed
     if fixed <= policy.budget:
-        # Only the smallest summaries possible remain: one per stretch between pinned messages at most.
-        per_segment = policy.summary_max + policy.summary_overhead
+        # Only the smallest summaries possible remain: one per stretch between pinned messages at most, each with
+        # up to two acknowledgements around it.
+        per_segment = policy.summary_max + policy.summary_overhead + 2 * policy.acknowledgement_tokens
         assert result.needed - fixed <= older_segments(items, recent) * per_segment
 
 
@@ -448,13 +455,9 @@ def test_property_loop_always_ends_in_a_valid_result(items: list[Item], policy: 
     assert build(items, list(reversed(loop.spans)), policy) == build(items, loop.spans, policy)
 
 
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), policy=policies)
-def test_property_prompts_are_prefix_extensions_between_compactions(
-    data: st.DataObject, policy: Policy
-) -> None:
+def test_property_prompts_are_prefix_extensions_between_compactions(data: st.DataObject, policy: Policy) -> None:
     loop = Loop(policy)
     items: list[Item] = [system(data.draw(st.integers(1, 300)))]
     previous: WorkingContext | None = None

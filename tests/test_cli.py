@@ -57,7 +57,11 @@ def uvicorn_run(monkeypatch: pytest.MonkeyPatch) -> UvicornCalls:
 )
 @pytest.mark.parametrize("command", [["serve"], ["sessions", "list"], ["journal", "list"]])
 def test_bad_config_is_one_line_naming_the_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], uvicorn_run: UvicornCalls, raw: dict[str, Any], key: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    uvicorn_run: UvicornCalls,
+    raw: dict[str, Any],
+    key: str,
     command: list[str],
 ) -> None:
     config = write_config(tmp_path / "bad.json", raw)
@@ -110,7 +114,9 @@ def test_serve_binds_beyond_loopback_when_asked_explicitly_or_with_keys(
     assert main(["serve", "--config", str(write_config(tmp_path / "local.json", {}))]) == 0
 
     assert [(c["host"], c["port"]) for c in uvicorn_run.calls] == [
-        ("0.0.0.0", 9100), ("0.0.0.0", 9998), ("127.0.0.1", 8787),
+        ("0.0.0.0", 9100),
+        ("0.0.0.0", 9998),
+        ("127.0.0.1", 8787),
     ]
     assert uvicorn_run.calls[1]["log_level"] == "warning"
 
@@ -137,7 +143,9 @@ def test_sessions_and_journal_read_the_servers_store(
     shown = json.loads(capsys.readouterr().out)
     assert shown["id"] == session_id
     assert [(m["role"], m["content"]) for m in shown["messages"]] == [
-        ("system", "You are terse."), ("user", "what is a tide?"), ("assistant", answer),
+        ("system", "You are terse."),
+        ("user", "what is a tide?"),
+        ("assistant", answer),
     ]
 
     assert main(["journal", "list", "--config", str(config), "--json"]) == 0
@@ -163,7 +171,11 @@ def test_showing_an_unknown_session_fails_cleanly(
 
 def test_python_m_proxy_help() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "proxy", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "proxy", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stderr

@@ -18,6 +18,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from proxy.compaction.summary_text import ACKNOWLEDGEMENT
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import ProxyServer, free_port
@@ -65,9 +66,12 @@ def model_entries(url: str, summarizer_base: str | None = None) -> list[dict[str
 
 
 def start(
-    serve_proxy: ServeProxy, fake: FakeUpstream, summarizer_base: str | None = None
+    serve_proxy: ServeProxy, fake: FakeUpstream, summarizer_base: str | None = None, **context: Any
 ) -> tuple[ProxyServer, openai.OpenAI]:
-    proxy = serve_proxy(models=model_entries(fake.url, summarizer_base), context={"summarizer_model": "summarizer"})
+    """The proxy on the fake, its summarizer the "summarizer" model; `context` adds keys to the context section."""
+    proxy = serve_proxy(
+        models=model_entries(fake.url, summarizer_base), context={"summarizer_model": "summarizer", **context}
+    )
     return proxy, openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=30)
 
 
@@ -92,17 +96,24 @@ def assert_no_retries(turns: Sequence[TurnRecord]) -> None:
         assert len(turn.chat_requests) == len(turn.answers), f"turn {turn.number} was retried"
 
 
+def is_acknowledgement(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "assistant" and message.get("content") == ACKNOWLEDGEMENT
+
+
 def working_context(turn: TurnRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(summary messages, original messages) of the turn's last upstream chat request, checked for shape.
 
-    The system prompt first, then summaries, then a contiguous suffix of the client's history of at least
-    `PRESERVE_RECENT` messages, all verbatim (invariants 3 and 5).
+    The system prompt first, then summaries (with the acknowledgements that keep the turns alternating), then a
+    contiguous suffix of the client's history of at least `PRESERVE_RECENT` messages, all verbatim (invariants 3
+    and 5).
     """
     request, history = turn.chat_requests[-1], turn.client_messages
     assert comparable(request[0]) == comparable(history[0])
-    summaries = [message for message in request[1:] if is_summary_message(message)]
-    originals = request[1 + len(summaries) :]
-    assert all(is_summary_message(message) for message in request[1 : 1 + len(summaries)])
+    head = 1
+    while head < len(request) and (is_summary_message(request[head]) or is_acknowledgement(request[head])):
+        head += 1
+    summaries = [message for message in request[1:head] if is_summary_message(message)]
+    originals = request[head:]
     assert not any(is_summary_message(message) for message in originals)
     assert len(originals) >= min(PRESERVE_RECENT, len(history) - 1)
     suffix = history[len(history) - len(originals) :]
@@ -469,7 +480,7 @@ def test_a_long_history_moved_to_the_small_model_is_summarized_within_the_summar
 ) -> None:
     fake.context_window = BIG_WINDOW
     install_responder(fake)
-    proxy, client = start(serve_proxy, fake)
+    proxy, client = start(serve_proxy, fake, max_summarizer_calls=20)  # every summary by the model
     session = ScriptedSession(client, fake, "moved", model="big")
     session.run(60)
     seen = len(fake.requests)

@@ -121,8 +121,16 @@ def test_model_api_key_is_not_in_repr() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("0", 0.0), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("24h", 86400.0), ("7d", 604800.0),
-     ("forever", None), ("1.5h", 5400.0)],
+    [
+        ("0", 0.0),
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("30m", 1800.0),
+        ("24h", 86400.0),
+        ("7d", 604800.0),
+        ("forever", None),
+        ("1.5h", 5400.0),
+    ],
 )
 def test_keep_events_durations(text: str, seconds: float | None) -> None:
     assert parse({"journal": {"keep_events": text}}).journal.keep_events_s == seconds

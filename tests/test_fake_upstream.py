@@ -51,9 +51,7 @@ def sdk_messages(messages: list[dict[str, Any]]) -> list[ChatCompletionMessagePa
     return cast("list[ChatCompletionMessageParam]", messages)
 
 
-def complete(
-    client: openai.OpenAI, messages: list[dict[str, Any]] = MESSAGES, **params: Any
-) -> ChatCompletion:
+def complete(client: openai.OpenAI, messages: list[dict[str, Any]] = MESSAGES, **params: Any) -> ChatCompletion:
     completion = client.chat.completions.create(model="gpt-test", messages=sdk_messages(messages), **params)
     assert isinstance(completion, ChatCompletion)
     return completion
@@ -61,9 +59,7 @@ def complete(
 
 def stream_chunks(client: openai.OpenAI, received: list[ChatCompletionChunk], **params: Any) -> None:
     """Collects chunks into `received` as they arrive, so a test still sees them when the stream breaks."""
-    stream = client.chat.completions.create(
-        model="gpt-test", messages=sdk_messages(MESSAGES), stream=True, **params
-    )
+    stream = client.chat.completions.create(model="gpt-test", messages=sdk_messages(MESSAGES), stream=True, **params)
     for chunk in stream:
         received.append(chunk)
 
@@ -86,9 +82,7 @@ def test_non_stream_completion_has_openai_shape(client: openai.OpenAI) -> None:
     assert choice.finish_reason == "stop"
     assert completion.usage is not None
     assert completion.usage.prompt_tokens == FakeUpstream.count_tokens(MESSAGES)
-    assert (
-        completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
-    )
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
 
 
 def test_stream_text_and_usage(client: openai.OpenAI) -> None:
@@ -225,9 +219,7 @@ ASSISTANT_CALLING: dict[str, Any] = {"role": "assistant", "content": None, "tool
         ),
     ],
 )
-def test_unpaired_tool_messages_rejected(
-    client: openai.OpenAI, messages: list[dict[str, Any]], fragment: str
-) -> None:
+def test_unpaired_tool_messages_rejected(client: openai.OpenAI, messages: list[dict[str, Any]], fragment: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         complete(client, messages)
     assert fragment in caught.value.message

@@ -175,6 +175,30 @@ async def test_a_json_answer_is_sealed_and_becomes_the_session_head(rig: Rig) ->
     assert rig.rows("SELECT message_id, stream FROM journal_steps") == [(head_id, 0)]
 
 
+async def test_an_answer_joins_the_conversation_before_a_trailing_system_reminder(rig: Rig) -> None:
+    """A tool that appends a reminder after the latest turn does not re-send it there: the answer must follow
+    the user turn, or every answer would be stored twice and the next request would branch."""
+    reminder = {"role": "system", "content": "Reply with a diff."}
+    first = [*MESSAGES, reminder]
+    rig.upstream.reply(completion("Hi there"))
+    answer = await rig.answer(request(first))
+    assert isinstance(answer, Completed)
+    assert rig.rows("SELECT context FROM journal_steps")[0][0] is not None
+
+    second = [*MESSAGES, {"role": "assistant", "content": "Hi there"}, {"role": "user", "content": "more"}]
+    rig.upstream.reply(completion("More"))
+    again = await rig.answer(request([*second, {**reminder, "content": "Reply with a diff. 10:01"}]))
+    assert isinstance(again, Completed)
+    assert again.report.session_id == answer.report.session_id
+    # system, hello, reminder, Hi there, more, reminder at its new place, More: each message once.
+    assert rig.counts()[0] == 7
+    _head_id, head = await rig.head_message(again.report.session_id)
+    assert head == {"role": "assistant", "content": "More"}
+    path = await rig.history.path(TENANT, again.report.session_id)
+    assert path is not None
+    assert [m.message.get("content") for m in path] == ["be brief", "hello", "Hi there", "more", "More"]
+
+
 async def test_a_stream_answer_is_relayed_in_journaled_groups(rig: Rig) -> None:
     rig.upstream.stream(STREAM)
     answer = await rig.answer(request(stream=True))

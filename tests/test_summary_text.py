@@ -54,8 +54,8 @@ PLANTED: list[dict[str, Any]] = [
 # --- summary message and target -----------------------------------------------------------------------------
 
 
-def test_summary_message_is_a_system_message_with_the_header() -> None:
-    assert summary_message("facts") == {"role": "system", "content": "[Earlier conversation summary]\nfacts"}
+def test_summary_message_is_a_user_message_with_the_header() -> None:
+    assert summary_message("facts") == {"role": "user", "content": "[Earlier conversation summary]\nfacts"}
 
 
 @pytest.mark.parametrize(
@@ -100,9 +100,7 @@ def test_summarizer_prompt_instructs_then_gives_the_transcript() -> None:
 
 
 def test_summarizer_prompt_renders_earlier_summaries() -> None:
-    prompt = summarizer_messages(
-        [summary_message("Alice chose SQLite."), {"role": "user", "content": "Hi"}], 64
-    )
+    prompt = summarizer_messages([summary_message("Alice chose SQLite."), {"role": "user", "content": "Hi"}], 64)
     transcript = prompt[1]["content"]
     assert "Earlier summary: Alice chose SQLite." in transcript
     assert SUMMARY_HEADER not in transcript
@@ -110,9 +108,7 @@ def test_summarizer_prompt_renders_earlier_summaries() -> None:
 
 def test_summarizer_prompt_shortens_huge_tool_call_arguments() -> None:
     huge = call("c1", "write_file", path="src/big.py", content="x = 1\n" * 5_000)
-    transcript = summarizer_messages([{"role": "assistant", "content": None, "tool_calls": [huge]}], 64)[1][
-        "content"
-    ]
+    transcript = summarizer_messages([{"role": "assistant", "content": None, "tool_calls": [huge]}], 64)[1]["content"]
     assert "write_file(path=src/big.py" in transcript
     assert len(transcript) < 1_000
 
@@ -149,9 +145,7 @@ def test_reduction_marks_the_lines_it_left_out() -> None:
 
 def test_reduction_within_a_tiny_limit_and_of_one_huge_line() -> None:
     assert count_text(reduce_tool_output("a_tool_with_a_long_name", None, "y" * 50_000, 3)) <= 3
-    reduced = reduce_tool_output(
-        "fetch", json.dumps({"url": "https://x.test/a"}), "{" + '"k": 1, ' * 9_000, 60
-    )
+    reduced = reduce_tool_output("fetch", json.dumps({"url": "https://x.test/a"}), "{" + '"k": 1, ' * 9_000, 60)
     assert count_text(reduced) <= 60
     assert "url=https://x.test/a" in reduced
 

@@ -70,8 +70,7 @@ async def test_complete_returns_openai_json(upstream: Upstream, entry: ModelEntr
     assert response["object"] == "chat.completion"
     assert response["id"] == "chatcmpl-fake-1"
     assert response["model"] == "fake-model"
-    assert response["choices"][0]["message"] == {"role": "assistant", "content": "echo: hello there",
-                                                 "annotations": []}
+    assert response["choices"][0]["message"] == {"role": "assistant", "content": "echo: hello there", "annotations": []}
     assert response["choices"][0]["finish_reason"] == "stop"
     assert response["usage"]["prompt_tokens"] == fake.count_tokens(MESSAGES)
     assert "provider_specific_fields" not in response
@@ -130,8 +129,12 @@ CLIENT_PARAMS: dict[str, Any] = {
         "json_schema": {
             "name": "answer",
             "strict": True,
-            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
-                       "additionalProperties": False},
+            "schema": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
         },
     },
     "stop": ["\n\n", "END"],
@@ -181,14 +184,22 @@ async def test_every_client_parameter_arrives_unchanged_when_streaming(
 
 RICH_MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
-    {"role": "user", "name": "ann", "content": [
-        {"type": "text", "text": "What is in this picture, and the weather?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
-    ]},
-    {"role": "assistant", "content": None, "tool_calls": [
-        TOOL_CALL,
-        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
-    ]},
+    {
+        "role": "user",
+        "name": "ann",
+        "content": [
+            {"type": "text", "text": "What is in this picture, and the weather?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+        ],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            TOOL_CALL,
+            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
     {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "12:00"}]},
     {"role": "assistant", "content": "It is 21 °C at noon — ☀️.", "name": "bot"},
@@ -199,8 +210,7 @@ RICH_MESSAGES: list[dict[str, Any]] = [
 def without_null_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """LiteLLM drops `"content": null` from assistant tool-call messages; nothing else may differ."""
     return [
-        {k: v for k, v in m.items() if not (k == "content" and v is None and m.get("tool_calls"))}
-        for m in messages
+        {k: v for k, v in m.items() if not (k == "content" and v is None and m.get("tool_calls"))} for m in messages
     ]
 
 
@@ -246,7 +256,12 @@ async def test_developer_message_arrives_unchanged(upstream: Upstream, entry: Mo
 )
 @pytest.mark.parametrize("stream", [False, True])
 async def test_upstream_error_statuses_are_kept(
-    upstream: Upstream, entry: ModelEntry, fake: FakeUpstream, status: int, error_type: str, code: str | None,
+    upstream: Upstream,
+    entry: ModelEntry,
+    fake: FakeUpstream,
+    status: int,
+    error_type: str,
+    code: str | None,
     stream: bool,
 ) -> None:
     fake.fail_next(Fault(status=status))
@@ -288,7 +303,10 @@ async def test_context_length_exceeded_is_kept(upstream: Upstream, entry: ModelE
                 await upstream.complete(entry, messages, {})
         error = caught.value
         assert (error.status, error.type, error.code, error.param) == (
-            400, "invalid_request_error", "context_length_exceeded", "messages",
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+            "messages",
         )
         assert error.message.startswith("This model's maximum context length is 30 tokens.")
 
@@ -352,8 +370,9 @@ async def test_stream_dropped_mid_way_raises_while_iterating(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     fake.fail_next(Fault(drop_after_chunks=2))
-    stream = await upstream.open_stream(entry, [{"role": "user", "content": "one two three four five"}],
-                                        {"stream": True})
+    stream = await upstream.open_stream(
+        entry, [{"role": "user", "content": "one two three four five"}], {"stream": True}
+    )
     received, error = await drain_until_error(stream)
     assert len(received) == 2
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
@@ -370,12 +389,11 @@ async def test_chunks_received_before_a_drop_survive_a_late_reader(
     assert len(received) == 2
 
 
-async def test_malformed_stream_event_is_incomplete(
-    upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
-) -> None:
+async def test_malformed_stream_event_is_incomplete(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     fake.fail_next(Fault(malformed_after_chunks=3))
-    stream = await upstream.open_stream(entry, [{"role": "user", "content": "one two three four five"}],
-                                        {"stream": True})
+    stream = await upstream.open_stream(
+        entry, [{"role": "user", "content": "one two three four five"}], {"stream": True}
+    )
     received, error = await drain_until_error(stream)
     assert len(received) == 3
     assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_stream_incomplete")

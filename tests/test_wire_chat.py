@@ -57,8 +57,11 @@ def test_valid_request_keeps_the_body_unchanged() -> None:
         "messages": [
             {"role": "system", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
             {"role": "tool", "tool_call_id": "c1", "content": "42"},
             {"role": "developer", "content": "dev"},
         ],
@@ -100,8 +103,10 @@ def test_malformed_json(raw: bytes) -> None:
     assert "JSON" in error.message
 
 
-@pytest.mark.parametrize(("raw", "kind"), [(b"[]", "an array"), (b'"text"', "a string"), (b"42", "a number"),
-                                           (b"null", "null"), (b"true", "a boolean")])
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [(b"[]", "an array"), (b'"text"', "a string"), (b"42", "a number"), (b"null", "null"), (b"true", "a boolean")],
+)
 def test_body_must_be_an_object(raw: bytes, kind: str) -> None:
     error = invalid(raw)
     assert error.param is None
@@ -153,10 +158,16 @@ def test_deeply_nested_value_inside_an_object() -> None:
         (body(messages=[{"role": "user", "content": "x", "name": 5}]), "messages[0].name", "string"),
         (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id", "tool_call_id"),
         (body(messages=[{"role": "user", "content": "x", "tool_calls": []}]), "messages[0].tool_calls", "assistant"),
-        (body(messages=[{"role": "assistant", "content": None, "tool_calls": {"id": "c"}}]),
-         "messages[0].tool_calls", "array"),
-        (body(messages=[{"role": "assistant", "tool_calls": [{"id": "c"}]}]), "messages[0].tool_calls[0]",
-         "'function'"),
+        (
+            body(messages=[{"role": "assistant", "content": None, "tool_calls": {"id": "c"}}]),
+            "messages[0].tool_calls",
+            "array",
+        ),
+        (
+            body(messages=[{"role": "assistant", "tool_calls": [{"id": "c"}]}]),
+            "messages[0].tool_calls[0]",
+            "'function'",
+        ),
         (body(messages=[{"role": "assistant", "tool_calls": ["c"]}]), "messages[0].tool_calls[0]", "'id'"),
         (body(max_tokens=-1), "max_tokens", "below minimum"),
         (body(max_tokens=1.5), "max_tokens", "expected an integer"),
@@ -216,10 +227,23 @@ def test_accepted_edge_messages(message: dict[str, Any]) -> None:
 
 def test_valid_params_of_every_kind_pass() -> None:
     params: dict[str, Any] = {
-        "n": 1, "top_logprobs": 0, "temperature": 0, "top_p": 1.0, "presence_penalty": -1.5,
-        "frequency_penalty": 2, "logprobs": False, "parallel_tool_calls": True, "store": False,
-        "stream_options": {}, "response_format": {"type": "text"}, "logit_bias": {"1": 2}, "metadata": {},
-        "tools": [], "functions": [{"name": "f"}], "stop": "x", "user": "u",
+        "n": 1,
+        "top_logprobs": 0,
+        "temperature": 0,
+        "top_p": 1.0,
+        "presence_penalty": -1.5,
+        "frequency_penalty": 2,
+        "logprobs": False,
+        "parallel_tool_calls": True,
+        "store": False,
+        "stream_options": {},
+        "response_format": {"type": "text"},
+        "logit_bias": {"1": 2},
+        "metadata": {},
+        "tools": [],
+        "functions": [{"name": "f"}],
+        "stop": "x",
+        "user": "u",
     }
     assert parse_chat_request(body(**params)).params == params
 
@@ -303,7 +327,11 @@ def test_every_header_is_read() -> None:
         }
     )
     assert options == ContextOptions(
-        session_id="my-session", budget=5000, reset_budget=False, preserve_recent=0, mode="off",
+        session_id="my-session",
+        budget=5000,
+        reset_budget=False,
+        preserve_recent=0,
+        mode="off",
         idempotency_key="key-1",
     )
 

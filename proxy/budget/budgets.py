@@ -4,7 +4,8 @@
 
 The reserved output is the request's own max_tokens when it gives one, else the model's output limit. The
 margin exists because our tiktoken count is only an estimate of the provider's tokenizer; when the upstream
-still counts more than we did, `corrections` learns the ratio per model. A session's `X-Context-Budget` may
+still counts more than we did, `corrections` learns the ratio per model, and the window itself when the
+upstream reports a smaller one than configured. A session's `X-Context-Budget` may
 lower the result, never raise it. `Budgets` is the one place this is computed, and the one holder of the learned
 corrections: the request path, the inspection views and the summarizer all ask it.
 """
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.corrections import TokenCorrections
-from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits
+from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
 from proxy.config import ModelEntry
+from proxy.errors import ContextOverflow
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
@@ -70,8 +72,11 @@ class Budgets:
         self._corrections = TokenCorrections()
 
     def limits(self, entry: ModelEntry) -> ModelLimits:
+        """The model's limits, with the smaller window its upstream reported when it refused a prompt."""
         known = self._table.get(entry.name)
-        return known if known is not None else model_limits(entry, self._lookup)
+        limits = known if known is not None else model_limits(entry, self._lookup)
+        reported = self._corrections.window(entry.name)
+        return limits if reported is None else with_reported_window(limits, reported)
 
     def budget(
         self, entry: ModelEntry, requested_output: int | None = None, settings: Mapping[str, Any] | None = None
@@ -90,6 +95,7 @@ class Budgets:
             budget.session_cap,
         )
 
-    def learn(self, entry: ModelEntry, ours: int, upstream_message: str) -> float:
-        """The upstream refused `ours` tokens as too many: shrink this model's budgets from now on."""
-        return self._corrections.learn(entry.name, ours, upstream_message)
+    def learn(self, entry: ModelEntry, ours: int, overflow: ContextOverflow) -> float:
+        """The upstream refused `ours` tokens as too many for its window: shrink this model's budgets from now on
+        by what its refusal reported (`upstream.context_window` read it where the error entered)."""
+        return self._corrections.learn(entry.name, ours, overflow, self.limits(entry).context_window)

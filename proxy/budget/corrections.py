@@ -1,52 +1,63 @@
-"""Self-healing when the upstream counts tokens differently from us.
+"""Self-healing when the upstream counts tokens differently from us, or has a smaller window than configured.
 
-Our tiktoken count is an estimate of the upstream's tokenizer (exact for OpenAI, close elsewhere). When the
-upstream still rejects a working context with `context_length_exceeded`, its message usually says how many
-tokens it counted; the ratio to our count is remembered per model and shrinks that model's budget from then
-on, so the mistake is paid for once, not on every request.
+Our tiktoken count is an estimate of the upstream's tokenizer (exact for OpenAI, close elsewhere; llama.cpp
+serving a small model counted 27 % more). When the upstream still refuses a working context as too long for
+its window, it usually says how many tokens it counted (and often its window): the ratio to our count is
+remembered per model and shrinks that model's budget from then on, and a window smaller than the configured
+one replaces it, so the mistake is paid for once, not on every request. What the upstream reported is read by
+`proxy.upstream.context_window`, the same reading that recognized the refusal.
 """
 
 from __future__ import annotations
 
 import math
-import re
+
+from proxy.errors import ContextOverflow
 
 FALLBACK_FACTOR_STEP = 1.15
-"""How much to shrink when the upstream's message gives no count."""
+"""How much to shrink when the upstream's refusal says nothing that explains it."""
 HEADROOM = 1.02
 MAX_FACTOR = 4.0
 
-_COUNT = re.compile(r"(?:resulted in|requested|prompt is too long:|prompt contains at least)\s+(\d[\d,]*)\s+tokens")
-_IN_MESSAGES = re.compile(r"\((\d[\d,]*) in the messages")
-
-
-def upstream_count(message: str) -> int | None:
-    """The prompt tokens the upstream says it counted, from OpenAI's and Anthropic's wordings."""
-    match = _IN_MESSAGES.search(message) or _COUNT.search(message)
-    if match is None:
-        return None
-    return int(match.group(1).replace(",", ""))
-
 
 class TokenCorrections:
-    """Per model: how many upstream tokens one of ours is worth (≥ 1). Process memory, learned again on restart."""
+    """Per model: how many upstream tokens one of ours is worth (≥ 1), and the window the upstream reported when
+    it is smaller than the configured one. Process memory, learned again on restart."""
 
     def __init__(self) -> None:
         self._factors: dict[str, float] = {}
+        self._windows: dict[str, int] = {}
 
     def factor(self, model: str) -> float:
         return self._factors.get(model, 1.0)
 
+    def window(self, model: str) -> int | None:
+        """The window the upstream reported for `model`, when it was smaller than the one we used."""
+        return self._windows.get(model)
+
     def apply(self, model: str, budget: int) -> int:
         return math.floor(budget / self.factor(model))
 
-    def learn(self, model: str, ours: int, message: str) -> float:
-        theirs = upstream_count(message)
+    def learn(self, model: str, ours: int, reported: ContextOverflow, window: int) -> float:
+        """The upstream refused `ours` tokens (our count) for a `window` we believed in; returns the new factor.
+
+        Each fact the refusal reports is learned: a prompt count above ours is the tokenizers' ratio, a window
+        below ours is the real window. When it reports neither (or only counts that do not explain the
+        refusal), the factor grows by a fixed step so that the retry is smaller all the same.
+        """
         previous = self.factor(model)
+        smaller = reported.context_window
+        if smaller is not None and smaller < window:
+            self._windows[model] = smaller
+        else:
+            smaller = None
+        theirs = reported.prompt_tokens
         if theirs is not None and ours > 0 and theirs > ours:
-            factor = theirs / ours * HEADROOM
+            factor = max(theirs / ours * HEADROOM, previous * HEADROOM)
+        elif smaller is not None:
+            return previous
         else:
             factor = previous * FALLBACK_FACTOR_STEP
-        factor = min(MAX_FACTOR, max(factor, previous * HEADROOM))
+        factor = min(MAX_FACTOR, factor)
         self._factors[model] = factor
         return factor

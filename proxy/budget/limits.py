@@ -2,7 +2,8 @@
 
 They come from the first source that knows them: the operator's config entry, then LiteLLM's bundled model map
 (passed in as `lookup`, so this module stays pure and never imports litellm), then a prefix table of well-known
-families, then a conservative default. What they leave for the input is `proxy.budget.budgets`.
+families, then a conservative default; later, a smaller window the upstream itself reported (learned by
+`proxy.budget.corrections`). What they leave for the input is `proxy.budget.budgets`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _BY_LONGEST_PREFIX = tuple(sorted(PREFIX_LIMITS, key=lambda row: -len(row[0])))
 _VENDOR_SEGMENT = re.compile(r"^[a-z]+\.")
 """Bedrock-style vendor prefixes such as `us.anthropic.`; `gpt-3.5` is safe because of its hyphen."""
 
-LimitsSource = Literal["config", "litellm", "prefix", "default"]
+LimitsSource = Literal["config", "litellm", "prefix", "default", "upstream"]
+"""Where the window came from; "upstream": the upstream's own refusal reported a smaller one (learned)."""
 ModelInfoLookup = Callable[[str], Mapping[str, Any] | None]
 
 
@@ -74,6 +76,14 @@ def model_limits(entry: ModelEntry, lookup: ModelInfoLookup) -> ModelLimits:
     if output >= window:
         output = window // 2
     return ModelLimits(context_window=window, max_output=output, source=source)
+
+
+def with_reported_window(limits: ModelLimits, window: int) -> ModelLimits:
+    """`limits` with the window the upstream reported, when smaller; the output limit kept below it as above."""
+    if window >= limits.context_window:
+        return limits
+    output = limits.max_output if limits.max_output < window else window // 2
+    return ModelLimits(context_window=window, max_output=output, source="upstream")
 
 
 def prefix_limits(model: str) -> tuple[int, int] | None:

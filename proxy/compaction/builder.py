@@ -6,8 +6,10 @@ database or a model. Its rules:
 
 1. System (and developer) messages are pinned verbatim at their positions.
 2. The last `preserve_recent` messages are kept verbatim, widened backwards so a tool group (an assistant
-   with tool_calls and the tool messages answering it) is never split. If the pinned and recent messages
-   alone exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
+   with tool_calls and the tool messages answering it) is never split. A tool message answers the nearest
+   call before it with its id: some local servers name every call `call_0`, and pairing the first use of an id
+   with its last would make one group of the whole conversation. If the pinned and recent messages alone
+   exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
 3. Older messages form blocks: each usable summary span (shown as its summary, or as its originals when they
    are cheaper) and atomic units of unsummarized messages (a tool group is one unit).
 4. If the result fits `trigger_ratio * budget` it is the `WorkingContext`. Otherwise `NeedsSummary` names the
@@ -16,6 +18,10 @@ database or a model. Its rules:
    of each other and provider prompt caches keep hitting (invariant 6).
 5. When every older message is summarized, adjacent summaries (and the messages between them) are summarized
    again, hierarchically; when nothing more can be summarized and it still does not fit, `RecentTooLarge`.
+6. A summary is a user turn. Where it would make two user turns follow each other (system messages between
+   them do not count), an assistant acknowledgement goes between them, counted in the total: a compacted
+   context of a conversation that strict chat templates accept is accepted too. It depends only on the two
+   neighbours, so the acknowledgements of a prompt stay where they are as the conversation grows.
 
 Stability is a property of the rules, since the builder has no memory of what it sent last time: a span's
 representation depends only on the span itself, except that when the whole path fits as originals no summary
@@ -31,11 +37,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from proxy.compaction.summary_text import (
     DEFAULT_SUMMARY_MAX,
     DEFAULT_SUMMARY_MIN,
     DEFAULT_TARGET_RATIO,
+    SUMMARY_ROLE,
     target_tokens,
 )
 from proxy.tokens import REPLY_PRIMING_TOKENS
@@ -47,6 +55,8 @@ DEFAULT_COMPACT_TO = 0.55
 """Compacting down to about half the budget leaves room for many turns before the next compaction."""
 DEFAULT_SUMMARY_OVERHEAD = 12
 """Role, the summary header line and OpenAI's per-message overhead, beyond the summary's own content."""
+DEFAULT_ACKNOWLEDGEMENT_TOKENS = 7
+"""What `acknowledgement_message()` costs, in cl100k_base and o200k_base alike."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class Policy:
     summary_max: int = DEFAULT_SUMMARY_MAX
     max_summary_input: int | None = None
     """Tokens one summarization may read (the summarizer's own budget); None for no limit."""
+    acknowledgement_tokens: int = DEFAULT_ACKNOWLEDGEMENT_TOKENS
+    """What one acknowledgement (rule 6) costs as sent."""
 
     def summary_target(self, input_tokens: int) -> int:
         """The content size a summary of `input_tokens` tokens should have."""
@@ -104,7 +116,9 @@ class WorkingContext:
     parts: tuple[Part, ...]
     """In chronological order."""
     tokens: int
-    """The prompt's total by our count, including the reply priming."""
+    """The prompt's total by our count, including the acknowledgements and the reply priming."""
+    acknowledgements: tuple[int, ...] = ()
+    """Indices into `parts` before which an assistant acknowledgement is sent (rule 6)."""
 
 
 @dataclass(frozen=True)
@@ -183,40 +197,80 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
         return WorkingContext(parts=tuple(range(count)), tokens=everything)
 
     layout = _layout(items, usable_spans(items, spans, recent, cuts), recent, prefix, cuts)
-    total = fixed + sum(entry.cost for entry in layout if isinstance(entry, _Block))
+    parts = _parts(layout, recent, count)
+    acknowledged = acknowledgements(items, parts)
+    total = (
+        fixed
+        + sum(entry.cost for entry in layout if isinstance(entry, _Block))
+        + len(acknowledged) * policy.acknowledgement_tokens
+    )
+    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged)
     if total <= (policy.compact_to * budget if compacting else trigger):
-        return WorkingContext(parts=_parts(layout, recent, count), tokens=total)
+        return context
     needed = total - policy.compact_to * budget
     segments = _segments(layout)
+    neighbours = _neighbours(items, layout, recent)
     for segment in segments:
         for run in _unsummarized_runs(segment):
-            chosen = _choose_range(run, needed, policy, cuts, hierarchical=False)
+            chosen = _choose_range(run, needed, policy, cuts, neighbours, hierarchical=False)
             if chosen is not None:
                 return _needs_summary(chosen, spans, policy)
     for segment in segments:
-        chosen = _choose_range(segment, needed, policy, cuts, hierarchical=True)
+        chosen = _choose_range(segment, needed, policy, cuts, neighbours, hierarchical=True)
         if chosen is not None:
             return _needs_summary(chosen, spans, policy)
     if total <= budget:
-        return WorkingContext(parts=_parts(layout, recent, count), tokens=total)
+        return context
     return RecentTooLarge(needed=total, budget=budget)
 
 
 def cut_points(items: Sequence[Item]) -> list[bool]:
-    """cut[p]: may a range boundary fall just before position p? Never inside a tool group (invariant 4)."""
+    """cut[p]: may a range boundary fall just before position p? Never inside a tool group (invariant 4).
+
+    A group reaches from an assistant with tool_calls to the last tool message answering it; a tool message
+    answers the nearest call before it with its id, so a reused id never joins two turns into one group.
+    """
     count = len(items)
-    last_answer: dict[str, int] = {}
+    caller: dict[str, int] = {}
+    last_answer: dict[int, int] = {}
     for position, item in enumerate(items):
-        if item.tool_call_id is not None:
-            last_answer[item.tool_call_id] = position
+        if item.tool_call_id is not None and item.tool_call_id in caller:
+            last_answer[caller[item.tool_call_id]] = position
+        caller.update((call_id, position) for call_id in item.tool_call_ids)
     cuts = [True] * (count + 1)
     reach = -1
     for position, item in enumerate(items):
         if position > 0 and (item.role == "tool" or position <= reach):
             cuts[position] = False
-        for call_id in item.tool_call_ids:
-            reach = max(reach, last_answer.get(call_id, -1))
+        reach = max(reach, last_answer.get(position, -1))
     return cuts
+
+
+def acknowledgements(items: Sequence[Item], parts: Sequence[Part]) -> tuple[int, ...]:
+    """Indices into `parts` before which an acknowledgement keeps user and assistant turns alternating (rule 6).
+
+    One goes before a summary that follows a user turn, and before a user turn (or summary) that follows a
+    summary; pinned messages in between are skipped. Two user turns of the client's own are left as they came.
+    """
+    found: list[int] = []
+    previous: Part | None = None
+    for index, part in enumerate(parts):
+        if isinstance(part, int) and items[part].role in PINNED_ROLES:
+            continue
+        if (
+            previous is not None
+            and (isinstance(part, Span) or isinstance(previous, Span))
+            and _user_turn(items, part)
+            and _user_turn(items, previous)
+        ):
+            found.append(index)
+        previous = part
+    return tuple(found)
+
+
+def _user_turn(items: Sequence[Item], part: Part) -> bool:
+    role = SUMMARY_ROLE if isinstance(part, Span) else items[part].role
+    return role == "user"
 
 
 def recent_start(items: Sequence[Item], preserve_recent: int, cuts: Sequence[bool]) -> int:
@@ -307,19 +361,59 @@ def _unsummarized_runs(segment: Sequence[_Block]) -> list[list[_Block]]:
 
 
 @dataclass(frozen=True)
+class _Neighbours:
+    """What is shown next to each block, pinned messages aside: a summary in its place would need an
+    acknowledgement (rule 6) on each side where a user turn is."""
+
+    user_before: dict[int, bool]
+    """Block start → is the part shown just before it a user turn (or a summary)?"""
+    user_after: dict[int, bool]
+    """Block end → is the part shown just after it a user turn (or a summary)?"""
+
+
+def _neighbours(items: Sequence[Item], layout: Layout, recent: int) -> _Neighbours:
+    # (start, end, opens with a user turn, closes with one) of each part shown, pinned messages aside, in order:
+    # the older blocks, then the first recent message.
+    shown: list[tuple[int, int, bool, bool]] = []
+    for entry in layout:
+        if isinstance(entry, _Block):
+            summary = entry.uses_summary
+            opens = summary or items[entry.start].role == "user"
+            shown.append((entry.start, entry.end, opens, summary or items[entry.end - 1].role == "user"))
+    first_recent = next((p for p in range(recent, len(items)) if items[p].role not in PINNED_ROLES), None)
+    if first_recent is not None:
+        user = items[first_recent].role == "user"
+        shown.append((first_recent, first_recent + 1, user, user))
+    user_before = {start: False for start, _, _, _ in shown}
+    user_after = {end: False for _, end, _, _ in shown}
+    for (_, end, _, closes), (start, _, opens, _) in pairwise(shown):
+        user_before[start] = closes
+        user_after[end] = opens
+    return _Neighbours(user_before, user_after)
+
+
+@dataclass(frozen=True)
 class _Range:
     blocks: tuple[_Block, ...]
     input_tokens: int
 
 
 def _choose_range(
-    blocks: Sequence[_Block], needed: float, policy: Policy, cuts: Sequence[bool], *, hierarchical: bool
+    blocks: Sequence[_Block],
+    needed: float,
+    policy: Policy,
+    cuts: Sequence[bool],
+    neighbours: _Neighbours,
+    *,
+    hierarchical: bool,
 ) -> _Range | None:
     """The oldest range of whole blocks whose summary saves tokens, just long enough to save `needed`.
 
     Savings grow with the range (a summary is at most `summary_max`), so the first start with any saving
     is the oldest one; a hierarchical range must merge at least two blocks, one of them a summary, so that
     every round makes progress. Without a limit on the summarizer's input only the first start is tried.
+    The acknowledgements the summary would bring next to it count against its saving, so that one round
+    reaches the target whenever the estimate holds.
     """
     limit = policy.max_summary_input
     for first in range(len(blocks)):
@@ -336,7 +430,8 @@ def _choose_range(
             spans += block.span is not None
             if not cuts[block.end] or (hierarchical and (spans == 0 or last == first)):
                 continue
-            saving = cost - policy.estimated_summary(cost)
+            around = neighbours.user_before[blocks[first].start] + neighbours.user_after[block.end]
+            saving = cost - policy.estimated_summary(cost) - around * policy.acknowledgement_tokens
             if saving <= 0:
                 continue
             best = (last, cost)

@@ -4,10 +4,16 @@ It runs the pure builder in a loop: the builder either accepts a working context
 summarize (which is written, stored and fed back in), or says the recent messages alone cannot fit. Because
 the builder compacts in big steps (down to `compact_to` of the budget) and existing summaries are reused,
 the requests between two compactions send prompts that extend each other (docs/architecture.md, invariant 6).
+
+A weak or slow summarizer must not make a request worse: the summarizer model is called at most
+`max_summarizer_calls` times and waited for at most `summarizer_deadline_s` per request (an `Allowance`), and a
+summary that does not shrink what it stands for is not used. In each case the extractive fallback is written
+instead, at once and cut until it shrinks its range; it stays marked `fallback`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -16,12 +22,12 @@ from typing import Any
 
 from proxy.compaction.builder import Item, NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
-from proxy.compaction.summarizer import Summarizer
-from proxy.compaction.summary_text import summary_message
+from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
+from proxy.compaction.summary_text import acknowledgement_message, fallback_summary, summary_message
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
-from proxy.tokens import count_message, count_prompt
+from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt
 from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,35 @@ class CompactionRequest:
     encoding: str
     budget: int
     preserve_recent: int
+    allowance: Allowance | None = None
+    """The summarizer work this request may still wait for, shared by its compactions (a healed call compacts
+    again); None gives this compaction a fresh `Compactor.allowance()`."""
+
+
+class Allowance:
+    """The summarizer work one request may still wait for: a number of calls and a span of wall time, counted
+    from its first summary."""
+
+    def __init__(self, calls: int, seconds: float) -> None:
+        self.calls = calls
+        self.seconds = seconds
+        self.made = 0
+        self.started: float | None = None
+        self.reported = False
+        """Whether running out was logged (once per request)."""
+
+    def next_call(self, now: float) -> float | None:
+        """The seconds the next summarizer call may take, counted as made; None when the allowance is used up."""
+        if self.started is None:
+            self.started = now
+        left = self.started + self.seconds - now
+        if self.made >= self.calls or left <= 0:
+            return None
+        self.made += 1
+        return left
+
+    def elapsed(self, now: float) -> float:
+        return 0.0 if self.started is None else now - self.started
 
 
 class Compactor:
@@ -73,7 +108,9 @@ class Compactor:
         self._summarizer = summarizer
         self._clock = clock
 
-    def policy(self, budget: int, preserve_recent: int, summarizer_input: int | None = None) -> Policy:
+    def policy(
+        self, budget: int, preserve_recent: int, summarizer_input: int | None = None, encoding: str = DEFAULT_ENCODING
+    ) -> Policy:
         """The builder's policy; `summarizer_input` caps what one summarization may read (None: no cap)."""
         return Policy(
             budget=budget,
@@ -82,7 +119,12 @@ class Compactor:
             compact_to=self._config.compact_to,
             target_ratio=self._config.target_ratio,
             max_summary_input=summarizer_input,
+            acknowledgement_tokens=count_message(acknowledgement_message(), encoding),
         )
+
+    def allowance(self) -> Allowance:
+        """A fresh allowance of summarizer work, for one request."""
+        return Allowance(self._config.max_summarizer_calls, self._config.summarizer_deadline_s)
 
     async def prepare(self, request: CompactionRequest) -> Prepared:
         everything = count_prompt(stored.tokens for stored in request.path)
@@ -92,14 +134,15 @@ class Compactor:
             return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
         items = [builder_item(stored) for stored in request.path]
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
-        policy = self.policy(request.budget, request.preserve_recent, self._summarizer.input_capacity(request.entry))
+        policy = self._request_policy(request)
+        allowance = request.allowance or self.allowance()
         for written in range(MAX_ROUNDS):
             result = build(items, [s.span() for s in stored.values()], policy, compacting=written > 0)
             if isinstance(result, WorkingContext):
                 return self._render(request, result, stored, written)
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
-            summary = await self._summarize(request, result, stored)
+            summary = await self._summarize(request, result, stored, allowance)
             stored = {key: value for key, value in stored.items() if key not in result.replaces}
             stored[summary.id] = summary
         raise ContextTooLarge(
@@ -115,18 +158,22 @@ class Compactor:
         """
         items = [builder_item(stored) for stored in request.path]
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
-        policy = replace(
-            self.policy(request.budget, request.preserve_recent, self._summarizer.input_capacity(request.entry)),
-            trigger_ratio=FORCE_RATIO,
-            compact_to=FORCE_RATIO,
-        )
+        policy = replace(self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO)
         result = build(items, [s.span() for s in stored.values()], policy, compacting=True)
         if not isinstance(result, NeedsSummary):
             return None
-        return await self._summarize(request, result, stored)
+        return await self._summarize(request, result, stored, request.allowance or self.allowance())
+
+    def _request_policy(self, request: CompactionRequest) -> Policy:
+        capacity = self._summarizer.input_capacity(request.entry)
+        return self.policy(request.budget, request.preserve_recent, capacity, request.encoding)
 
     async def _summarize(
-        self, request: CompactionRequest, need: NeedsSummary, stored: Mapping[int, StoredSummary]
+        self,
+        request: CompactionRequest,
+        need: NeedsSummary,
+        stored: Mapping[int, StoredSummary],
+        allowance: Allowance,
     ) -> StoredSummary:
         started = self._clock()
         rendered = [
@@ -134,7 +181,8 @@ class Compactor:
             for part in need.parts
         ]
         original = sum(message.tokens for message in request.path[need.start : need.end])
-        written = await self._summarizer.summarize(rendered, need.target, request.entry)
+        replaced = sum(part.tokens if isinstance(part, Span) else request.path[part].tokens for part in need.parts)
+        written = await self._write(request, need, rendered, replaced, allowance, started)
         tokens = count_message(summary_message(written.content), request.encoding)
         summary = await self._summaries.add(
             request.tenant,
@@ -161,13 +209,69 @@ class Compactor:
         )
         return summary
 
+    async def _write(
+        self,
+        request: CompactionRequest,
+        need: NeedsSummary,
+        rendered: Sequence[Mapping[str, Any]],
+        replaced: int,
+        allowance: Allowance,
+        now: float,
+    ) -> WrittenSummary:
+        """The summary of `rendered`: by the summarizer model while the request's allowance lasts, provided that it
+        costs fewer than the `replaced` tokens it stands for; else the extractive fallback, cut until it does."""
+        wait = allowance.next_call(now)
+        if wait is None:
+            if not allowance.reported:
+                allowance.reported = True
+                log.warning(
+                    "compaction session=%s: this request's summarizer allowance is used up after %d summarizer "
+                    "calls and %.1f s (context.max_summarizer_calls=%d, summarizer_deadline_s=%.1f); its remaining "
+                    "summaries are extractive",
+                    request.session_id,
+                    allowance.made,
+                    allowance.elapsed(now),
+                    allowance.calls,
+                    allowance.seconds,
+                )
+        else:
+            try:
+                async with asyncio.timeout(wait):
+                    written = await self._summarizer.summarize(rendered, need.target, request.entry)
+            except TimeoutError:
+                log.warning(
+                    "compaction session=%s: summarizer %s did not answer within the %.1f s left to this request; "
+                    "using the extractive fallback",
+                    request.session_id,
+                    self._summarizer.entry_for(request.entry).name,
+                    wait,
+                )
+            else:
+                tokens = count_message(summary_message(written.content), request.encoding)
+                if tokens < replaced:
+                    return written
+                log.warning(
+                    "compaction session=%s: the summary of [%d,%d) by %s has %d tokens and does not shrink the %d it "
+                    "replaces; using the extractive fallback",
+                    request.session_id,
+                    need.start,
+                    need.end,
+                    written.model,
+                    tokens,
+                    replaced,
+                )
+        content = fallback_summary(rendered, need.target, replaced, request.encoding)
+        return WrittenSummary(content, "fallback", FALLBACK_MODEL)
+
     @staticmethod
     def _render(
         request: CompactionRequest, context: WorkingContext, stored: Mapping[int, StoredSummary], written: int
     ) -> Prepared:
         messages: list[Message] = []
         summaries = 0
-        for part in context.parts:
+        for index, part in enumerate(context.parts):
+            if index in context.acknowledgements:
+                messages.append(acknowledgement_message())
             if isinstance(part, Span):
                 messages.append(summary_message(stored[part.id].content))
                 summaries += 1

@@ -1,8 +1,9 @@
 """Writing one summary: the summarizer model through LiteLLM, or the extractive fallback when it fails.
 
 A summary is needed in the middle of a user's request, so a broken, slow or empty summarizer must never fail
-that request: any upstream error becomes a deterministic extractive summary marked `fallback`, which is
-rewritten by the LLM at a later compaction.
+that request: any upstream error becomes a deterministic extractive summary marked `fallback`, which a later
+compaction merges into a summary by the LLM. How long and how often a request waits for the summarizer, and
+whether its summary is short enough to use, is the compactor's decision.
 """
 
 from __future__ import annotations

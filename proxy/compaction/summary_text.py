@@ -1,10 +1,15 @@
-"""The text side of summaries: the summarizer's prompt, the no-LLM fallback, and tool-output reduction.
+"""The text side of summaries: the messages they are sent as, the summarizer's prompt, the no-LLM fallback, and
+tool-output reduction.
 
 Everything here is pure so that it can be tested exhaustively and so that the fallback is deterministic: when
-the summarizer model fails, `extractive_summary` still keeps the request alive with the lines most likely to
-matter later (identifiers, paths, numbers, key=value facts, decisions, errors, open tasks). Long tool outputs
-are reduced to the tool, its key inputs and its outcome before any summarizer sees them, because a 50k-token
-log is mostly noise and would not fit the summarizer's own context.
+the summarizer model fails (or is not waited for), `extractive_summary` still keeps the request alive with the
+lines most likely to matter later (identifiers, paths, numbers, key=value facts, decisions, errors, open tasks).
+Long tool outputs are reduced to the tool, its key inputs and its outcome before any summarizer sees them,
+because a 50k-token log is mostly noise and would not fit the summarizer's own context.
+
+A summary is sent as a user turn, because strict chat templates (local models, several providers) accept system
+messages only at the start and require user and assistant turns to alternate; where a summary would put two user
+turns in a row, the builder places an `acknowledgement_message` between them.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.tokens import content_text, count_text
+from proxy.tokens import content_text, count_message, count_text
 
 SUMMARY_HEADER = "[Earlier conversation summary]"
 """Starts every summary message, so both the model and a re-summarization can tell summaries from turns."""
+SUMMARY_ROLE = "user"
+"""The role a summary is sent in: a user turn is valid wherever a strict chat template expects one."""
+ACKNOWLEDGEMENT = "Understood."
+"""The assistant turn placed between a summary and a user turn next to it, so that the turns keep alternating."""
 
 DEFAULT_TARGET_RATIO = 0.15
 DEFAULT_SUMMARY_MIN = 64
@@ -90,8 +99,13 @@ SUMMARY_BONUS = 3
 
 
 def summary_message(content: str) -> dict[str, Any]:
-    """The message a summary is sent as: a system message, so every provider accepts it anywhere."""
-    return {"role": "system", "content": SUMMARY_HEADER + "\n" + content}
+    """The message a summary is sent as: always the same bytes for the same summary (invariant 6)."""
+    return {"role": SUMMARY_ROLE, "content": SUMMARY_HEADER + "\n" + content}
+
+
+def acknowledgement_message() -> dict[str, Any]:
+    """The synthetic assistant turn that keeps user and assistant turns alternating around a summary."""
+    return {"role": "assistant", "content": ACKNOWLEDGEMENT}
 
 
 def target_tokens(
@@ -183,6 +197,22 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> st
     return fallback or _truncate(f"{len(messages)} earlier messages", target)
 
 
+def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str) -> str:
+    """The extractive summary within `target` tokens, cut further until its summary message costs fewer than the
+    `replaced` tokens of what it stands for: a summary that does not shrink its range is of no use.
+
+    When even the shortest summary cannot shrink the range (`replaced` below a bare summary message, which the
+    builder never asks for), the shortest is returned and the builder keeps showing the originals.
+    """
+    limit = max(1, min(target, replaced - count_message(summary_message(""), encoding) - 1))
+    while True:
+        content = extractive_summary(messages, limit)
+        excess = count_message(summary_message(content), encoding) - replaced + 1
+        if excess <= 0 or limit == 1:
+            return content
+        limit = max(1, limit - excess)
+
+
 @dataclass(frozen=True)
 class _Segment:
     position: int
@@ -234,7 +264,8 @@ class _Seen:
 
 
 def _seen(messages: Sequence[Mapping[str, Any]]) -> Iterator[_Seen]:
-    calls = _calls_by_id(messages)
+    # A result answers the nearest call before it with its id: some local servers reuse ids on every turn.
+    calls: dict[str, tuple[str, str | None]] = {}
     for message in messages:
         role = str(message.get("role") or "message")
         text = content_text(message.get("content"))
@@ -244,6 +275,7 @@ def _seen(messages: Sequence[Mapping[str, Any]]) -> Iterator[_Seen]:
             reduced = reduce_tool_output(tool, arguments, text, TOOL_OUTPUT_LIMIT)
         elif text.startswith(SUMMARY_HEADER):
             summary = text[len(SUMMARY_HEADER) :].strip()
+        calls.update(_calls_with_ids(message))
         yield _Seen(message, role, text, tool, reduced, summary)
 
 
@@ -294,14 +326,11 @@ def _tool_calls(message: Mapping[str, Any]) -> Iterator[tuple[str, str | None]]:
             yield str(function.get("name") or "tool"), arguments if isinstance(arguments, str) else None
 
 
-def _calls_by_id(messages: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str | None]]:
-    found: dict[str, tuple[str, str | None]] = {}
-    for message in messages:
-        calls = message.get("tool_calls")
-        if isinstance(calls, list):
-            for call, named in zip((c for c in calls if isinstance(c, Mapping)), _tool_calls(message), strict=True):
-                found[str(call.get("id"))] = named
-    return found
+def _calls_with_ids(message: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, str | None]]]:
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call, named in zip((c for c in calls if isinstance(c, Mapping)), _tool_calls(message), strict=True):
+            yield str(call.get("id")), named
 
 
 def _outcome_order(lines: Sequence[str]) -> list[int]:

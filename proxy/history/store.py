@@ -231,8 +231,17 @@ class History:
                 anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
                 session_id = chain.derived_session_id(tenant, anchor_id)
         return Located(
-            tenant, session_id, anchor_id, encoding, path, private, settings, stored_before,
-            new_messages, new_tokens, variants,
+            tenant,
+            session_id,
+            anchor_id,
+            encoding,
+            path,
+            private,
+            settings,
+            stored_before,
+            new_messages,
+            new_tokens,
+            variants,
         )
 
     def _reused(
@@ -280,8 +289,7 @@ class History:
                 insert_tokens(connection, new_tokens)
             if variants:
                 connection.executemany(
-                    "INSERT OR IGNORE INTO message_variants (message_id, digest, body, created_at) "
-                    "VALUES (?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO message_variants (message_id, digest, body, created_at) VALUES (?, ?, ?, ?)",
                     variants,
                 )
             row = connection.execute(_UPSERT_SESSION_SQL, session_row).fetchone()
@@ -297,9 +305,7 @@ class History:
             (tenant, session_id, located.encoding),
             [
                 CachedMessage(stored, private, settings)
-                for stored, private, settings in zip(
-                    located.messages, located.private, located.settings, strict=True
-                )
+                for stored, private, settings in zip(located.messages, located.private, located.settings, strict=True)
             ],
         )
         end = chain.conversation_end([stored.role for stored in located.messages])
@@ -506,4 +512,3 @@ def fold(in_force: Mapping[str, Any], changes: Mapping[str, Any]) -> Mapping[str
     merged = {**in_force, **changes}
     merged = {key: value for key, value in merged.items() if value is not None}
     return in_force if merged == in_force else merged
-

@@ -1,5 +1,7 @@
 """The upstream: the model a working context is sent to (docs/architecture.md).
 
 `protocol` is the seam every caller uses (and tests fake), `litellm_client` the implementation through
-LiteLLM, and `failures` the one boundary where a foreign exception becomes an `UpstreamError`.
+LiteLLM, and `failures` the one boundary where a foreign exception becomes an `UpstreamError`; there
+`context_window` recognizes a refusal of the prompt as too long in any provider's words, and `credentials`
+names the provider keys a model lacks.
 """

@@ -3,49 +3,73 @@
 LiteLLM, the OpenAI SDK and httpx each raise their own classes, and LiteLLM wraps many failures of its own as
 `APIConnectionError` or `InternalServerError`, so the class alone says little. `upstream_error` reads what the
 upstream really said (its JSON error, status and Retry-After) and tells a refused or broken connection (502)
-and a timeout (504) from an answer. Nothing else in the proxy inspects a foreign exception.
+and a timeout (504) from an answer. A refusal of the prompt as too long for the upstream's window, in any
+provider's words (`proxy.upstream.context_window`), is marked `context_overflow` for the pipeline to heal, the
+upstream's status, type and message kept for the client. Each failure is logged once, with its cause, so that
+the operator can see why a request failed. Nothing else in the proxy inspects a foreign exception.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 
 from proxy.errors import UpstreamError
+from proxy.upstream.context_window import context_overflow
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_ERROR_PREFIX = "Exception - "
 MAX_CAUSE_DEPTH = 16
+MAX_CAUSE_CHARS = 200
+UNREACHABLE = "upstream_unreachable"
+TIMEOUT = "upstream_timeout"
+KEY_STATUSES = frozenset({401, 403})
+"""Statuses that may mean a missing or wrong provider key."""
 
 
-def upstream_error(exc: BaseException, mid_stream: bool = False) -> UpstreamError:
-    """The one conversion of a foreign exception from an upstream call into the error the client sees."""
+def upstream_error(
+    exc: BaseException, mid_stream: bool = False, *, model: str | None = None, missing_keys: str | None = None
+) -> UpstreamError:
+    """The one conversion of a foreign exception from an upstream call into the error the client sees.
+
+    `model` names the configured model in the log line; `missing_keys` is the sentence naming the provider keys
+    it lacks (`proxy.upstream.credentials`), added to the error of a call that may have failed for want of
+    them (unreachable, 401, 403).
+    """
     if isinstance(exc, UpstreamError):
         return exc
     log.debug("upstream call failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    error = _converted(exc, mid_stream, missing_keys)
+    _log(error, model or "?", missing_keys)
+    return error
+
+
+def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None) -> UpstreamError:
     # litellm.Timeout subclasses openai.APITimeoutError, so LiteLLM need not be imported here.
     if isinstance(exc, httpx.TimeoutException | openai.APITimeoutError):
         return UpstreamError(
             "The upstream model did not answer in time.",
             status=504,
             error_type="timeout",
-            code="upstream_timeout",
+            code=TIMEOUT,
         )
     status = getattr(exc, "status_code", None)
     message = str(getattr(exc, "message", None) or exc)
     body = _upstream_body(message)
-    if _is_connection_failure(exc, body):
+    cause = _transport_cause(exc) if not body else None
+    if cause is not None:
+        where = f"the connection broke mid-stream: {cause}" if mid_stream else cause
         return UpstreamError(
-            "The upstream model could not be reached" + (" (the connection broke mid-stream)." if mid_stream else "."),
+            _with_hint(f"The upstream model could not be reached ({where}).", missing_keys),
             status=502,
             error_type="upstream_error",
-            code="upstream_unreachable",
+            code=UNREACHABLE,
         )
     if not isinstance(status, int) or not 400 <= status <= 599:
         status = 502
@@ -53,17 +77,52 @@ def upstream_error(exc: BaseException, mid_stream: bool = False) -> UpstreamErro
     retry_after = _retry_after(exc)
     if retry_after is not None:
         headers["Retry-After"] = retry_after
+    hint = missing_keys if status in KEY_STATUSES else None
     error = body.get("error") if isinstance(body.get("error"), dict) else None
     if error is None:
-        return UpstreamError(_strip_prefixes(message), status=status, error_type=_default_type(status), headers=headers)
+        text = _strip_prefixes(message)
+        return UpstreamError(
+            _with_hint(text, hint),
+            status=status,
+            error_type=_default_type(status),
+            headers=headers,
+            context_overflow=context_overflow(status, None, text, exc),
+        )
+    text = str(error.get("message") or _strip_prefixes(message))
     return UpstreamError(
-        str(error.get("message") or _strip_prefixes(message)),
+        _with_hint(text, hint),
         status=status,
         error_type=str(error.get("type") or _default_type(status)),
         code=None if error.get("code") is None else str(error["code"]),
         param=None if error.get("param") is None else str(error["param"]),
         headers=headers,
+        context_overflow=context_overflow(status, error, text, exc),
     )
+
+
+def _with_hint(message: str, hint: str | None) -> str:
+    return message if hint is None else f"{message} {hint}"
+
+
+def _log(error: UpstreamError, model: str, missing_keys: str | None) -> None:
+    """One line that says why a call failed: the operator reads the log, not the client's screen.
+
+    The upstream's own text is left out of 401/403 lines: some providers echo part of the key they refused.
+    """
+    if error.code in (UNREACHABLE, TIMEOUT):
+        log.warning("upstream call for model %s failed: %s", model, error.message)
+    elif error.status in KEY_STATUSES:
+        log.warning(
+            "upstream refused the credentials for model %s (%d %s).%s",
+            model,
+            error.status,
+            error.code or error.type,
+            f" {missing_keys}" if missing_keys else "",
+        )
+    elif error.status >= 500:
+        log.warning("upstream call for model %s failed with %d: %s", model, error.status, error.message)
+    elif error.context_overflow is None:
+        log.info("upstream refused a request for model %s with %d: %s", model, error.status, error.message)
 
 
 def _upstream_body(message: str) -> dict[str, Any]:
@@ -78,10 +137,15 @@ def _upstream_body(message: str) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def _is_connection_failure(exc: BaseException, body: Mapping[str, Any]) -> bool:
-    """True when no upstream answered at all. LiteLLM wraps any failure of its own as APIConnectionError or
-    InternalServerError, so the class says nothing: a transport error must be somewhere in the cause chain."""
-    return not body and any(isinstance(cause, httpx.TransportError | OSError) for cause in _causes(exc))
+def _transport_cause(exc: BaseException) -> str | None:
+    """Why no upstream answered at all, or None when one did. LiteLLM wraps any failure of its own as
+    APIConnectionError or InternalServerError, so the class says nothing: a transport error must be somewhere
+    in the cause chain, and its text (`[Errno 111] Connection refused`) is what the operator needs to read."""
+    for cause in _causes(exc):
+        if isinstance(cause, httpx.TransportError | OSError):
+            text = str(cause).strip() or type(cause).__name__
+            return text[:MAX_CAUSE_CHARS]
+    return None
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

@@ -11,15 +11,17 @@ Two routes, chosen once per model entry (measured; see the closing notes of the 
 - Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
   wrapper, which translates the provider's chunks to OpenAI's.
 
-Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`).
+Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
+with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
 LiteLLM is imported when the first `LiteLLMUpstream` is built, after `proxy.environment` has prepared the
 process for it (`environment.litellm()`); nothing else in the proxy imports LiteLLM.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from proxy import environment
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
+from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,8 @@ class UpstreamRoute:
     provider: str
     passthrough: bool
     """True: OpenAI wire format end to end, parameters in extra_body, raw parsed chunks."""
+    missing_keys: tuple[str, ...] = ()
+    """Environment variables the provider reads that are unset, with no api_key in the entry to stand in."""
 
 
 class LiteLLMUpstream:
@@ -54,18 +59,25 @@ class LiteLLMUpstream:
     def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...]) -> None:
         self._litellm = environment.litellm()
         self._config = config
+        self._models = models
         self._routes = {entry.name: self._route(entry) for entry in models}
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
         known = self._routes.get(entry.name)
         return known if known is not None else self._route(entry)
 
+    def warn_missing_keys(self) -> None:
+        """Log a WARNING for each model whose provider key is set neither in its entry nor in the environment
+        (when serving starts: a newcomer's first request would otherwise fail without saying why)."""
+        for entry in self._models:
+            warn_missing_keys(entry, self.route(entry).missing_keys)
+
     async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
         """A non-stream chat completion as OpenAI's JSON object."""
         try:
             response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
         except Exception as exc:
-            raise upstream_error(exc) from exc
+            raise self._error(entry, exc) from exc
         return openai_json(response.model_dump(exclude_none=True))
 
     async def open_stream(
@@ -78,10 +90,11 @@ class LiteLLMUpstream:
             if route.passthrough and wrapper.completion_stream is None:
                 await wrapper.fetch_stream()
         except Exception as exc:
-            raise upstream_error(exc) from exc
+            raise self._error(entry, exc) from exc
+        failure = functools.partial(self._error, entry, mid_stream=True)
         if route.passthrough:
-            return _chunks(wrapper.completion_stream, wrapper)
-        return _chunks(wrapper, wrapper)
+            return _chunks(wrapper.completion_stream, wrapper, failure)
+        return _chunks(wrapper, wrapper, failure)
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
@@ -91,6 +104,11 @@ class LiteLLMUpstream:
             log.debug("no LiteLLM model info for %s: %s", model, type(exc).__name__)
             return None
         return info
+
+    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
+        names = self.route(entry).missing_keys
+        hint = missing_keys_text(entry, names) if names else None
+        return upstream_error(exc, mid_stream, model=entry.name, missing_keys=hint)
 
     def _kwargs(
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
@@ -127,10 +145,11 @@ class LiteLLMUpstream:
         except self._litellm.exceptions.BadRequestError:
             # Unknown provider: LiteLLM will say so on the first call with the upstream's wording.
             return UpstreamRoute(entry.model, "unknown", passthrough=False)
-        return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS)
+        missing = missing_keys(self._litellm, entry, provider)
+        return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS, missing_keys=missing)
 
 
-async def _chunks(source: Any, wrapper: Any) -> AsyncIterator[Chunk]:
+async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], UpstreamError]) -> AsyncIterator[Chunk]:
     """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
 
     The pass-through handler reports `[DONE]` as a dict marker and silently skips lines it cannot parse, so a
@@ -147,7 +166,7 @@ async def _chunks(source: Any, wrapper: Any) -> AsyncIterator[Chunk]:
             finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
             yield payload
     except Exception as exc:
-        raise upstream_error(exc, mid_stream=True) from exc
+        raise failure(exc) from exc
     finally:
         await _close(wrapper)
     if not finished:
