@@ -333,3 +333,11 @@ def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:
     lock = history.lock("t", "s")
     assert history.lock("t", "s") is lock
     assert history.lock("u", "s") is not lock
+
+
+async def test_a_request_without_a_session_id_never_joins_a_named_session(db: Database, history: History) -> None:
+    named = await history.reconcile("t", "named", conversation(2), MODEL, ENCODING)
+    for store in (history, History(db, clock=Clock())):  # with the process cache warm, and without it
+        later = await store.reconcile("t", None, [*conversation(2), {"role": "user", "content": "on"}], MODEL, ENCODING)
+        assert later.session.id != named.session.id
+        assert later.session.anchor_id is not None

@@ -117,13 +117,16 @@ class RecentPaths:
             self._touch((tenant, best.session_id, encoding))
         return best
 
-    def put(self, key: PathKey, entries: list[CachedMessage]) -> None:
+    def put(self, key: PathKey, entries: list[CachedMessage], *, derived: bool) -> None:
+        """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
+        (only those: such a request never joins an `X-Session-Id` session, with or without this cache)."""
         self._drop(key)
         if len(entries) > self._max_messages:
             return
         self._paths[key] = entries
         tenant, session_id, encoding = key
-        self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
+        if derived:
+            self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
         self._size += len(entries)
         while self._size > self._max_messages:
             self._drop(next(iter(self._paths)))
@@ -140,7 +143,8 @@ class RecentPaths:
         for end in range(len(entries) - 1, -1, -1):
             parent = entries[end]
             if parent.stored.id == parent_id:
-                self.put(key, [*entries[: end + 1], CachedMessage(stored, json_copy(stored.message), parent.settings)])
+                answer = CachedMessage(stored, json_copy(stored.message), parent.settings)
+                self.put(key, [*entries[: end + 1], answer], derived=self._is_derived(key))
                 return
             if entries[end].stored.role not in chain.SYSTEM_ROLES:
                 return
@@ -150,10 +154,16 @@ class RecentPaths:
         for key in [key for key in self._paths if key[0] == tenant]:
             self._drop(key)
 
+    def _is_derived(self, key: PathKey) -> bool:
+        tenant, session_id, encoding = key
+        return session_id in self._by_tenant.get((tenant, encoding), ())
+
     def _touch(self, key: PathKey) -> None:
         self._paths.move_to_end(key)
         tenant, session_id, encoding = key
-        self._by_tenant[(tenant, encoding)].move_to_end(session_id)
+        sessions = self._by_tenant.get((tenant, encoding))
+        if sessions is not None and session_id in sessions:
+            sessions.move_to_end(session_id)
 
     def _drop(self, key: PathKey) -> None:
         entries = self._paths.pop(key, None)
@@ -161,10 +171,11 @@ class RecentPaths:
             return
         self._size -= len(entries)
         tenant, session_id, encoding = key
-        sessions = self._by_tenant[(tenant, encoding)]
-        sessions.pop(session_id, None)
-        if not sessions:
-            del self._by_tenant[(tenant, encoding)]
+        sessions = self._by_tenant.get((tenant, encoding))
+        if sessions is not None:
+            sessions.pop(session_id, None)
+            if not sessions:
+                del self._by_tenant[(tenant, encoding)]
 
 
 def _match(entries: list[CachedMessage], messages: Sequence[Mapping[str, Any]], session_id: str) -> PathMatch:

@@ -121,6 +121,8 @@ class Located:
 
     tenant: str
     session_id: str
+    derived: bool
+    """No `X-Session-Id` named the session."""
     anchor_id: str | None
     """Set when the request starts a derived session: the message later requests will find it by."""
     encoding: str
@@ -225,6 +227,7 @@ class History:
             parent_id, depth = node_id, depth + 1
 
         anchor_id = None
+        derived = session_id is None
         if session_id is None:
             session_id = found.session_id if found.whole else await self._derived(tenant, path)
             if session_id is None:
@@ -233,6 +236,7 @@ class History:
         return Located(
             tenant,
             session_id,
+            derived,
             anchor_id,
             encoding,
             path,
@@ -307,6 +311,7 @@ class History:
                 CachedMessage(stored, private, settings)
                 for stored, private, settings in zip(located.messages, located.private, located.settings, strict=True)
             ],
+            derived=located.derived,
         )
         end = chain.conversation_end([stored.role for stored in located.messages])
         return Reconciled(session, list(located.messages), located.stored_before, located.settings[end], end)
