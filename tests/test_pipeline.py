@@ -11,6 +11,7 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +391,31 @@ async def test_a_context_length_exceeded_is_healed_once_with_a_smaller_context(r
     assert answer.report.summaries == 1
     assert len(rig.summarizer_upstream.calls) == 1
     assert rig.steps() == [("sealed", "healed", None)]
+
+
+async def test_identical_sessions_compacting_at_once_share_one_summary(rig: Rig) -> None:
+    """Two sessions that are the same chain (one conversation sent under two ids) need the same summary at the
+    same moment: one summarizer call writes it for both."""
+    messages = long_conversation(30)
+    summary = rig.summarizer_upstream.reply(completion("They talked about a quick brown fox."))
+    released = summary.hold()
+    for _ in range(3):  # what one session alone needs, and one more: the test fails if it is taken
+        rig.summarizer_upstream.reply(completion("They talked about a quick brown fox, then a dog."))
+    for _ in range(2):
+        rig.upstream.reply(completion("ok"))
+
+    both = asyncio.gather(
+        *(rig.answer(request(messages), {"x-session-id": session}) for session in ("first", "second"))
+    )
+    await asyncio.sleep(0.2)  # both are waiting for the one summarizer call by now
+    released.set()
+    answers = await both
+
+    written = rig.rows("SELECT start_depth, end_id FROM summaries")
+    assert len(written) == len(set(written)) == len(rig.summarizer_upstream.calls)  # no range twice
+    assert rig.summarizer_upstream.pending >= 1
+    first, second = answers
+    assert first.report == replace(second.report, session_id=first.report.session_id)
 
 
 async def test_a_second_context_length_exceeded_is_not_healed_again(rig: Rig) -> None:

@@ -14,6 +14,7 @@ instead, at once and cut until it shrinks its range; it stays marked `fallback`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,9 @@ from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt
 from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
+
+SummaryKey = tuple[str, int, str, tuple[int, ...], str]
+"""(tenant, start depth, end message id, summaries replaced, encoding): one summary being written."""
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
@@ -107,6 +111,8 @@ class Compactor:
         self._summaries = summaries
         self._summarizer = summarizer
         self._clock = clock
+        self._running: dict[SummaryKey, asyncio.Future[StoredSummary]] = {}
+        """Summaries being written now, by range: what a second request needing one waits for."""
 
     def policy(
         self, budget: int, preserve_recent: int, summarizer_input: int | None = None, encoding: str = DEFAULT_ENCODING
@@ -175,6 +181,48 @@ class Compactor:
         stored: Mapping[int, StoredSummary],
         allowance: Allowance,
     ) -> StoredSummary:
+        """The summary `need` names, written once however many requests need it at the same moment.
+
+        Two sessions can be one chain (the same conversation sent under two ids, or two clients in step): their
+        session locks do not order them, so the second waits for the first one's summary instead of paying the
+        summarizer for the same range. The work is shielded: a request that goes away does not waste it for
+        the others.
+        """
+        key = (
+            request.tenant,
+            request.path[need.start].depth,
+            request.path[need.end - 1].id,
+            need.replaces,
+            request.encoding,
+        )
+        running = self._running.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._summarize_once(request, need, stored, allowance))
+            self._running[key] = running
+            running.add_done_callback(functools.partial(self._finished, key))
+        return await asyncio.shield(running)
+
+    def _finished(self, key: SummaryKey, task: asyncio.Future[StoredSummary]) -> None:
+        del self._running[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every waiter may have gone away
+
+    async def _summarize_once(
+        self,
+        request: CompactionRequest,
+        need: NeedsSummary,
+        stored: Mapping[int, StoredSummary],
+        allowance: Allowance,
+    ) -> StoredSummary:
+        written_since = [
+            summary
+            for summary in await self._summaries.on_path(request.tenant, request.path)
+            if summary.orphaned_at is None
+            and summary.id not in stored
+            and (summary.start_depth, summary.end_id) == (request.path[need.start].depth, request.path[need.end - 1].id)
+        ]
+        if written_since:  # another request wrote it after this one read the summaries
+            return written_since[-1]
         started = self._clock()
         rendered = [
             summary_message(stored[part.id].content) if isinstance(part, Span) else dict(request.path[part].message)

@@ -18,8 +18,10 @@ from proxy.history import chain
 from proxy.history.messages import StoredMessage
 from proxy.types import Message
 
-RECENT_PATH_MESSAGES = 100_000
-"""How many messages the recent-path cache holds in all; the least recent sessions' paths go first."""
+RECENT_PATH_BYTES = 64 * 1024 * 1024
+"""About how much memory the recent-path cache holds in all; the least recent sessions' paths go first."""
+ENTRY_OVERHEAD = 600
+"""Bytes a cached message costs beyond its text: the objects that hold it (measured roughly, CPython 3.11)."""
 
 DERIVED_CANDIDATES = 32
 """How many of a tenant's most recent paths a request without `X-Session-Id` is compared with."""
@@ -58,6 +60,8 @@ class CachedMessage:
     compared with."""
     settings: Mapping[str, Any]
     """The settings in force after this message (folded along the path; shared between entries)."""
+    weight: int
+    """What it costs the cache: its stored form's length plus `ENTRY_OVERHEAD` (the text is shared, not copied)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,17 @@ class RecentPaths:
     and the longest match wins.
     """
 
-    def __init__(self, max_messages: int = RECENT_PATH_MESSAGES) -> None:
+    def __init__(self, max_bytes: int = RECENT_PATH_BYTES) -> None:
         self._paths: OrderedDict[PathKey, list[CachedMessage]] = OrderedDict()
         self._by_tenant: dict[tuple[str, str], OrderedDict[str, None]] = {}
-        self._max_messages = max_messages
-        self._size = 0
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._weights: dict[PathKey, int] = {}
+
+    @property
+    def bytes(self) -> int:
+        """What the cached paths weigh now (`CachedMessage.weight`)."""
+        return self._bytes
 
     def match(
         self, tenant: str, encoding: str, session_id: str | None, messages: Sequence[Mapping[str, Any]]
@@ -121,14 +131,16 @@ class RecentPaths:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache)."""
         self._drop(key)
-        if len(entries) > self._max_messages:
+        weight = sum(entry.weight for entry in entries)
+        if weight > self._max_bytes:
             return
         self._paths[key] = entries
+        self._weights[key] = weight
         tenant, session_id, encoding = key
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
-        self._size += len(entries)
-        while self._size > self._max_messages:
+        self._bytes += weight
+        while self._bytes > self._max_bytes:
             self._drop(next(iter(self._paths)))
 
     def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:
@@ -143,7 +155,8 @@ class RecentPaths:
         for end in range(len(entries) - 1, -1, -1):
             parent = entries[end]
             if parent.stored.id == parent_id:
-                answer = CachedMessage(stored, json_copy(stored.message), parent.settings)
+                weight = len(chain.canonical_json(stored.message)) + ENTRY_OVERHEAD
+                answer = CachedMessage(stored, json_copy(stored.message), parent.settings, weight)
                 self.put(key, [*entries[: end + 1], answer], derived=self._is_derived(key))
                 return
             if entries[end].stored.role not in chain.SYSTEM_ROLES:
@@ -166,10 +179,9 @@ class RecentPaths:
             sessions.move_to_end(session_id)
 
     def _drop(self, key: PathKey) -> None:
-        entries = self._paths.pop(key, None)
-        if entries is None:
+        if self._paths.pop(key, None) is None:
             return
-        self._size -= len(entries)
+        self._bytes -= self._weights.pop(key)
         tenant, session_id, encoding = key
         sessions = self._by_tenant.get((tenant, encoding))
         if sessions is not None:

@@ -32,7 +32,7 @@ from typing import Any
 from proxy import tokens
 from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
+from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
 from proxy.history.messages import Reconciled, Session, SessionInfo, StoredMessage
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
@@ -126,12 +126,9 @@ class Located:
     anchor_id: str | None
     """Set when the request starts a derived session: the message later requests will find it by."""
     encoding: str
-    messages: list[StoredMessage]
-    """The request's messages as this request sent them (a variant's own text and tokens), in order."""
-    private: list[Message]
-    """Private copies of their normal forms, for the recent-path cache."""
-    settings: list[Mapping[str, Any]]
-    """The settings in force after each message."""
+    entries: list[CachedMessage]
+    """The request's messages as this request sent them (a variant's own text and tokens), in order, with the
+    settings in force after each: what the recent-path cache will hold once they are stored."""
     stored_before: int
     new_messages: list[tuple[str, str | None, int, str, str, float]]
     new_tokens: list[tuple[str, str, int]]
@@ -181,9 +178,9 @@ class History:
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
-        reused, private, settings, variants = self._reused(found, encoding, now)
-        after = reused[-1].id if reused else None
-        normals = [chain.normalize(message) for message in messages[len(reused) :]]
+        entries, variants = self._reused(found, encoding, now)
+        after = entries[-1].stored.id if entries else None
+        normals = [chain.normalize(message) for message in messages[len(entries) :]]
         encoded: list[tuple[str, str]] = []
         parent = chain.root_parent(tenant) if after is None else after
         for normal in normals:
@@ -191,15 +188,14 @@ class History:
             encoded.append((node_id, body))
             parent = node_id
         known = await self._known(tenant, [node_id for node_id, _ in encoded], encoding)
-        stored_before = len(reused) + next(
+        stored_before = len(entries) + next(
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )
 
-        path = list(reused)
-        in_force = settings[-1] if settings else {}
+        in_force = entries[-1].settings if entries else {}
         new_messages: list[tuple[str, str | None, int, str, str, float]] = []
         new_tokens: list[tuple[str, str, int]] = []
-        parent_id, depth = after, len(reused)
+        parent_id, depth = after, len(entries)
         for (node_id, body), normal in zip(encoded, normals, strict=True):
             role = str(normal["role"])
             row = known.get(node_id)
@@ -221,14 +217,14 @@ class History:
                 count = self.count(normal, encoding)
                 if depth >= stored_before:
                     new_tokens.append((node_id, encoding, count))
-            path.append(StoredMessage(node_id, parent_id, depth, role, normal, count, created_at))
-            private.append(json_copy(normal))
-            settings.append(in_force)
+            stored = StoredMessage(node_id, parent_id, depth, role, normal, count, created_at)
+            entries.append(CachedMessage(stored, json_copy(normal), in_force, len(body) + ENTRY_OVERHEAD))
             parent_id, depth = node_id, depth + 1
 
         anchor_id = None
         derived = session_id is None
         if session_id is None:
+            path = [entry.stored for entry in entries]
             session_id = found.session_id if found.whole else await self._derived(tenant, path)
             if session_id is None:
                 anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
@@ -239,9 +235,7 @@ class History:
             derived,
             anchor_id,
             encoding,
-            path,
-            private,
-            settings,
+            entries,
             stored_before,
             new_messages,
             new_tokens,
@@ -250,30 +244,27 @@ class History:
 
     def _reused(
         self, found: PathMatch, encoding: str, now: float
-    ) -> tuple[list[StoredMessage], list[Message], list[Mapping[str, Any]], list[tuple[str, str, str, float]]]:
-        """The cached entries as this request sent them: a variant gets its own form and token count."""
-        reused: list[StoredMessage] = []
-        private: list[Message] = []
-        settings: list[Mapping[str, Any]] = []
+    ) -> tuple[list[CachedMessage], list[tuple[str, str, str, float]]]:
+        """The cached entries as this request sent them: a variant gets its own form and token count, and is
+        stored (the forms not stored yet are returned beside)."""
+        entries: list[CachedMessage] = []
         variants: list[tuple[str, str, str, float]] = []
         for position, entry in enumerate(found.entries):
             variant = found.variants.get(position)
-            if variant is None:
-                reused.append(entry.stored)
-                private.append(entry.private)
-            else:
+            if variant is not None:
                 body = chain.canonical_json(variant)
                 variants.append((entry.stored.id, chain.body_digest(body), body, now))
-                reused.append(replace(entry.stored, message=variant, tokens=self.count(variant, encoding)))
-                private.append(json_copy(variant))
-            settings.append(entry.settings)
-        return reused, private, settings, variants
+                stored = replace(entry.stored, message=variant, tokens=self.count(variant, encoding))
+                entry = CachedMessage(stored, json_copy(variant), entry.settings, len(body) + ENTRY_OVERHEAD)
+            entries.append(entry)
+        return entries, variants
 
     async def store(self, located: Located, model: str) -> Reconciled:
         """Write what `locate` found new, and move the session's head to the request's last message."""
         tenant, session_id = located.tenant, located.session_id
         now = self.clock()
-        session_row = (tenant, session_id, located.messages[-1].id, model, located.anchor_id, now, now)
+        path = [entry.stored for entry in located.entries]
+        session_row = (tenant, session_id, path[-1].id, model, located.anchor_id, now, now)
 
         def write(connection: sqlite3.Connection) -> Session:
             variants = located.variants
@@ -305,16 +296,9 @@ class History:
         atomic = bool(located.new_messages or located.new_tokens or located.variants)
         session = await self._db.write(write, atomic=atomic)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
-        self.recent.put(
-            (tenant, session_id, located.encoding),
-            [
-                CachedMessage(stored, private, settings)
-                for stored, private, settings in zip(located.messages, located.private, located.settings, strict=True)
-            ],
-            derived=located.derived,
-        )
-        end = chain.conversation_end([stored.role for stored in located.messages])
-        return Reconciled(session, list(located.messages), located.stored_before, located.settings[end], end)
+        self.recent.put((tenant, session_id, located.encoding), located.entries, derived=located.derived)
+        end = chain.conversation_end([stored.role for stored in path])
+        return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)
 
     async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:
         """Attach setting changes (a None value removes the key) to the request's conversation end: they hold
