@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -60,6 +60,7 @@ def create_app(config: Config) -> Starlette:
         exception_handlers={
             ProxyError: _proxy_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _unexpected_error,
         },
     )
@@ -177,6 +178,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
             code="method_not_allowed" if exc.status_code == 405 else None,
         )
     return await _proxy_error(request, error)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client left while sending its request: nothing was done, and nobody is left to answer."""
+    log.info("client left during its request body: %s %s", request.method, request.url.path)
+    return Response(status_code=400)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:

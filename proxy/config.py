@@ -21,6 +21,17 @@ DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
+"""Between reads of the upstream's response (LiteLLM's `timeout`): a stall, not a slow answer."""
+DEFAULT_FIRST_BYTE_TIMEOUT_S = 300.0
+"""From the upstream call to a stream's first chunk: long enough for a reasoning model that thinks in silence."""
+DEFAULT_STREAM_DEADLINE_S = 1800.0
+"""From the upstream call to a stream's end, however steadily it drips."""
+DEFAULT_HEADER_TIMEOUT_S = 30.0
+"""From a connection's (or a request's) first byte to the end of its headers."""
+DEFAULT_BODY_TIMEOUT_S = 120.0
+"""From the end of the headers to the end of the body: 32 MB at about 2 Mbit/s."""
+DEFAULT_KEEP_ALIVE_S = 75.0
+"""An idle connection's life; well above clients' own (httpx's 5 s), as nginx's 75 s is."""
 DEFAULT_KEEP_EVENTS_S = 24 * 3600
 DEFAULT_MAX_SUMMARIZER_CALLS = 2
 """Summarizer-model calls one request may wait for; further summaries it needs are extractive."""
@@ -41,6 +52,11 @@ class ConfigError(Exception):
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int | None = None
+    """uvicorn's `limit_concurrency`: requests beyond it are answered 503; None sets no limit."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,8 @@ class RequestLimits:
 class UpstreamConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     num_retries: int = 0
+    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
+    stream_deadline_s: float = DEFAULT_STREAM_DEADLINE_S
 
 
 @dataclass(frozen=True)
@@ -157,6 +175,10 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         server=ServerConfig(
             host=server.string("host", DEFAULT_HOST),
             port=server.integer("port", DEFAULT_PORT, minimum=0, maximum=65535),
+            header_timeout_s=server.number("header_timeout_s", DEFAULT_HEADER_TIMEOUT_S, low=0.001, high=3600.0),
+            body_timeout_s=server.number("body_timeout_s", DEFAULT_BODY_TIMEOUT_S, low=0.001, high=86400.0),
+            keep_alive_s=server.number("keep_alive_s", DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0),
+            max_connections=server.optional_integer("max_connections", minimum=1),
         ),
         store=StoreConfig(path=store_path),
         models=_models(root),
@@ -183,16 +205,20 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         upstream=UpstreamConfig(
             timeout_s=upstream.number("timeout_s", DEFAULT_TIMEOUT_S, low=0.001, high=86400.0),
             num_retries=upstream.integer("num_retries", 0, minimum=0, maximum=10),
+            first_byte_timeout_s=upstream.number(
+                "first_byte_timeout_s", DEFAULT_FIRST_BYTE_TIMEOUT_S, low=0.001, high=86400.0
+            ),
+            stream_deadline_s=upstream.number("stream_deadline_s", DEFAULT_STREAM_DEADLINE_S, low=0.001, high=86400.0),
         ),
         auth=AuthConfig(keys=auth.string_list("keys")),
     )
     for section, known in (
-        (server, {"host", "port"}),
+        (server, {f.name for f in ServerConfig.__dataclass_fields__.values()}),
         (store, {"path"}),
         (context, {f.name for f in ContextConfig.__dataclass_fields__.values()}),
         (journal, {"synchronous", "finish_on_disconnect", "keep_events"}),
         (limits, {"max_body_bytes"}),
-        (upstream, {"timeout_s", "num_retries"}),
+        (upstream, {"timeout_s", "num_retries", "first_byte_timeout_s", "stream_deadline_s"}),
         (auth, {"keys"}),
     ):
         section.reject_unknown(known)

@@ -12,6 +12,7 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   │   └── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
     │   ├── AuthenticationFailed    401 invalid_api_key
     │   ├── NotFound                404 model_not_found / session_not_found / ...
+    │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
     │   └── PayloadTooLarge         413
     └── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
@@ -81,6 +82,15 @@ class AuthenticationFailed(ClientError):
 
 class NotFound(ClientError):
     status, code = 404, "not_found"
+
+
+class RequestTimeout(ClientError):
+    """The request body came too slowly; the connection is closed, as what is left of the body is unread."""
+
+    status, code = 408, "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
 
 
 class Conflict(ClientError):

@@ -47,6 +47,7 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.tokens import count_prompt, encoding_for_model
 from proxy.types import Chunk
+from proxy.upstream.deadlines import StreamDeadlines
 from proxy.upstream.protocol import Upstream
 
 log = logging.getLogger(__name__)
@@ -137,11 +138,20 @@ class Pipeline:
             await asyncio.shield(self._interrupt(step_begun))
             raise
         except Exception as exc:
-            await self.journal.fail(await step_begun, error_fields(exc))
+            await self._fail(step_begun, exc)
             raise
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
         await self.journal.interrupt(await step_begun)
+
+    async def _fail(self, step_begun: asyncio.Task[Step], exc: Exception) -> None:
+        """End the step with the request's failure; a store that cannot write it must not hide that failure
+        (the journal then knows the step ended without its row: `Journal.close`)."""
+        step = await step_begun
+        try:
+            await self.journal.fail(step, error_fields(exc))
+        except Exception as again:
+            log.error("could not record step %d as failed: %s", step.id, again)
 
     async def _plan(
         self,
@@ -248,10 +258,19 @@ class Pipeline:
     async def _stream(
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Answer:
-        async def open_stream(plan: Plan) -> AsyncIterator[Chunk]:
-            return await self.upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
+        async def open_stream(plan: Plan) -> tuple[AsyncIterator[Chunk], StreamDeadlines]:
+            # Each attempt has its own deadlines; the first chunk's also bounds the wait for the stream to open.
+            deadlines = StreamDeadlines.from_config(self.config.upstream)
+            try:
+                async with asyncio.timeout_at(deadlines.first_chunk) as opening:
+                    chunks = await self.upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
+            except TimeoutError as exc:
+                if not opening.expired():
+                    raise
+                raise deadlines.exceeded(first_chunk_seen=False) from exc
+            return chunks, deadlines
 
-        sent, chunks = await self._forward(conversation, options, plan, open_stream)
+        sent, (chunks, deadlines) = await self._forward(conversation, options, plan, open_stream)
         step = await step_begun
         if sent is not plan:
             await self.journal.recontext(step, sent.context())
@@ -261,6 +280,7 @@ class Pipeline:
             chunks,
             finish_on_disconnect=self.config.journal.finish_on_disconnect,
             background=self.background,
+            deadlines=deadlines,
         )
         return Streaming(relay.events(), sent.report())
 

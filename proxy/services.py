@@ -64,7 +64,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         summaries = Summaries(db)
         summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context)
         compactor = Compactor(config.context, summaries, summarizer)
-        reader = JournalReader(db)
+        reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
         inspector = Inspector(config, history, summaries, reader, compactor, budgets)
         if recover:

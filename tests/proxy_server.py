@@ -24,6 +24,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.config import Config, parse_config
+from proxy.server import server_options
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0
@@ -70,6 +71,7 @@ class ProxyServer:
                 lifespan="on",
                 log_config=None,
                 loop="asyncio",  # a plain loop per test thread: uvloop's handle teardown warns at interpreter exit
+                **server_options(self.config.server),
             )
         )
         self._thread = threading.Thread(target=self._server.run, name="proxy-server", daemon=True)

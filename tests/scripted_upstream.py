@@ -52,6 +52,8 @@ class Script:
     """Chunks handed to the reader so far."""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the stream has passed its last chunk (before it raises its error, if any)."""
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the stream's iterator is finished or closed, however it ended (the upstream connection)."""
 
     def hold(self) -> asyncio.Event:
         """Make the call wait, before it answers or refuses, until the returned event is set."""
@@ -122,18 +124,21 @@ class ScriptedUpstream:
 
     @staticmethod
     async def _chunks(script: Script) -> AsyncIterator[Chunk]:
-        for index, chunk in enumerate(script.chunks):
-            gate = script.gates.get(index)
-            if gate is not None:
-                await gate.wait()
-            script.sent += 1
-            yield copy.deepcopy(chunk)
-        end = script.gates.get(len(script.chunks))
-        if end is not None:
-            await end.wait()
-        script.ended.set()
-        if script.error is not None:
-            raise script.error
+        try:
+            for index, chunk in enumerate(script.chunks):
+                gate = script.gates.get(index)
+                if gate is not None:
+                    await gate.wait()
+                script.sent += 1
+                yield copy.deepcopy(chunk)
+            end = script.gates.get(len(script.chunks))
+            if end is not None:
+                await end.wait()
+            script.ended.set()
+            if script.error is not None:
+                raise script.error
+        finally:
+            script.closed.set()
 
 
 def chunk(content: str | None = None, finish_reason: str | None = None) -> Chunk:

@@ -14,6 +14,7 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.cli.commands import EXIT_CONFIG, main
+from proxy.server import DeadlineProtocol
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import make_config
@@ -119,6 +120,8 @@ def test_serve_binds_beyond_loopback_when_asked_explicitly_or_with_keys(
         ("127.0.0.1", 8787),
     ]
     assert uvicorn_run.calls[1]["log_level"] == "warning"
+    assert uvicorn_run.calls[2]["timeout_keep_alive"] == 75.0
+    assert issubclass(uvicorn_run.calls[2]["http"], DeadlineProtocol)
 
 
 def test_sessions_and_journal_read_the_servers_store(

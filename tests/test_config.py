@@ -37,6 +37,10 @@ def test_empty_config_has_every_default() -> None:
 
     assert config.server.host == "127.0.0.1"
     assert config.server.port == 8787
+    assert config.server.header_timeout_s == 30.0
+    assert config.server.body_timeout_s == 120.0
+    assert config.server.keep_alive_s == 75.0
+    assert config.server.max_connections is None
     assert config.store.path == BASE / "context-infinity.db"
     assert config.models == ()
     assert config.context.preserve_recent == 4
@@ -65,7 +69,14 @@ def test_null_file_and_null_sections_are_defaults(tmp_path: Path) -> None:
 def test_every_key_is_parsed() -> None:
     config = parse(
         {
-            "server": {"host": "0.0.0.0", "port": 9000},
+            "server": {
+                "host": "0.0.0.0",
+                "port": 9000,
+                "header_timeout_s": 5,
+                "body_timeout_s": 60.5,
+                "keep_alive_s": 120,
+                "max_connections": 500,
+            },
             "store": {"path": "/var/lib/ci/store.db"},
             "models": [
                 {
@@ -94,6 +105,8 @@ def test_every_key_is_parsed() -> None:
     )
 
     assert (config.server.host, config.server.port) == ("0.0.0.0", 9000)
+    assert (config.server.header_timeout_s, config.server.body_timeout_s) == (5.0, 60.5)
+    assert (config.server.keep_alive_s, config.server.max_connections) == (120.0, 500)
     assert config.store.path == Path("/var/lib/ci/store.db")
     assert config.models == (
         ModelEntry("big", "openai/gpt-4o", "http://127.0.0.1:1/v1", "sk-1", 100_000, 2_000),
@@ -254,6 +267,9 @@ def test_example_config_takes_the_key_from_the_environment() -> None:
         ({"auth": {"keys": [1, 2]}}, "auth.keys", "list of strings"),
         ({"server": {"port": 70000}}, "server.port", "at most 65535"),
         ({"server": {"port": -1}}, "server.port", "at least 0"),
+        ({"server": {"header_timeout_s": 0}}, "server.header_timeout_s", "between"),
+        ({"server": {"body_timeout_s": "slow"}}, "server.body_timeout_s", "number"),
+        ({"server": {"max_connections": 0}}, "server.max_connections", "at least 1"),
         ({"context": {"preserve_recent": -1}}, "context.preserve_recent", "at least 0"),
         ({"context": {"target_ratio": 1.5}}, "context.target_ratio", "between"),
         ({"context": {"safety_margin": 0.9}}, "context.safety_margin", "between"),

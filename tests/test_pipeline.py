@@ -22,7 +22,7 @@ from proxy.compaction.compactor import Compactor
 from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER
-from proxy.config import Config, JournalConfig, parse_config
+from proxy.config import Config, JournalConfig, UpstreamConfig, parse_config
 from proxy.conversation import Answer, Completed, Conversation, Replayed, Streaming
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, Conflict, ContextTooLarge, NotFound, UpstreamError
 from proxy.history import chain
@@ -84,7 +84,7 @@ class Rig:
         self.db = db
         self.history = History(db)
         self.journal = ObservedJournal(db, Answers(self.history), self.config.journal)
-        self.reader = JournalReader(db)
+        self.reader = JournalReader(db, self.journal.unrecorded)
         self.upstream = ScriptedUpstream()
         self.summarizer_upstream = ScriptedUpstream()
         self.budgets = Budgets(self.config.models, lambda model: None, self.config.context.safety_margin)
@@ -256,6 +256,19 @@ async def test_a_stream_that_fails_before_its_first_byte_ends_its_step(rig: Rig)
     assert raised.value is error
     assert rig.steps() == [("failed", None, error.fields())]
     assert not rig.background  # no relay was started
+
+
+async def test_a_stream_the_upstream_does_not_start_in_time_fails_at_the_first_byte_deadline(rig: Rig) -> None:
+    script = rig.upstream.stream(STREAM)
+    script.hold()  # the upstream accepts the connection and says nothing
+    upstream = UpstreamConfig(first_byte_timeout_s=0.1)
+    pipeline = replace(rig.pipeline, config=replace(rig.config, upstream=upstream))
+    async with asyncio.timeout(WAIT_S):
+        with pytest.raises(UpstreamError) as raised:
+            await pipeline.answer(TENANT, request(stream=True), context_options({}))
+    assert (raised.value.status, raised.value.code) == (504, "upstream_timeout")  # still a status: nothing sent
+    assert rig.steps() == [("failed", None, raised.value.fields())]
+    assert not rig.background
 
 
 async def test_a_request_cancelled_during_the_upstream_call_does_not_leave_its_step_open(rig: Rig) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from proxy.config import JournalConfig, ModelEntry
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, error_fields
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
@@ -25,7 +25,8 @@ from proxy.journal.steps import Step, StepStatus
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
 from proxy.types import Chunk
-from tests.scripted_upstream import ScriptedUpstream, chunk, server_error
+from proxy.upstream.deadlines import StreamDeadlines
+from tests.scripted_upstream import Script, ScriptedUpstream, chunk, server_error
 
 TENANT = "tenant-a"
 SESSION = "s1"
@@ -33,6 +34,7 @@ ENCODING = "cl100k_base"
 ENTRY = ModelEntry("small", "openai/gpt-4o-mini")
 MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
 WAIT_S = 5.0
+FINGERPRINT = "body-fingerprint"
 
 
 class HeldJournal(Journal):
@@ -64,29 +66,36 @@ class Rig:
         self.db = db
         self.history = History(db)
         self.journal = HeldJournal(db, Answers(self.history), JournalConfig())
-        self.reader = JournalReader(db)
+        self.reader = JournalReader(db, self.journal.unrecorded)
         self.upstream = ScriptedUpstream()
         self.background: set[asyncio.Task[None]] = set()
         self.parent = ""
 
-    async def begin(self) -> Step:
+    async def begin(self, key: str | None = None) -> Step:
         reconciled = await self.history.reconcile(TENANT, SESSION, MESSAGES, ENTRY.name, ENCODING)
         self.parent = reconciled.path[-1].id
         return await self.journal.begin(
             tenant=TENANT,
             session_id=SESSION,
             model=ENTRY.name,
-            fingerprint="",
-            idempotency_key=None,
+            fingerprint="" if key is None else FINGERPRINT,
+            idempotency_key=key,
             stream=True,
             parent_message_id=self.parent,
             encoding=ENCODING,
         )
 
-    async def relay(self, step: Step, *, finish_on_disconnect: bool = True) -> StreamRelay:
+    async def relay(
+        self, step: Step, *, finish_on_disconnect: bool = True, deadlines: StreamDeadlines | None = None
+    ) -> StreamRelay:
         chunks = await self.upstream.open_stream(ENTRY, MESSAGES, {"stream": True})
         return StreamRelay(
-            self.journal, step, chunks, finish_on_disconnect=finish_on_disconnect, background=self.background
+            self.journal,
+            step,
+            chunks,
+            finish_on_disconnect=finish_on_disconnect,
+            background=self.background,
+            deadlines=deadlines,
         )
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -310,7 +319,7 @@ async def test_chunks_arriving_during_a_commit_form_the_next_group_in_order(rig:
     assert [seq for (seq,) in seqs] == list(range(len(chunks) + 1))  # the chunks and `done`, no gaps
 
 
-async def test_a_failing_journal_stops_the_relay_and_leaves_the_step_open(rig: Rig) -> None:
+async def test_a_failing_journal_stops_the_relay_and_fails_the_step(rig: Rig) -> None:
     chunks = [chunk("kept"), chunk(" lost"), chunk(None, "stop")]
     script = rig.upstream.stream(chunks)
     rest, last = script.gate(1), script.gate(2)
@@ -330,10 +339,126 @@ async def test_a_failing_journal_stops_the_relay_and_leaves_the_step_open(rig: R
     assert raised.value is failure
     assert received == chunks[:1]  # nothing after the failure is relayed
     assert rig.stored(step) == texts(chunks[:1])
-    assert rig.rows("SELECT status FROM journal_steps WHERE id = ?", (step.id,)) == [("open",)]  # for recovery
+    [(status, content, error)] = rig.rows("SELECT status, content, error FROM journal_steps WHERE id = ?", (step.id,))
+    assert (status, content, json.loads(error)) == ("failed", "kept", error_fields(failure))
     last.set()
     await asyncio.sleep(0)
     assert (script.sent, script.ended.is_set()) == (2, False)  # the reader was stopped with the pump
+    assert script.closed.is_set()  # and the upstream stream closed
+
+
+async def test_a_journal_that_cannot_record_the_failure_does_not_hold_the_key(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunks = [chunk("kept"), chunk(" lost"), chunk(None, "stop")]
+    script = rig.upstream.stream(chunks)
+    rest = script.gate(1)
+    step = await rig.begin("key-1")
+    relay = await rig.relay(step)
+    pump = rig.pump()
+    writable = rig.db.write
+    full = sqlite3.OperationalError("database or disk is full")
+
+    async def disk_full(*args: Any, **kwargs: Any) -> Any:
+        raise full
+
+    received: list[Chunk] = []
+    async with asyncio.timeout(WAIT_S):
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            async for group in relay.events():
+                received.extend(item.chunk for item in group)
+                monkeypatch.setattr(rig.db, "write", disk_full)  # every write from now on fails
+                rest.set()
+        await pump
+    assert raised.value is full
+    assert received == chunks[:1]
+    assert rig.rows("SELECT status FROM journal_steps WHERE id = ?", (step.id,)) == [("open",)]  # not writable
+    assert step.status == StepStatus.FAILED  # but this process knows the step is dead
+
+    monkeypatch.setattr(rig.db, "write", writable)  # space again: a retry under the same key is not refused
+    assert await rig.reader.replay(TENANT, "key-1", FINGERPRINT) is None
+    retry = await rig.begin("key-1")
+    assert retry.id != step.id
+
+
+def drip(script: Script, every_s: float) -> asyncio.Task[None]:
+    """Release the script's chunks one by one, `every_s` apart: an upstream that never stalls long enough for
+    a between-reads timeout, yet never ends."""
+    gates = [script.gate(index) for index in range(1, len(script.chunks) + 1)]
+
+    async def release() -> None:
+        for gate in gates:
+            await asyncio.sleep(every_s)
+            gate.set()
+
+    return asyncio.create_task(release())
+
+
+def assert_timed_out(error: UpstreamError) -> None:
+    assert (error.status, error.fields()["type"], error.code) == (504, "timeout", "upstream_timeout")
+
+
+async def test_a_dripping_stream_fails_at_its_total_deadline_and_the_upstream_is_closed(rig: Rig) -> None:
+    chunks = parts(200)
+    script = rig.upstream.stream(chunks)
+    dripping = drip(script, 0.01)
+    step = await rig.begin()
+    relay = await rig.relay(step, deadlines=StreamDeadlines.from_now(first_byte_s=WAIT_S, total_s=0.3))
+    pump = rig.pump()
+
+    received: list[Chunk] = []
+    try:
+        async with asyncio.timeout(WAIT_S):
+            with pytest.raises(UpstreamError) as raised:
+                async for group in relay.events():
+                    received.extend(item.chunk for item in group)
+            await pump
+    finally:
+        dripping.cancel()
+    assert_timed_out(raised.value)
+    assert 1 <= len(received) < len(chunks)
+    assert script.closed.is_set()
+    assert not script.ended.is_set()
+    record = await rig.reader.step(TENANT, step.id)
+    assert record is not None
+    assert (record.status, record.error, record.message_id) == ("failed", raised.value.fields(), None)
+    assert record.content == "".join(c["choices"][0]["delta"].get("content", "") for c in received)
+    assert rig.stored(step) == texts(received)
+
+
+async def test_a_stream_without_a_first_chunk_fails_at_its_first_byte_deadline(rig: Rig) -> None:
+    script = rig.upstream.stream([chunk("late"), chunk(None, "stop")])
+    script.gate(0)  # never released
+    step = await rig.begin()
+    relay = await rig.relay(step, deadlines=StreamDeadlines.from_now(first_byte_s=0.1, total_s=WAIT_S))
+
+    async with asyncio.timeout(WAIT_S):
+        with pytest.raises(UpstreamError) as raised:
+            async for _group in relay.events():
+                raise AssertionError("no chunk was sent")
+        await script.closed.wait()
+    assert_timed_out(raised.value)
+    assert script.sent == 0
+    [(status,)] = rig.rows("SELECT status FROM journal_steps WHERE id = ?", (step.id,))
+    assert status == "failed"
+
+
+async def test_the_first_byte_deadline_no_longer_applies_once_a_chunk_arrived(rig: Rig) -> None:
+    chunks = [chunk("early"), chunk(" late"), chunk(None, "stop")]
+    script = rig.upstream.stream(chunks)
+    dripping = drip(script, 0.15)
+    step = await rig.begin()
+    relay = await rig.relay(step, deadlines=StreamDeadlines.from_now(first_byte_s=0.1, total_s=WAIT_S))
+
+    received: list[Chunk] = []
+    try:
+        async with asyncio.timeout(WAIT_S):
+            async for group in relay.events():
+                received.extend(item.chunk for item in group)
+    finally:
+        dripping.cancel()
+    assert received == chunks
+    assert step.status == StepStatus.SEALED
 
 
 async def test_the_pump_is_a_background_task_until_the_step_ends(rig: Rig) -> None:

@@ -26,6 +26,7 @@ from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.inspection import Inspector
 from proxy.journal.steps import StepStatus
+from proxy.server import server_options
 from proxy.services import open_services
 
 EXIT_CONFIG = 2
@@ -101,7 +102,8 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, lifespan="on")
+    options = server_options(config.server)
+    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, lifespan="on", **options)
     return 0
 
 

@@ -19,6 +19,7 @@ from proxy.journal.steps import (
     EventType,
     StepRecord,
     StepStatus,
+    UnrecordedEnds,
     record_from_row,
     replay_events,
     stored_events,
@@ -30,8 +31,10 @@ DEFAULT_PAGE = 50
 
 
 class JournalReader:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, unrecorded: UnrecordedEnds | None = None) -> None:
         self._db = db
+        self._unrecorded = UnrecordedEnds() if unrecorded is None else unrecorded
+        """The writer's endings the store could not write (`Journal.unrecorded`): keys they held are free."""
 
     async def steps(
         self,
@@ -88,8 +91,9 @@ class JournalReader:
         )
         if row is None:
             return None
-        check_key(row["fingerprint"], row["status"], fingerprint)
-        if row["status"] not in ENDED:
+        status = self._unrecorded.status(row["id"], row["status"])
+        check_key(row["fingerprint"], status, fingerprint)
+        if status not in ENDED:
             return None
         wanted = CHUNK_EVENTS if row["stream"] else (EventType.DONE,)
         events = (await stored_events(self._db, [row["id"]]))[row["id"]]

@@ -10,9 +10,12 @@ Three parties per stream, so none waits on another more than it must:
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
 group rather than one per chunk, and no chunk is relayed before its commit (docs/architecture.md, invariant 7).
 The pump owns the step's ending: seal on completion (the answer lands in history before `events()` ends), fail
-on an upstream error (raised from `events()` after the last durable group), interrupt when cancelled. If the
-consumer goes away, the pump by default reads the answer to its end and seals it — it was paid for — unless
-`finish_on_disconnect` is off. The relay knows nothing of wire formats: groups are canonical chunks.
+on an upstream error (raised from `events()` after the last durable group) and on a journal failure (disk full),
+interrupt when cancelled; no ending leaves the step open while this process lives (see `Journal.close` for a
+store that cannot even record the failure). If the consumer goes away, the pump by default reads the answer to
+its end and seals it — it was paid for — unless `finish_on_disconnect` is off. The reader enforces the stream's
+deadlines (`proxy.upstream.deadlines`): past one, the upstream stream is closed and the step fails with a 504
+`upstream_timeout`. The relay knows nothing of wire formats: groups are canonical chunks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from proxy.errors import error_fields
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.types import Chunk
+from proxy.upstream.deadlines import StreamDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +64,12 @@ class StreamRelay:
         *,
         finish_on_disconnect: bool,
         background: set[asyncio.Task[None]],
+        deadlines: StreamDeadlines | None = None,
     ) -> None:
         self._journal = journal
         self._step = step
         self._chunks = chunks
+        self._deadlines = deadlines
         self._finish_on_disconnect = finish_on_disconnect
         self._pending: list[Chunk] = []
         self._arrived = asyncio.Event()
@@ -118,38 +124,68 @@ class StreamRelay:
                 self._publish(self._error)
         except asyncio.CancelledError:
             reader.cancel()
-            await asyncio.shield(self._journal.interrupt(self._step))
+            try:
+                await asyncio.shield(self._journal.interrupt(self._step))
+            except Exception as exc:
+                log.error("could not record stream step %d as interrupted: %s", self._step.id, exc)
             raise
         except Exception as exc:
             # The journal itself failed (disk full, I/O error): nothing more can be made durable, so nothing
-            # more may be relayed. The consumer hears why; the step stays open and recovery classifies it.
+            # more may be relayed. The consumer hears why, and the step ends failed (or, if the store cannot
+            # even record that, is known failed in this process: `Journal.close`).
             log.exception("journal failed for stream step %d", self._step.id)
             reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            try:
+                await self._journal.fail(self._step, error_fields(exc))
+            except Exception as again:
+                log.error("could not record stream step %d as failed: %s", self._step.id, again)
             self._publish(exc)
         finally:
             await asyncio.gather(reader, return_exceptions=True)
 
     async def _read(self) -> None:
+        deadlines = self._deadlines
+        deadline = asyncio.timeout_at(None if deadlines is None else deadlines.first_chunk)
+        first_seen = False
         try:
-            # Chunks already buffered arrive without a real suspension, so neither the pump nor the client would
-            # run until the whole buffer is parsed. Yield after the first chunk (time to first chunk) and then
-            # once per time slice; a slow upstream suspends between chunks anyway.
-            slice_started = None
-            async for chunk in self._chunks:
-                self._pending.append(chunk)
-                self._arrived.set()
-                now = time.monotonic()
-                if slice_started is None or now - slice_started >= READER_SLICE_S:
-                    await asyncio.sleep(0)
-                    slice_started = time.monotonic()
+            async with deadline:
+                # Chunks already buffered arrive without a real suspension, so neither the pump nor the client
+                # would run until the whole buffer is parsed. Yield after the first chunk (time to first chunk)
+                # and then once per time slice; a slow upstream suspends between chunks anyway.
+                slice_started = None
+                async for chunk in self._chunks:
+                    if not first_seen and deadlines is not None:
+                        first_seen = True
+                        deadline.reschedule(deadlines.end)
+                    self._pending.append(chunk)
+                    self._arrived.set()
+                    now = time.monotonic()
+                    if slice_started is None or now - slice_started >= READER_SLICE_S:
+                        await asyncio.sleep(0)
+                        slice_started = time.monotonic()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # Handed to the pump, which journals it as the step's error and raises it to the consumer.
             self._error = exc
+            if isinstance(exc, TimeoutError) and deadlines is not None and deadline.expired():
+                self._error = deadlines.exceeded(first_seen)
+                log.warning("stream step %d: %s", self._step.id, self._error)
         finally:
             self._ended = True
             self._arrived.set()
+            await self._close_upstream()
+
+    async def _close_upstream(self) -> None:
+        """Close the upstream stream however the reading ended (a deadline, a cancel), so its connection goes."""
+        close = getattr(self._chunks, "aclose", None)
+        if close is None:
+            return
+        try:
+            await close()
+        except Exception as exc:
+            log.debug("closing the upstream stream of step %d: %s", self._step.id, exc)
 
     def _publish(self, item: Ready) -> None:
         if not self._detached:

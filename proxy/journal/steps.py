@@ -92,6 +92,39 @@ class Step:
     assembly: Assembly = field(default_factory=Assembly)
 
 
+class UnrecordedEnds:
+    """Steps this process ended whose ending the store could not write (disk full): open in their rows, dead here.
+
+    An open row holds its Idempotency-Key, so without this a client retrying a step that failed on a full disk
+    would be refused (409) until a restart's recovery closed the row. The writer records each such ending here
+    (`Journal.close`); the key checks of the writer and the reader read a step's status through `status`, and a
+    retry under the key writes the ending before its own step (`Journal.begin`). Until then, one small entry per
+    step that ended while the store could not be written.
+    """
+
+    def __init__(self) -> None:
+        self._endings: dict[int, tuple[StepStatus, str | None]] = {}
+
+    def remember(self, step_id: int, status: StepStatus, error: str | None) -> None:
+        self._endings[step_id] = (status, error)
+
+    def ending(self, step_id: int) -> tuple[StepStatus, str | None] | None:
+        """The status and error (JSON) this process knows of a step whose row says `open`."""
+        return self._endings.get(step_id)
+
+    def forget(self, step_id: int) -> None:
+        """The ending is written now."""
+        self._endings.pop(step_id, None)
+
+    def status(self, step_id: int, stored: str) -> str:
+        """The status to act on: the stored one, or the ending this process knows of an `open` row."""
+        known = self._endings.get(step_id) if stored == StepStatus.OPEN else None
+        return stored if known is None else known[0]
+
+    def __len__(self) -> int:
+        return len(self._endings)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     id: int

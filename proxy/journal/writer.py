@@ -4,7 +4,8 @@
 durable (docs/architecture.md, invariant 7): a client can never have seen a chunk that a `kill -9` loses.
 Ending a step with a whole answer (`seal`, and `complete` in recovery) writes the `done` event, the answer's
 history node (`proxy.history.answers`) and the step row in one transaction, so there is no moment where the
-answer is sealed but missing from the conversation, or the reverse.
+answer is sealed but missing from the conversation, or the reverse. A step failed or interrupted while the store
+cannot be written (disk full) is remembered as such in memory (`unrecorded`), so its Idempotency-Key is free.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from proxy.journal.steps import (
     Step,
     StepRecord,
     StepStatus,
+    UnrecordedEnds,
     dumps,
     event_type,
 )
@@ -53,6 +55,8 @@ class Journal:
         self._answers = answers
         self.config = config
         self.clock = clock
+        self.unrecorded = UnrecordedEnds()
+        """Endings the store could not write; `JournalReader` reads keys through it too."""
 
     async def begin(
         self,
@@ -88,17 +92,22 @@ class Journal:
             dumps(context),
         )
 
+        unrecorded = self.unrecorded
+
         def write(connection: sqlite3.Connection) -> int:
             if idempotency_key is not None:
                 prior = connection.execute(
-                    "SELECT fingerprint, status FROM journal_steps WHERE tenant = ? AND idempotency_key = ? "
+                    "SELECT id, fingerprint, status FROM journal_steps WHERE tenant = ? AND idempotency_key = ? "
                     "ORDER BY id DESC LIMIT 1",
                     (tenant, idempotency_key),
                 ).fetchone()
                 if prior is not None:
-                    check_key(prior["fingerprint"], prior["status"], fingerprint)
-                    if prior["status"] in ENDED:
+                    status = unrecorded.status(prior["id"], prior["status"])
+                    check_key(prior["fingerprint"], status, fingerprint)
+                    if status in ENDED:
                         raise Conflict(KEY_DONE, param=KEY_PARAM)
+                    if status != prior["status"]:
+                        write_unrecorded_ending(connection, prior["id"])
             cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
                 "status, parent_message_id, created_at, encoding, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -108,8 +117,23 @@ class Journal:
                 raise RuntimeError("journal step was not inserted")
             return cursor.lastrowid
 
-        # The only statement that changes anything is the INSERT, which SQLite rolls back alone if it fails.
-        step_id = await self._db.write(write, atomic=False)
+        def write_unrecorded_ending(connection: sqlite3.Connection, prior_id: int) -> None:
+            # The step this process knows ended still holds the key in the store (an open row): end it there.
+            ending = unrecorded.ending(prior_id)
+            assert ending is not None
+            connection.execute(
+                "UPDATE journal_steps SET status = ?, error = ? WHERE id = ? AND status = ?",
+                (ending[0], ending[1], prior_id, StepStatus.OPEN),
+            )
+            ended_prior.append(prior_id)
+
+        ended_prior: list[int] = []
+        # Without an unrecorded ending to write, the only statement that changes anything is the INSERT, which
+        # SQLite rolls back alone if it fails.
+        known_dead = idempotency_key is not None and len(unrecorded) > 0
+        step_id = await self._db.write(write, atomic=not known_dead)
+        for prior_id in ended_prior:
+            unrecorded.forget(prior_id)
         return Step(step_id, tenant, session_id, model, stream, parent_message_id, encoding=encoding, created_at=now)
 
     async def append(self, step: Step, chunks: Sequence[Chunk]) -> list[str]:
@@ -182,7 +206,8 @@ class Journal:
 
         An ending status (sealed, complete) also links the answer into history and raises Conflict if the step
         is no longer open; failing or interrupting an ended step is a no-op returning None, since cleanup paths
-        (a cancelled seal) may call them late.
+        (a cancelled seal) may call them late. If the store cannot write a failed or interrupted ending, the
+        step is remembered as ended in `unrecorded` (its row stays open for recovery) and the error is raised.
         """
         answer = self._pending_answer(step) if status in ENDED else None
         now = self.clock()
@@ -212,7 +237,16 @@ class Journal:
                 connection.execute(INSERT_EVENT, (step.id, step.next_seq, *event, now))
             return True, stored
 
-        closed, stored = await self._db.write(write)
+        try:
+            closed, stored = await self._db.write(write)
+        except Conflict:
+            raise
+        except Exception:
+            if status not in ENDED:
+                self.unrecorded.remember(step.id, status, dumps(error))
+                step.status = status
+                log.error("journal step %d could not be recorded as %s; this process knows it ended", step.id, status)
+            raise
         if not closed:
             log.warning("journal step %d was no longer open; not marked %s", step.id, status)
             return None

@@ -6,23 +6,33 @@ state is touched; what the fields mean is each wire adapter's business.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
 
-async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
-    """Read at most `max_bytes`; a larger body is refused before (or as soon as) it is known to be too big."""
+async def read_body(
+    chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int, timeout_s: float | None = None
+) -> bytes:
+    """Read at most `max_bytes` within `timeout_s` (None: no deadline); a larger body is refused before (or as
+    soon as) it is known to be too big, a slower one with a 408 that closes the connection."""
     if content_length is not None and content_length.isdigit() and int(content_length) > max_bytes:
         raise PayloadTooLarge(f"Request body is {content_length} bytes; the limit is {max_bytes} bytes.")
     received = bytearray()
-    async for chunk in chunks:
-        received += chunk
-        if len(received) > max_bytes:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes.")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in chunks:
+                received += chunk
+                if len(received) > max_bytes:
+                    raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes.")
+    except TimeoutError as exc:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout_s} s ({len(received)} bytes received)."
+        ) from exc
     return bytes(received)
 
 

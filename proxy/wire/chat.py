@@ -50,7 +50,10 @@ class ChatCompletions:
     async def __call__(self, request: Request) -> Response:
         caller = authenticate(request.headers, self._config.auth)
         raw = await read_body(
-            request.stream(), request.headers.get("content-length"), self._config.request_limits.max_body_bytes
+            request.stream(),
+            request.headers.get("content-length"),
+            self._config.request_limits.max_body_bytes,
+            self._config.server.body_timeout_s,
         )
         conversation = parse_chat_request(raw)
         options = context_options(request.headers)
