@@ -24,6 +24,7 @@ from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
 from proxy.journal.reader import DEFAULT_PAGE
 from proxy.services import Services, open_services
 from proxy.wire.chat import ChatCompletions
+from proxy.wire.context_headers import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,11 @@ async def _journal_step(request: Request) -> Response:
     caller = authenticate(request.headers, services.config.auth)
     text = request.path_params["step_id"]
     if not text.isascii() or not text.isdigit():
-        raise InvalidRequest(f"Journal step ids are whole numbers, got '{text}'.", param="step_id")
-    return JSONResponse(await services.inspector.step(caller.tenant, int(text)))
+        raise InvalidRequest(f"Journal step ids are whole numbers, got '{text[:40]}'.", param="step_id")
+    step_id = whole_number(text)
+    if step_id is None:  # past SQLite's integers: no step can have it
+        raise NotFound(f"No journal step {text[:40]}….", code="step_not_found")
+    return JSONResponse(await services.inspector.step(caller.tenant, step_id))
 
 
 def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
@@ -154,10 +158,11 @@ def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
         if text is None:
             values.append(default)
             continue
-        if not text.isascii() or not text.isdigit() or (maximum is not None and not 1 <= int(text) <= maximum):
-            bound = f" between 1 and {maximum}" if maximum else ""
+        number = whole_number(text)
+        if number is None or (maximum is not None and not 1 <= number <= maximum):
+            bound = f" between 1 and {maximum}" if maximum else " below 2^63"
             raise InvalidRequest(f"Query parameter '{name}' must be a whole number{bound}.", param=name)
-        values.append(int(text))
+        values.append(number)
     return values[0], values[1]
 
 

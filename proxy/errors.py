@@ -15,8 +15,9 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
     │   └── PayloadTooLarge         413
-    └── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
-                                    when it refused the prompt as longer than its context window
+    ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
+    │                               when it refused the prompt as longer than its context window
+    └── StorageFull                 507 storage_full (SQLite's "database or disk is full", from `proxy.store`)
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ class UpstreamError(ProxyError):
         super().__init__(message, param=param, code=code, status=status, error_type=error_type, headers=headers)
         self.context_overflow = context_overflow
         """Set when the upstream refused the prompt as too long for its window: the pipeline heals on it."""
+
+
+class StorageFull(ProxyError):
+    """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept."""
+
+    status, code = 507, "storage_full"
 
 
 def error_fields(exc: BaseException) -> JSONBody:

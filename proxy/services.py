@@ -29,6 +29,7 @@ from proxy.journal.writer import Journal
 from proxy.pipeline import Pipeline
 from proxy.store.database import Database
 from proxy.upstream.litellm_client import LiteLLMUpstream
+from proxy.upstream.redaction import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         if recover:
             report = await recovery.recover()
             log.info("journal recovery: %s", report)
-        upstream = LiteLLMUpstream(config.upstream, config.models)
+        upstream = LiteLLMUpstream(config.upstream, config.models, Redactor.from_config(config))
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
         summaries = Summaries(db)

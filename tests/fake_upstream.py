@@ -107,10 +107,17 @@ class Fault:
     delay_s: float = 0.0
     drop_after_chunks: int | None = None
     malformed_after_chunks: int | None = None
+    error_after_chunks: int | None = None
+    """Send `data: {body}` (an OpenAI error event) after this many chunks, then end the stream."""
+    after_done: str | None = None
+    """Raw SSE text sent after `[DONE]` (a misbehaving upstream), with a normal answer before it."""
 
     @property
     def breaks_stream(self) -> bool:
-        return self.drop_after_chunks is not None or self.malformed_after_chunks is not None
+        return any(
+            value is not None
+            for value in (self.drop_after_chunks, self.malformed_after_chunks, self.error_after_chunks, self.after_done)
+        )
 
 
 class UpstreamError(Exception):
@@ -694,7 +701,11 @@ class FakeUpstream:
     async def _events(self, chunks: list[dict[str, Any]], fault: Fault | None) -> AsyncIterator[str]:
         drop_at = fault.drop_after_chunks if fault is not None else None
         malformed_at = fault.malformed_after_chunks if fault is not None else None
+        error_at = fault.error_after_chunks if fault is not None else None
         for sent, chunk in enumerate(chunks):
+            if sent == error_at and fault is not None:
+                yield _sse(fault.body or default_error_body(500))
+                return
             if sent == drop_at:
                 raise IntentionalDrop(f"fake upstream dropped the stream after {sent} chunks")
             if sent == malformed_at:
@@ -710,3 +721,5 @@ class FakeUpstream:
             yield MALFORMED_EVENT
             return
         yield DONE_EVENT
+        if fault is not None and fault.after_done is not None:
+            yield fault.after_done

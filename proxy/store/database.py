@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import aiosqlite
 
+from proxy.errors import StorageFull
 from proxy.store.migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class Database:
                 except (sqlite3.Error, ValueError) as exc:
                     # The transaction itself failed (disk full, I/O error): nothing in it was committed.
                     log.error("database write transaction failed: %s", exc)
-                    outcomes = [(None, exc)] * len(live)
+                    outcomes = [(None, storage_error(exc))] * len(live)
                 for job, (result, error) in zip(live, outcomes, strict=True):
                     if job.future.done():
                         continue
@@ -179,16 +180,33 @@ def _run_job(connection: sqlite3.Connection, work: WriteWork[Any], atomic: bool)
         try:
             return work(connection), None
         except Exception as exc:
-            return None, exc
+            return None, storage_error(exc)
     connection.execute("SAVEPOINT job")
     try:
         result = work(connection)
     except Exception as exc:
         connection.execute("ROLLBACK TO job")
         connection.execute("RELEASE job")
-        return None, exc
+        return None, storage_error(exc)
     connection.execute("RELEASE job")
     return result, None
+
+
+def storage_error(exc: BaseException) -> BaseException:
+    """SQLite's "database or disk is full" as the 507 a client can act on; any other failure unchanged."""
+    if not any(_is_full(cause) for cause in (exc, exc.__context__)):
+        return exc
+    error = StorageFull("The proxy's storage is full: nothing was saved. The operator must free disk space.")
+    error.__cause__ = exc
+    return error
+
+
+def _is_full(exc: BaseException | None) -> bool:
+    # A failed write may surface as the ROLLBACK TO that followed it ("no such savepoint": SQLITE_FULL had already
+    # rolled the whole transaction back), with the real failure as its context.
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
 
 
 def _open_writer(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -222,9 +240,19 @@ async def _connect_reader(path: Path, synchronous: str) -> aiosqlite.Connection:
     return connection
 
 
+class SchemaTooNew(Exception):
+    """The store was migrated by a newer version of the proxy: this one would misread or damage it."""
+
+
 def _migrate(connection: sqlite3.Connection) -> None:
     connection.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
+    unknown = sorted(applied - {migration.__name__ for migration in MIGRATIONS})
+    if unknown:
+        raise SchemaTooNew(
+            f"The store's schema is newer than this proxy: it has migration(s) {', '.join(unknown)}, and this "
+            f"version knows only up to {MIGRATIONS[-1].__name__}. Run the newer proxy, or use another store."
+        )
     for migration in MIGRATIONS:
         if migration.__name__ in applied:
             continue

@@ -6,7 +6,9 @@ upstream really said (its JSON error, status and Retry-After) and tells a refuse
 and a timeout (504) from an answer. A refusal of the prompt as too long for the upstream's window, in any
 provider's words (`proxy.upstream.context_window`), is marked `context_overflow` for the pipeline to heal, the
 upstream's status, type and message kept for the client. Each failure is logged once, with its cause, so that
-the operator can see why a request failed. Nothing else in the proxy inspects a foreign exception.
+the operator can see why a request failed. Nothing else in the proxy inspects a foreign exception. The
+upstream's text is redacted here (`proxy.upstream.redaction`), before it is logged, stored or sent: providers
+echo the keys they refuse.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import openai
 
 from proxy.errors import UpstreamError
 from proxy.upstream.context_window import context_overflow
+from proxy.upstream.redaction import NO_SECRETS, Redactor
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +37,29 @@ KEY_STATUSES = frozenset({401, 403})
 
 
 def upstream_error(
-    exc: BaseException, mid_stream: bool = False, *, model: str | None = None, missing_keys: str | None = None
+    exc: BaseException,
+    mid_stream: bool = False,
+    *,
+    model: str | None = None,
+    missing_keys: str | None = None,
+    redactor: Redactor = NO_SECRETS,
 ) -> UpstreamError:
     """The one conversion of a foreign exception from an upstream call into the error the client sees.
 
     `model` names the configured model in the log line; `missing_keys` is the sentence naming the provider keys
     it lacks (`proxy.upstream.credentials`), added to the error of a call that may have failed for want of
-    them (unreachable, 401, 403).
+    them (unreachable, 401, 403). `redactor` holds the configured secrets; every text taken from `exc` passes
+    through it. The debug line carries no traceback: it would repeat the upstream's words unredacted.
     """
     if isinstance(exc, UpstreamError):
         return exc
-    log.debug("upstream call failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-    error = _converted(exc, mid_stream, missing_keys)
+    log.debug("upstream call failed: %s: %s", type(exc).__name__, redactor.redact(str(exc)))
+    error = _converted(exc, mid_stream, missing_keys, redactor)
     _log(error, model or "?", missing_keys)
     return error
 
 
-def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None) -> UpstreamError:
+def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None, redactor: Redactor) -> UpstreamError:
     # litellm.Timeout subclasses openai.APITimeoutError, so LiteLLM need not be imported here.
     if isinstance(exc, httpx.TimeoutException | openai.APITimeoutError):
         return UpstreamError(
@@ -60,9 +69,10 @@ def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None) -
             code=TIMEOUT,
         )
     status = getattr(exc, "status_code", None)
-    message = str(getattr(exc, "message", None) or exc)
+    message = redactor.redact(str(getattr(exc, "message", None) or exc))
     body = _upstream_body(message)
     cause = _transport_cause(exc) if not body else None
+    cause = None if cause is None else redactor.redact(cause)
     if cause is not None:
         where = f"the connection broke mid-stream: {cause}" if mid_stream else cause
         return UpstreamError(
@@ -92,9 +102,9 @@ def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None) -
     return UpstreamError(
         _with_hint(text, hint),
         status=status,
-        error_type=str(error.get("type") or _default_type(status)),
-        code=None if error.get("code") is None else str(error["code"]),
-        param=None if error.get("param") is None else str(error["param"]),
+        error_type=redactor.redact(str(error.get("type") or _default_type(status))),
+        code=None if error.get("code") is None else redactor.redact(str(error["code"])),
+        param=None if error.get("param") is None else redactor.redact(str(error["param"])),
         headers=headers,
         context_overflow=context_overflow(status, error, text, exc),
     )

@@ -33,6 +33,7 @@ from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
+from proxy.upstream.redaction import NO_SECRETS, Redactor
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ class UpstreamRoute:
 class LiteLLMUpstream:
     """`proxy.upstream.protocol.Upstream` through `litellm.acompletion`."""
 
-    def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...]) -> None:
+    def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
         self._litellm = environment.litellm()
+        self._redactor = redactor
         self._config = config
         self._models = models
         self._routes = {entry.name: self._route(entry) for entry in models}
@@ -108,7 +110,7 @@ class LiteLLMUpstream:
     def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
         names = self.route(entry).missing_keys
         hint = missing_keys_text(entry, names) if names else None
-        return upstream_error(exc, mid_stream, model=entry.name, missing_keys=hint)
+        return upstream_error(exc, mid_stream, model=entry.name, missing_keys=hint, redactor=self._redactor)
 
     def _kwargs(
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
@@ -160,6 +162,10 @@ async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], 
     try:
         async for chunk in source:
             if isinstance(chunk, dict):
+                if chunk.get("is_finished") and finished:
+                    # `[DONE]` after the answer's finish_reason: nothing an upstream sends after it is relayed.
+                    # (LiteLLM reports any line containing "[DONE]" so, hence only after the finish.)
+                    break
                 finished = finished or bool(chunk.get("is_finished"))
                 continue
             payload = openai_json(chunk.model_dump(exclude_none=True))

@@ -40,6 +40,9 @@ _MAX_OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens")
 _DELIVERY_PARAMS = ("stream", "stream_options")
 """How the answer is delivered, not what is asked."""
 REPLAY_HEADER = "X-Context-Replay"
+MAX_NESTING_DEPTH = 100
+"""Arrays and objects inside one another, anywhere in the body. Far above any real tool schema or content
+part; far below Python's recursion limit, which hashing and normalizing a message would otherwise reach."""
 
 
 class ChatCompletions:
@@ -112,6 +115,7 @@ async def _replay_events(answer: Replayed) -> AsyncIterator[bytes]:
 def parse_chat_request(raw: bytes) -> Conversation:
     """A chat completion request as the canonical conversation; 400 naming the field for anything invalid."""
     body = parse_json_object(raw)
+    _check_nesting(body)
     model = body.get("model")
     if model is None:
         raise InvalidRequest("You must provide a model parameter.", param="model")
@@ -138,6 +142,19 @@ def parse_chat_request(raw: bytes) -> Conversation:
         max_output_param=max_param,
         identity={key: value for key, value in body.items() if key not in _DELIVERY_PARAMS},
     )
+
+
+def _check_nesting(body: dict[str, Any]) -> None:
+    """Walked without recursion, so that the check itself cannot hit the limit it guards."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_NESTING_DEPTH:
+            raise InvalidRequest(
+                f"The JSON body of your request is nested too deeply (more than {MAX_NESTING_DEPTH} levels)."
+            )
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
 def _validate_message(message: Any, where: str) -> None:

@@ -7,6 +7,7 @@ are the same on stream and non-stream answers, on every door.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from proxy.conversation import ContextMode, ContextOptions, ContextReport
@@ -15,6 +16,11 @@ from proxy.errors import InvalidRequest
 MAX_SESSION_ID_LENGTH = 200
 MAX_PRESERVE_RECENT = 1000
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+MAX_STORED_INTEGER = 2**63 - 1
+"""SQLite's largest integer: a number past it can name nothing stored, and binding it raises OverflowError."""
+SESSION_ID_CHARACTERS = "ASCII letters, digits and . _ - ~ : @"
+_SESSION_ID = re.compile(r"[A-Za-z0-9._~:@-]+")
+"""Characters that read back unchanged in a URL path segment (`GET /sessions/{id}`) and in an HTTP header."""
 
 
 def context_options(headers: Mapping[str, str]) -> ContextOptions:
@@ -26,7 +32,7 @@ def context_options(headers: Mapping[str, str]) -> ContextOptions:
             f"Header X-Context-Mode must be one of {', '.join(ContextMode)}, got {mode!r}.", param="X-Context-Mode"
         )
     return ContextOptions(
-        session_id=_token_header(headers, "X-Session-Id", MAX_SESSION_ID_LENGTH),
+        session_id=_session_id(headers),
         budget=None if reset else _int_header(headers, "X-Context-Budget", minimum=1),
         reset_budget=reset,
         preserve_recent=_int_header(headers, "X-Context-Preserve-Recent", minimum=0, maximum=MAX_PRESERVE_RECENT),
@@ -45,15 +51,38 @@ def _token_header(headers: Mapping[str, str], name: str, max_length: int) -> str
     return value
 
 
+def _session_id(headers: Mapping[str, str]) -> str | None:
+    """Refused at the door unless every character survives a round trip through a URL path and a header."""
+    value = _token_header(headers, "X-Session-Id", MAX_SESSION_ID_LENGTH)
+    if value is not None and _SESSION_ID.fullmatch(value) is None:
+        raise InvalidRequest(
+            f"Header X-Session-Id may contain only {SESSION_ID_CHARACTERS} (so that /sessions/{{id}} can serve it).",
+            param="X-Session-Id",
+        )
+    return value
+
+
 def _int_header(headers: Mapping[str, str], name: str, minimum: int, maximum: int | None = None) -> int | None:
     value = headers.get(name.lower())
     if value is None:
         return None
-    text = value.strip()
-    if not text.isascii() or not text.isdigit() or int(text) < minimum or (maximum is not None and int(text) > maximum):
-        limits = f"at least {minimum}" + (f" and at most {maximum}" if maximum is not None else "")
-        raise InvalidRequest(f"Header {name} must be a whole number {limits}, got {value!r}.", param=name)
-    return int(text)
+    number = whole_number(value.strip())
+    upper = MAX_STORED_INTEGER if maximum is None else maximum
+    if number is None or not minimum <= number <= upper:
+        limits = f"at least {minimum} and at most {upper}"
+        shown = value if len(value) <= 40 else f"{value[:40]}… ({len(value)} characters)"
+        raise InvalidRequest(f"Header {name} must be a whole number {limits}, got {shown!r}.", param=name)
+    return number
+
+
+def whole_number(text: str) -> int | None:
+    """`text` as a non-negative integer SQLite can store, or None (not digits, or past `MAX_STORED_INTEGER`).
+
+    The length is checked before `int()`: Python refuses more than 4,300 digits with a ValueError."""
+    if not text.isascii() or not text.isdigit() or len(text) > len(str(MAX_STORED_INTEGER)):
+        return None
+    number = int(text)
+    return number if number <= MAX_STORED_INTEGER else None
 
 
 def report_headers(report: ContextReport) -> dict[str, str]:

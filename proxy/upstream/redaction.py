@@ -1,0 +1,64 @@
+"""Secrets taken out of an upstream's own words before they reach a client, a log line or the journal.
+
+Providers echo what they refused: a 401 may quote the `Authorization` header, part of the key, or a request
+the proxy built with the operator's key in it. `Redactor` replaces every secret the configuration holds (each
+model's `api_key`, the proxy's client keys) and anything shaped like a key (`sk-…`, `Bearer …`,
+`x-api-key: …`, a long run of letters and digits) with `[redacted]`. A token after `Bearer` or `api-key:`
+must hold a digit, so a provider's own help text (`Authorization: Bearer YOUR_KEY`) reads unchanged. It is
+built once from the frozen config and applied once, where a foreign exception becomes an `UpstreamError`
+(`proxy.upstream.failures`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from proxy.config import Config
+
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 4
+"""Configured secrets shorter than this are not searched for: they would blank ordinary words."""
+
+KEY_SHAPES = re.compile(
+    r"""
+    # OpenAI/Anthropic-style keys, also as providers mask them (sk-abc****wxyz)
+    \b(?:sk|pk|rk)-[A-Za-z0-9_\-*]{6,}
+    # Authorization: Bearer <token>
+    | (?<=\b[Bb]earer\ )\s*(?=[A-Za-z_\-.~+/=*]*[0-9])[A-Za-z0-9_\-.~+/=*]{6,}
+    # x-api-key: <token>, "api_key": "<token>"
+    | (?i:(?<=api[-_]key)|(?<=api[-_]key")|(?<=api[-_]key'))\s*[:=]\s*["']?(?=[^\s"',}0-9]*[0-9])[^\s"',}]{6,}
+    # a long run of letters and digits, both present
+    | \b(?=[A-Za-z_\-]*[0-9])(?=[0-9_\-]*[A-Za-z])[A-Za-z0-9_\-]{32,}\b
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces configured secrets and key-shaped text; the empty one still removes key shapes."""
+
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Redactor:
+        found = {entry.api_key for entry in config.models if entry.api_key} | set(config.auth.keys)
+        usable = (secret for secret in found if len(secret) >= MIN_SECRET_CHARS)
+        return cls(tuple(sorted(usable, key=len, reverse=True)))
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return KEY_SHAPES.sub(_shape_replacement, text)
+
+
+def _shape_replacement(match: re.Match[str]) -> str:
+    value = match.group(0)
+    separator = re.match(r"\s*[:=]\s*[\"']?", value)
+    if separator is not None and separator.group(0):
+        return separator.group(0) + REDACTED
+    return REDACTED
+
+
+NO_SECRETS = Redactor()

@@ -1,0 +1,51 @@
+"""proxy.upstream.redaction: configured secrets and key-shaped text leave the upstream's words."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import AuthConfig, Config, ModelEntry
+from proxy.upstream.failures import upstream_error
+from proxy.upstream.redaction import REDACTED, Redactor
+
+CONFIG = Config(
+    models=(ModelEntry(name="m", model="openai/x", api_key="upstream-key-1234"),),
+    auth=AuthConfig(keys=("client-key-99", "abc")),
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "gone"),
+    [
+        ("refused upstream-key-1234 and client-key-99", ("upstream-key-1234", "client-key-99")),
+        ("Incorrect API key provided: sk-upstr**********1234.", ("sk-upstr",)),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload", ("eyJhbGciOiJIUzI1NiJ9",)),
+        ('{"x-api-key": "zz-0123456789"}', ("zz-0123456789",)),
+        ("token a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8 seen", ("a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",)),
+    ],
+)
+def test_secrets_and_key_shapes_are_redacted(text: str, gone: tuple[str, ...]) -> None:
+    redacted = Redactor.from_config(CONFIG).redact(text)
+    assert REDACTED in redacted
+    for secret in gone:
+        assert secret not in redacted
+
+
+def test_ordinary_error_text_is_kept() -> None:
+    text = "This model's maximum context length is 8192 tokens (gpt-4o-mini, chatcmpl-123); a b c."
+    assert Redactor.from_config(CONFIG).redact(text) == text
+
+
+def test_the_boundary_redacts_message_and_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG")
+    error = upstream_error(
+        RuntimeError('Exception - {"error": {"message": "bad key upstream-key-1234", "type": "auth"}}'),
+        redactor=Redactor.from_config(CONFIG),
+    )
+    assert error.message == f"bad key {REDACTED}"
+    assert "upstream-key-1234" not in caplog.text
+
+
+def test_placeholders_in_provider_help_text_are_kept() -> None:
+    text = "Use an Authorization header with Bearer auth (i.e. Authorization: Bearer YOUR_KEY), api_key: YOUR_KEY."
+    assert Redactor().redact(text) == text
