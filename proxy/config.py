@@ -20,6 +20,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_MESSAGES = 20_000
+DEFAULT_MAX_MESSAGE_CHARS = 4 * 1024 * 1024
+DEFAULT_MAX_ANSWER_CHARS = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
 """Between reads of the upstream's response (LiteLLM's `timeout`): a stall, not a slow answer."""
 DEFAULT_FIRST_BYTE_TIMEOUT_S = 300.0
@@ -101,6 +104,14 @@ class RequestLimits:
     """The `limits:` section: how much one request may send (not a model's limits: see `proxy.budget`)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    """Messages (or input items) in one request: far above a real agent's conversation, far below what keeps
+    one request's parsing, hashing and storing short."""
+    max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
+    """Characters of text in one message (its strings, keys included); a larger one is a 413."""
+    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
+    """Characters of text and tool call arguments in one upstream answer; past it the answer is cut off with an
+    `answer_too_large` error (what came is kept in the journal step)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,10 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             keep_events_s=journal.duration("keep_events", DEFAULT_KEEP_EVENTS_S),
         ),
         request_limits=RequestLimits(
-            max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024)
+            max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024),
+            max_messages=limits.integer("max_messages", DEFAULT_MAX_MESSAGES, minimum=1),
+            max_message_chars=limits.integer("max_message_chars", DEFAULT_MAX_MESSAGE_CHARS, minimum=1024),
+            max_answer_chars=limits.integer("max_answer_chars", DEFAULT_MAX_ANSWER_CHARS, minimum=1024),
         ),
         upstream=UpstreamConfig(
             timeout_s=upstream.number("timeout_s", DEFAULT_TIMEOUT_S, low=0.001, high=86400.0),
@@ -217,7 +231,7 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         (store, {"path"}),
         (context, {f.name for f in ContextConfig.__dataclass_fields__.values()}),
         (journal, {"synchronous", "finish_on_disconnect", "keep_events"}),
-        (limits, {"max_body_bytes"}),
+        (limits, {f.name for f in RequestLimits.__dataclass_fields__.values()}),
         (upstream, {"timeout_s", "num_retries", "first_byte_timeout_s", "stream_deadline_s"}),
         (auth, {"keys"}),
     ):

@@ -14,9 +14,10 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── NotFound                404 model_not_found / session_not_found / ...
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
-    │   └── PayloadTooLarge         413
+    │   └── PayloadTooLarge         413 request_too_large / message_too_large
     ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
     │                               when it refused the prompt as longer than its context window
+    ├── AnswerTooLarge              502 answer_too_large (the upstream's answer outgrew `limits.max_answer_chars`)
     └── StorageFull                 507 storage_full (SQLite's "database or disk is full", from `proxy.store`)
 """
 
@@ -134,6 +135,18 @@ class UpstreamError(ProxyError):
         super().__init__(message, param=param, code=code, status=status, error_type=error_type, headers=headers)
         self.context_overflow = context_overflow
         """Set when the upstream refused the prompt as too long for its window: the pipeline heals on it."""
+
+
+class AnswerTooLarge(ProxyError):
+    """The upstream's answer outgrew `limits.max_answer_chars`: cut off there; what came is kept in its step."""
+
+    status, type, code = 502, "upstream_error", "answer_too_large"
+
+    def __init__(self, limit: int, step_id: int) -> None:
+        super().__init__(
+            f"The upstream's answer exceeded {limit} characters (limits.max_answer_chars) and was cut off; what "
+            f"arrived is kept in journal step {step_id}."
+        )
 
 
 class StorageFull(ProxyError):

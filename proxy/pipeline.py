@@ -36,10 +36,11 @@ from proxy.conversation import (
     Replayed,
     Streaming,
 )
-from proxy.errors import ContextTooLarge, NotFound, UpstreamError, error_fields
+from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
 from proxy.history import chain
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
+from proxy.journal.assembly import assemble
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
 from proxy.journal.replay import answer_chunks
@@ -47,7 +48,7 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.tokens import count_prompt, encoding_for_model
 from proxy.types import Chunk
-from proxy.upstream.deadlines import StreamDeadlines
+from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.protocol import Upstream
 
 log = logging.getLogger(__name__)
@@ -246,10 +247,25 @@ class Pipeline:
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
     ) -> Answer:
         async def complete(plan: Plan) -> Chunk:
-            return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
+            # The stream's total deadline bounds a whole call too: an upstream can drip a JSON body as slowly.
+            total_s = self.config.upstream.stream_deadline_s
+            try:
+                async with asyncio.timeout(total_s) as call:
+                    return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
+            except TimeoutError as exc:
+                if not call.expired():
+                    raise
+                raise deadline_exceeded(
+                    f"The upstream did not answer within the proxy's deadline (upstream.stream_deadline_s={total_s})."
+                ) from exc
 
         sent, response = await self._forward(conversation, options, plan, complete)
         step = await step_begun
+        limit = self.config.request_limits.max_answer_chars
+        assembly = assemble([response])
+        if assembly.size > limit:
+            step.assembly = assembly  # failing the step keeps what was paid for
+            raise AnswerTooLarge(limit, step.id)
         if sent is not plan:
             await self.journal.recontext(step, sent.context())
         await self.journal.seal(step, response)
@@ -281,6 +297,7 @@ class Pipeline:
             finish_on_disconnect=self.config.journal.finish_on_disconnect,
             background=self.background,
             deadlines=deadlines,
+            max_answer_chars=self.config.request_limits.max_answer_chars,
         )
         return Streaming(relay.events(), sent.report())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.journal.assembly import Assembly, assemble
+from proxy.journal.assembly import PIECES_PER_BLOCK, Assembly, assemble
 from proxy.types import Chunk
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
@@ -47,13 +47,13 @@ def test_text_deltas_are_joined_in_order() -> None:
         [delta(role="assistant", content=""), delta(content="Hel"), delta(content="lo, "), delta(content="world")]
     )
     assert assembly.content == "Hello, world"
-    assert assembly.text == ["Hel", "lo, ", "world"]
+    assert assembly.text.value() == "Hello, world"
 
 
 def test_content_is_none_without_text() -> None:
     assembly = assemble([delta(role="assistant"), delta(content=""), delta(content=None), delta("stop")])
     assert assembly.content is None
-    assert assembly.text == []
+    assert assembly.text.value() == ""
 
 
 def test_nothing_assembled_from_no_chunks() -> None:
@@ -315,3 +315,12 @@ def test_message_is_a_fresh_dict_each_time() -> None:
     first = assembly.message()
     first["content"] = "changed"
     assert assembly.message()["content"] == "a"
+
+
+def test_a_long_answer_of_tiny_deltas_is_kept_in_blocks_in_order() -> None:
+    pieces = [f"{i}," for i in range(PIECES_PER_BLOCK * 3 + 7)]
+    assembly = assemble([delta(content=piece) for piece in pieces])
+    assert assembly.content == "".join(pieces)
+    assert len(assembly.text.blocks) == 3
+    assert len(assembly.text.pieces) == 7
+    assert assembly.size == len("".join(pieces))

@@ -15,6 +15,7 @@ from proxy.config import (
     Config,
     ConfigError,
     ModelEntry,
+    RequestLimits,
     load_config,
     parse_config,
 )
@@ -98,7 +99,7 @@ def test_every_key_is_parsed() -> None:
                 "summarizer_model": "small",
             },
             "journal": {"synchronous": "full", "finish_on_disconnect": False, "keep_events": "30m"},
-            "limits": {"max_body_bytes": 4096},
+            "limits": {"max_body_bytes": 4096, "max_messages": 7, "max_message_chars": 2048, "max_answer_chars": 3000},
             "upstream": {"timeout_s": 12.5, "num_retries": 2},
             "auth": {"keys": ["k1", "k2"]},
         }
@@ -120,7 +121,7 @@ def test_every_key_is_parsed() -> None:
     assert config.journal.synchronous == "FULL"
     assert config.journal.finish_on_disconnect is False
     assert config.journal.keep_events_s == 1800.0
-    assert config.request_limits.max_body_bytes == 4096
+    assert config.request_limits == RequestLimits(4096, 7, 2048, 3000)
     assert (config.upstream.timeout_s, config.upstream.num_retries) == (12.5, 2)
     assert config.auth.keys == ("k1", "k2")
     assert config.auth.enabled is True
@@ -276,6 +277,9 @@ def test_example_config_takes_the_key_from_the_environment() -> None:
         ({"context": {"trigger_ratio": 0.01}}, "context.trigger_ratio", "between"),
         ({"context": {"compact_to": 0.0}}, "context.compact_to", "between"),
         ({"limits": {"max_body_bytes": 10}}, "limits.max_body_bytes", "at least 1024"),
+        ({"limits": {"max_messages": 0}}, "limits.max_messages", "at least 1"),
+        ({"limits": {"max_message_chars": 10}}, "limits.max_message_chars", "at least 1024"),
+        ({"limits": {"max_answer_chars": "lots"}}, "limits.max_answer_chars", "whole number"),
         ({"upstream": {"timeout_s": 0}}, "upstream.timeout_s", "between"),
         ({"upstream": {"num_retries": 11}}, "upstream.num_retries", "at most 10"),
         ({"models": [{**MODEL, "context_window": 100}]}, "models[0].context_window", "at least 256"),

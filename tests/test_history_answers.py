@@ -27,7 +27,7 @@ async def link(
 ) -> StoredMessage | None:
     """What the journal's seal does: prepare, write in a transaction, report the commit."""
     answers = Answers(history)
-    pending = answers.prepare(tenant, session, parent, message, ENCODING)
+    pending = await answers.prepare(tenant, session, parent, message, ENCODING)
     stored = await db.write(pending.write)
     if stored is not None:
         answers.committed(pending, stored)
@@ -84,7 +84,7 @@ async def test_an_answer_links_inside_a_callers_transaction(tmp_path: Path) -> N
     db = await Database.open(path)  # a fresh process: nothing about the parent is known in memory
     try:
         history = History(db)
-        pending = Answers(history).prepare("t", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
+        pending = await Answers(history).prepare("t", "s", request.path[-1].id, {"role": "assistant"}, ENCODING)
 
         def seal(connection: Any) -> StoredMessage | None:
             connection.execute("CREATE TABLE IF NOT EXISTS seal_marker (x)")

@@ -1,9 +1,10 @@
 """`context-proxy`: serve the proxy, and read its store from the shell.
 
 `serve` prepares the process environment before anything else runs, refuses to expose an unauthenticated proxy
-beyond loopback unless `--host` says so explicitly, and reports a bad config as one line naming the key instead
-of a traceback. `sessions` and `journal` open the same parts the server runs (`proxy.services`, without
-recovery) on the same SQLite file (WAL lets them run beside it) and print the inspection views.
+beyond loopback unless `--host` says so explicitly, and reports a bad config (or a store written by a newer
+version) as one line instead of a traceback. `sessions` and `journal` open the same parts the server runs
+(`proxy.services`, without recovery) on the same SQLite file (WAL lets them run beside it) and print the
+inspection views.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from proxy.inspection import Inspector
 from proxy.journal.steps import StepStatus
 from proxy.server import server_options
 from proxy.services import open_services
+from proxy.store.database import SchemaTooNew, check_schema
 
+EXIT_STORE = 1
 EXIT_CONFIG = 2
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -101,6 +104,11 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    try:
+        check_schema(config.store.path)
+    except SchemaTooNew as exc:
+        print(f"context-proxy: {exc}", file=sys.stderr)
+        return EXIT_STORE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = server_options(config.server)
     uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, lifespan="on", **options)
@@ -120,7 +128,7 @@ def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
         environment.prepare()
         try:
             data = asyncio.run(_look_up(config, args, view))
-        except InspectionError as exc:
+        except (InspectionError, SchemaTooNew) as exc:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))

@@ -28,7 +28,8 @@ from proxy.compaction.summary_text import acknowledgement_message, fallback_summ
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
-from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt
+from proxy.offload import compute
+from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt, rough_size
 from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
@@ -308,7 +309,8 @@ class Compactor:
                     tokens,
                     replaced,
                 )
-        content = fallback_summary(rendered, need.target, replaced, request.encoding)
+        size = sum(map(rough_size, rendered))
+        content = await compute(size, fallback_summary, rendered, need.target, replaced, request.encoding)
         return WrittenSummary(content, "fallback", FALLBACK_MODEL)
 
     @staticmethod

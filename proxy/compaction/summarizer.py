@@ -18,6 +18,8 @@ from proxy.budget.budgets import Budgets
 from proxy.compaction.summary_text import extractive_summary, summarizer_messages
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import UpstreamError
+from proxy.offload import compute
+from proxy.tokens import rough_size
 from proxy.upstream.protocol import Upstream
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,10 @@ class Summarizer:
         entry = self.entry_for(request_entry)
         max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._budgets.limits(entry).max_output)
         params = {"max_tokens": max_tokens, "temperature": 0}
+        size = sum(map(rough_size, messages))  # the prompt and the fallback count and cut every line of the range
+        prompt = await compute(size, summarizer_messages, messages, target)
         try:
-            response = await self._upstream.complete(entry, summarizer_messages(messages, target), params)
+            response = await self._upstream.complete(entry, prompt, params)
             content = _answer_text(response)
             if content:
                 return WrittenSummary(content, "llm", entry.name)
@@ -80,7 +84,7 @@ class Summarizer:
         except UpstreamError as exc:
             reason = f"{exc.status} {exc.message}"
         log.warning("summarizer %s failed (%s); using the extractive fallback", entry.name, reason)
-        return WrittenSummary(extractive_summary(messages, target), "fallback", FALLBACK_MODEL)
+        return WrittenSummary(await compute(size, extractive_summary, messages, target), "fallback", FALLBACK_MODEL)
 
 
 def _answer_text(response: Mapping[str, Any]) -> str:

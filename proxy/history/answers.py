@@ -2,7 +2,7 @@
 
 An answer is linked when its journal step ends (`proxy.journal.writer`), inside the step's own transaction, so
 there is no moment where the answer is sealed but missing from the conversation, or the reverse. The journal
-asks for a `PendingAnswer` (everything computed on the event loop: normal form, id, token count), runs its
+asks for a `PendingAnswer` (everything computed before the write: normal form, id, token count), runs its
 `write` in the seal's write job, and reports the committed node back with `Answers.committed`, which lets the
 client's next request find the answer in the session's cached path instead of hashing it again.
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History, insert_tokens
+from proxy.offload import compute
+from proxy.tokens import rough_size
 from proxy.types import Message
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,13 @@ class Answers:
     def __init__(self, history: History) -> None:
         self._history = history
 
-    def prepare(self, tenant: str, session_id: str, parent_id: str, message: Message, encoding: str) -> PendingAnswer:
+    async def prepare(
+        self, tenant: str, session_id: str, parent_id: str, message: Message, encoding: str
+    ) -> PendingAnswer:
+        """Hashing and counting a long answer takes a while: in a thread then (`proxy.offload`)."""
+        return await compute(rough_size(message), self._pending, tenant, session_id, parent_id, message, encoding)
+
+    def _pending(self, tenant: str, session_id: str, parent_id: str, message: Message, encoding: str) -> PendingAnswer:
         normal = chain.normalize(message)
         return PendingAnswer(
             tenant=tenant,

@@ -34,6 +34,7 @@ from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
 from proxy.history.messages import Reconciled, Session, SessionInfo, StoredMessage
+from proxy.offload import compute
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Clock, Message
@@ -110,6 +111,17 @@ WHERE t.tokens IS NULL
 )
 
 
+def _encode(parent: str, messages: Sequence[Message]) -> list[tuple[str, str, Message]]:
+    """(id, body, normal form) of each message, chained from `parent`."""
+    encoded: list[tuple[str, str, Message]] = []
+    for message in messages:
+        normal = chain.normalize(message)
+        node_id, body = chain.encode(parent, normal)
+        encoded.append((node_id, body, normal))
+        parent = node_id
+    return encoded
+
+
 def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
     # Looked up at call time, so the one implementation in proxy.tokens stays the one used.
     return tokens.count_message(message, encoding)
@@ -178,25 +190,58 @@ class History:
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
-        entries, variants = self._reused(found, encoding, now)
+        rest = messages[len(found.entries) :]
+        # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
+        size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))
+        entries, variants = await compute(size, self._reused, found, encoding, now)
         after = entries[-1].stored.id if entries else None
-        normals = [chain.normalize(message) for message in messages[len(entries) :]]
-        encoded: list[tuple[str, str]] = []
-        parent = chain.root_parent(tenant) if after is None else after
-        for normal in normals:
-            node_id, body = chain.encode(parent, normal)
-            encoded.append((node_id, body))
-            parent = node_id
-        known = await self._known(tenant, [node_id for node_id, _ in encoded], encoding)
+        encoded = await compute(size, _encode, chain.root_parent(tenant) if after is None else after, rest)
+        known = await self._known(tenant, [node_id for node_id, _, _ in encoded], encoding)
         stored_before = len(entries) + next(
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )
+        new_messages, new_tokens = await compute(
+            size, self._extend, entries, variants, encoded, known, stored_before, encoding, now
+        )
 
+        anchor_id = None
+        derived = session_id is None
+        if session_id is None:
+            path = [entry.stored for entry in entries]
+            session_id = found.session_id if found.whole else await self._derived(tenant, path)
+            if session_id is None:
+                anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
+                session_id = chain.derived_session_id(tenant, anchor_id)
+        return Located(
+            tenant,
+            session_id,
+            derived,
+            anchor_id,
+            encoding,
+            entries,
+            stored_before,
+            new_messages,
+            new_tokens,
+            variants,
+        )
+
+    def _extend(
+        self,
+        entries: list[CachedMessage],
+        variants: list[tuple[str, str, str, float]],
+        encoded: Sequence[tuple[str, str, Message]],
+        known: Mapping[str, KnownNode],
+        stored_before: int,
+        encoding: str,
+        now: float,
+    ) -> tuple[list[tuple[str, str | None, int, str, str, float]], list[tuple[str, str, int]]]:
+        """Append the located nodes to `entries` (and forms not stored yet to `variants`); returns the messages
+        and token counts to write."""
         in_force = entries[-1].settings if entries else {}
         new_messages: list[tuple[str, str | None, int, str, str, float]] = []
         new_tokens: list[tuple[str, str, int]] = []
-        parent_id, depth = after, len(entries)
-        for (node_id, body), normal in zip(encoded, normals, strict=True):
+        parent_id, depth = (entries[-1].stored.id, len(entries)) if entries else (None, 0)
+        for node_id, body, normal in encoded:
             role = str(normal["role"])
             row = known.get(node_id)
             if depth >= stored_before or row is None:
@@ -220,27 +265,7 @@ class History:
             stored = StoredMessage(node_id, parent_id, depth, role, normal, count, created_at)
             entries.append(CachedMessage(stored, json_copy(normal), in_force, len(body) + ENTRY_OVERHEAD))
             parent_id, depth = node_id, depth + 1
-
-        anchor_id = None
-        derived = session_id is None
-        if session_id is None:
-            path = [entry.stored for entry in entries]
-            session_id = found.session_id if found.whole else await self._derived(tenant, path)
-            if session_id is None:
-                anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
-                session_id = chain.derived_session_id(tenant, anchor_id)
-        return Located(
-            tenant,
-            session_id,
-            derived,
-            anchor_id,
-            encoding,
-            entries,
-            stored_before,
-            new_messages,
-            new_tokens,
-            variants,
-        )
+        return new_messages, new_tokens
 
     def _reused(
         self, found: PathMatch, encoding: str, now: float

@@ -13,13 +13,36 @@ from typing import Any
 
 from proxy.types import Chunk, Message
 
+PIECES_PER_BLOCK = 512
+"""Stream deltas are a few characters each, and a Python string costs ~50 bytes beside its text: pieces are joined
+into blocks as they come, so a long answer costs about its own size in memory, not ten times that."""
+
+
+@dataclass
+class Text:
+    """A text appended piece by piece, kept as blocks of joined pieces."""
+
+    blocks: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    size: int = 0
+
+    def append(self, piece: str) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+        if len(self.pieces) >= PIECES_PER_BLOCK:
+            self.blocks.append("".join(self.pieces))
+            self.pieces = []
+
+    def value(self) -> str:
+        return "".join(self.blocks) + "".join(self.pieces)
+
 
 @dataclass
 class _ToolCall:
     id: str | None = None
     type: str = "function"
     name: str = ""
-    arguments: list[str] = field(default_factory=list)
+    arguments: Text = field(default_factory=Text)
 
 
 @dataclass
@@ -30,7 +53,7 @@ class Assembly:
     assembles both kinds.
     """
 
-    text: list[str] = field(default_factory=list)
+    text: Text = field(default_factory=Text)
     calls: dict[int, _ToolCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -69,8 +92,13 @@ class Assembly:
             call.arguments.append(arguments)
 
     @property
+    def size(self) -> int:
+        """Characters of text and tool call arguments so far: what `limits.max_answer_chars` bounds."""
+        return self.text.size + sum(call.arguments.size for call in self.calls.values())
+
+    @property
     def content(self) -> str | None:
-        return "".join(self.text) or None
+        return self.text.value() or None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]] | None:
@@ -80,7 +108,7 @@ class Assembly:
             {
                 "id": call.id or f"call_{index}",
                 "type": call.type,
-                "function": {"name": call.name, "arguments": "".join(call.arguments)},
+                "function": {"name": call.name, "arguments": call.arguments.value()},
             }
             for index, call in sorted(self.calls.items())
         ]

@@ -15,7 +15,8 @@ interrupt when cancelled; no ending leaves the step open while this process live
 store that cannot even record the failure). If the consumer goes away, the pump by default reads the answer to
 its end and seals it — it was paid for — unless `finish_on_disconnect` is off. The reader enforces the stream's
 deadlines (`proxy.upstream.deadlines`): past one, the upstream stream is closed and the step fails with a 504
-`upstream_timeout`. The relay knows nothing of wire formats: groups are canonical chunks.
+`upstream_timeout`; an answer past `limits.max_answer_chars` is cut off the same way, with `answer_too_large`
+(memory per stream stays bounded). The relay knows nothing of wire formats: groups are canonical chunks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.errors import error_fields
+from proxy.errors import AnswerTooLarge, error_fields
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.types import Chunk
@@ -65,11 +66,13 @@ class StreamRelay:
         finish_on_disconnect: bool,
         background: set[asyncio.Task[None]],
         deadlines: StreamDeadlines | None = None,
+        max_answer_chars: int | None = None,
     ) -> None:
         self._journal = journal
         self._step = step
         self._chunks = chunks
         self._deadlines = deadlines
+        self._max_answer_chars = max_answer_chars
         self._finish_on_disconnect = finish_on_disconnect
         self._pending: list[Chunk] = []
         self._arrived = asyncio.Event()
@@ -114,6 +117,9 @@ class StreamRelay:
                 if group:
                     texts = await self._journal.append(self._step, group)
                     self._publish([Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)])
+                    if self._too_large():
+                        reader.cancel()  # which closes the upstream stream
+                        break
                 if self._ended and not self._pending:
                     break
             if self._error is None:
@@ -143,6 +149,15 @@ class StreamRelay:
             self._publish(exc)
         finally:
             await asyncio.gather(reader, return_exceptions=True)
+
+    def _too_large(self) -> bool:
+        """An answer past `max_answer_chars` ends here, failed: what it holds so far is already journaled."""
+        limit = self._max_answer_chars
+        if limit is None or self._step.assembly.size <= limit:
+            return False
+        self._error = AnswerTooLarge(limit, self._step.id)
+        log.warning("stream step %d: %s", self._step.id, self._error)
+        return True
 
     async def _read(self) -> None:
         deadlines = self._deadlines

@@ -209,7 +209,7 @@ class Journal:
         (a cancelled seal) may call them late. If the store cannot write a failed or interrupted ending, the
         step is remembered as ended in `unrecorded` (its row stays open for recovery) and the error is raised.
         """
-        answer = self._pending_answer(step) if status in ENDED else None
+        answer = await self._pending_answer(step) if status in ENDED else None
         now = self.clock()
         sealed_at = now if status in ENDED else None
         prune = status in PRUNABLE and self.config.keep_events_s == 0
@@ -275,9 +275,9 @@ class Journal:
             step.events,
         )
 
-    def _pending_answer(self, step: Step) -> PendingAnswer | None:
+    async def _pending_answer(self, step: Step) -> PendingAnswer | None:
         if step.session_id is None or step.parent_message_id is None:
             return None
-        return self._answers.prepare(
+        return await self._answers.prepare(
             step.tenant, step.session_id, step.parent_message_id, step.assembly.message(), step.encoding
         )

@@ -244,15 +244,33 @@ class SchemaTooNew(Exception):
     """The store was migrated by a newer version of the proxy: this one would misread or damage it."""
 
 
-def _migrate(connection: sqlite3.Connection) -> None:
-    connection.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-    applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
+def check_schema(path: Path) -> None:
+    """SchemaTooNew if the store at `path` (if any) was migrated by a newer proxy: what `serve` checks before it
+    starts, to say so in one line. Reads only; a missing store is fine."""
+    if not path.exists():
+        return
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        listed = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'migrations'")
+        if listed.fetchone() is not None:
+            _refuse_newer({row[0] for row in connection.execute("SELECT name FROM migrations")})
+    finally:
+        connection.close()
+
+
+def _refuse_newer(applied: set[str]) -> None:
     unknown = sorted(applied - {migration.__name__ for migration in MIGRATIONS})
     if unknown:
         raise SchemaTooNew(
             f"The store's schema is newer than this proxy: it has migration(s) {', '.join(unknown)}, and this "
             f"version knows only up to {MIGRATIONS[-1].__name__}. Run the newer proxy, or use another store."
         )
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    connection.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
+    _refuse_newer(applied)
     for migration in MIGRATIONS:
         if migration.__name__ in applied:
             continue

@@ -4,7 +4,8 @@ LiteLLM's `timeout` (`upstream.timeout_s`) bounds each read, so an upstream that
 would hold a stream, its step and its Idempotency-Key for ever. These two deadlines are the proxy's own, set
 when the call starts and enforced around the `Upstream` seam (the pipeline while the stream opens, the relay's
 reader after), so they hold for every upstream; what the client hears is the timeout the upstream boundary
-reports for a read timeout (`proxy.upstream.failures`), a 504 `upstream_timeout`.
+reports for a read timeout (`proxy.upstream.failures`), a 504 `upstream_timeout`. The total deadline also bounds
+a whole non-stream call, which an upstream can drip as slowly.
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.auth import authenticate
-from proxy.config import Config
+from proxy.config import Config, RequestLimits
 from proxy.conversation import Answer, Completed, Conversation, Replayed
 from proxy.errors import InvalidRequest, openai_error
 from proxy.journal.relay import JournaledGroups
 from proxy.pipeline import Pipeline
-from proxy.wire.body import json_type, parse_json_object, read_body
+from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
 from proxy.wire.context_headers import context_options, report_headers
 from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 
@@ -40,9 +40,7 @@ _MAX_OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens")
 _DELIVERY_PARAMS = ("stream", "stream_options")
 """How the answer is delivered, not what is asked."""
 REPLAY_HEADER = "X-Context-Replay"
-MAX_NESTING_DEPTH = 100
-"""Arrays and objects inside one another, anywhere in the body. Far above any real tool schema or content
-part; far below Python's recursion limit, which hashing and normalizing a message would otherwise reach."""
+DEFAULT_LIMITS = RequestLimits()
 
 
 class ChatCompletions:
@@ -58,7 +56,8 @@ class ChatCompletions:
             self._config.request_limits.max_body_bytes,
             self._config.server.body_timeout_s,
         )
-        conversation = parse_chat_request(raw)
+        limits = self._config.request_limits
+        conversation = await parse_off_loop(raw, lambda raw: parse_chat_request(raw, limits))
         options = context_options(request.headers)
         return render(await self._pipeline.answer(caller.tenant, conversation, options), conversation.stream)
 
@@ -112,10 +111,11 @@ async def _replay_events(answer: Replayed) -> AsyncIterator[bytes]:
     yield SSE_DONE
 
 
-def parse_chat_request(raw: bytes) -> Conversation:
-    """A chat completion request as the canonical conversation; 400 naming the field for anything invalid."""
+def parse_chat_request(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> Conversation:
+    """A chat completion request as the canonical conversation; 400 naming the field for anything invalid
+    (413 for a message over `limits.max_message_chars`)."""
     body = parse_json_object(raw)
-    _check_nesting(body)
+    check_shape({key: value for key, value in body.items() if key != "messages"}, "", limits)
     model = body.get("model")
     if model is None:
         raise InvalidRequest("You must provide a model parameter.", param="model")
@@ -128,6 +128,7 @@ def parse_chat_request(raw: bytes) -> Conversation:
         raise InvalidRequest(f"'messages' must be an array, not {json_type(messages)}.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    check_messages(messages, "messages", limits)
     for index, message in enumerate(messages):
         _validate_message(message, f"messages[{index}]")
     _validate_params(body)
@@ -142,19 +143,6 @@ def parse_chat_request(raw: bytes) -> Conversation:
         max_output_param=max_param,
         identity={key: value for key, value in body.items() if key not in _DELIVERY_PARAMS},
     )
-
-
-def _check_nesting(body: dict[str, Any]) -> None:
-    """Walked without recursion, so that the check itself cannot hit the limit it guards."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_NESTING_DEPTH:
-            raise InvalidRequest(
-                f"The JSON body of your request is nested too deeply (more than {MAX_NESTING_DEPTH} levels)."
-            )
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
 def _validate_message(message: Any, where: str) -> None:

@@ -5,6 +5,7 @@ Each test drives the served proxy over loopback (httpx, the openai SDK) against 
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from pathlib import Path
@@ -15,6 +16,7 @@ import openai
 import pytest
 from starlette.applications import Starlette
 
+from proxy.cli.commands import EXIT_STORE, main
 from proxy.store.database import Database, SchemaTooNew
 from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
@@ -210,3 +212,21 @@ async def test_a_newer_schema_is_refused_naming_both_versions(tmp_path: Path) ->
         db.execute("INSERT INTO migrations (name, applied_at) VALUES ('m999_from_the_future', 0)")
     with pytest.raises(SchemaTooNew, match=f"m999_from_the_future.*{MIGRATIONS[-1].__name__}"):
         await Database.open(path)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["sessions", "list"], ["journal", "list"]])
+def test_the_cli_says_a_newer_store_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    store = tmp_path / "store.db"
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        db.execute("INSERT INTO migrations (name, applied_at) VALUES ('m999_from_the_future', 0)")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"store": {"path": str(store)}, "server": {"port": 1}}))
+    assert main([*command, "--config", str(config)]) == EXIT_STORE == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("context-proxy: The store's schema is newer than this proxy")
+    assert "m999_from_the_future" in err
+    assert "Traceback" not in err
