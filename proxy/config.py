@@ -59,7 +59,8 @@ class ServerConfig:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     max_connections: int | None = None
-    """uvicorn's `limit_concurrency`: requests beyond it are answered 503; None sets no limit."""
+    """Open client connections; a new one beyond closes the one waiting longest for a request (or itself, when all
+    are busy). None: half of what the open-file limit leaves (`proxy.server.default_max_connections`)."""
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,19 @@ protocol's timer is the backstop for a body nobody reads. The keep-alive timeout
 clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same
 moment races the client's next request on that connection, which then fails with a `ReadError`.
 
+Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
+open-file limit, the other half left to upstream connections and the store) a new connection makes room by
+closing the one that has waited longest without a request under way — slow headers, or idle keep-alive — and
+is itself closed only when every connection is busy. Slow clients thus cannot take the sockets real clients
+need, and the process never meets its open-file limit (which `serve` raises to the hard limit).
+
 The CLI (`serve`) and the end-to-end tests' server both take their options from `server_options`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -27,19 +34,52 @@ BODY_GRACE_S = 5.0
 with a 408 itself, and this timer must not cut that answer off."""
 
 
+RESERVED_FILES = 128
+"""Open files kept for the store, logs and the like when the connection cap is derived from the file limit."""
+
+
 class DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header deadline and a body deadline per request."""
+    """uvicorn's httptools protocol with a header deadline and a body deadline per request, and a cap on
+    connections enforced at accept time."""
 
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
+    max_connections: ClassVar[int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since: float | None = None
+        """Since when this connection waits for a request's headers (None while a request is under way)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._waiting_since = self.loop.time()
         self._arm(self.header_timeout_s)
+        if len(self.connections) > self.max_connections:
+            self._make_room()
+
+    def _make_room(self) -> None:
+        waiting = [
+            other
+            for other in self.connections
+            if isinstance(other, DeadlineProtocol) and other is not self and other._waiting_since is not None
+        ]
+        victim = min(waiting, key=lambda other: other._waiting_since or 0.0) if waiting else self
+        self.logger.info(
+            "closing a connection from %s: %d connections open (server.max_connections=%d)%s",
+            _peer(victim.client),
+            len(self.connections),
+            self.max_connections,
+            "" if victim is self else ", and it had waited longest without a request",
+        )
+        victim._waiting_since = None
+        victim.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._waiting_since = self.loop.time()  # idle keep-alive until the next request begins
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -51,6 +91,7 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._arm(self.header_timeout_s)
 
     def on_headers_complete(self) -> None:
+        self._waiting_since = None
         self._disarm()
         super().on_headers_complete()
         self._arm(self.body_timeout_s + BODY_GRACE_S)
@@ -80,18 +121,31 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
-    """`DeadlineProtocol` bound to this config's deadlines (uvicorn builds protocols from a class)."""
+    """`DeadlineProtocol` bound to this config's deadlines and cap (uvicorn builds protocols from a class)."""
     return type(
         "ProxyHttpProtocol",
         (DeadlineProtocol,),
-        {"header_timeout_s": server.header_timeout_s, "body_timeout_s": server.body_timeout_s},
+        {
+            "header_timeout_s": server.header_timeout_s,
+            "body_timeout_s": server.body_timeout_s,
+            "max_connections": server.max_connections or default_max_connections(),
+        },
     )
+
+
+def default_max_connections() -> int:
+    """Half of what the open-file limit leaves: each client connection may need an upstream one."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, (soft - RESERVED_FILES) // 2)
+
+
+def raise_file_limit() -> None:
+    """Lift the soft open-file limit to the hard one, as servers do: 1,024 is a shell default, not a choice."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def server_options(server: ServerConfig) -> dict[str, Any]:
     """The keyword arguments of `uvicorn.run` / `uvicorn.Config` that the `server:` section decides."""
-    return {
-        "http": protocol_class(server),
-        "timeout_keep_alive": server.keep_alive_s,
-        "limit_concurrency": server.max_connections,
-    }
+    return {"http": protocol_class(server), "timeout_keep_alive": server.keep_alive_s}

@@ -27,7 +27,7 @@ from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.inspection import Inspector
 from proxy.journal.steps import StepStatus
-from proxy.server import server_options
+from proxy.server import raise_file_limit, server_options
 from proxy.services import open_services
 from proxy.store.database import SchemaTooNew, check_schema
 
@@ -110,6 +110,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return EXIT_STORE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_file_limit()
     options = server_options(config.server)
     uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, lifespan="on", **options)
     return 0

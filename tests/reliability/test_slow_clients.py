@@ -10,12 +10,15 @@ Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.s
 4. A client that leaves in the middle of its body costs one INFO line, not ERROR tracebacks.
 5. An idle keep-alive connection outlives httpx's own keep-alive expiry (5 s), so a client never sends a
    request on a connection the server is closing at that very moment.
+6. Past `server.max_connections` a new connection closes the one waiting longest for a request, so slow
+   clients never hold every socket and a real client is served at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -25,7 +28,7 @@ import httpx
 import pytest
 
 from proxy.config import ServerConfig
-from proxy.server import server_options
+from proxy.server import RESERVED_FILES, default_max_connections, server_options
 from tests.conftest import ServeProxy
 from tests.proxy_server import HOST, ProxyServer
 from tests.reliability.support import assert_openai_error
@@ -211,3 +214,38 @@ def test_an_idle_connection_outlives_httpx_keepalive_expiry(proxy: ProxyServer) 
         assert not is_closed(sock), "the server closed an idle connection a client could still be using"
         sock.sendall(request)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+# --- 6. sockets are capped where they are accepted ----------------------------------------------------------------
+
+CAP = 20
+
+
+@pytest.mark.time_budget(60)
+def test_slow_clients_past_the_cap_make_room_for_real_ones(serve_proxy: ServeProxy) -> None:
+    """More slow-header connections than `server.max_connections`: the oldest are closed as new ones arrive,
+    the server never holds more than the cap, and a real client is served at once (uvicorn alone would hold all
+    of them until the header deadline and answer the real client 503)."""
+    proxy = serve_proxy(server={"header_timeout_s": 30, "max_connections": CAP})
+    with ExitStack() as stack:
+        slow = []
+        for _ in range(CAP * 2):
+            sock = stack.enter_context(connection(proxy))
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: pro")
+            slow.append(sock)
+        time.sleep(0.3)
+        closed = [is_closed(sock) for sock in slow]
+        assert sum(closed) >= CAP  # the first ones, evicted by the later ones
+        assert all(closed[:CAP]), closed
+        started = time.monotonic()
+        response = httpx.get(f"{proxy.url}/healthz", timeout=10)
+        assert response.status_code == 200
+        assert time.monotonic() - started < 5  # not held until the 30 s header deadline
+        # The newest slow connections were still open: a real client only evicted what waited longest.
+        assert not all(is_closed(sock) for sock in slow[-CAP // 2 :])
+
+
+def test_the_default_cap_leaves_half_the_file_limit_to_upstreams() -> None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert default_max_connections() == max(16, (soft - RESERVED_FILES) // 2)
+    assert server_options(ServerConfig()).keys() == {"http", "timeout_keep_alive"}
