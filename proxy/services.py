@@ -2,8 +2,9 @@
 
 Both the server (for its lifetime) and the CLI (for one look-up) open the same set, so the store, the journal
 and the views they read are always wired the same way. The process environment is prepared here, before the
-first token count or LiteLLM import, and recovery of unsealed journal steps runs here, before the server accepts
-its first request.
+first token count or LiteLLM import. A serving process registers as a journal owner and recovers the steps of
+gone owners before it accepts its first request, then heartbeats and sweeps for steps other processes abandoned
+while it runs; a look-up (`recover=False`) registers nothing and recovers nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from proxy.config import Config
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.inspection import Inspector
+from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
@@ -52,13 +54,18 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     environment.prepare()
     db = await Database.open(config.store.path, config.journal.synchronous)
     background: set[asyncio.Task[None]] = set()
+    """Detached streams (the pipeline adds them), given a grace at shutdown."""
+    maintenance: list[asyncio.Task[None]] = []
+    owners: Owners | None = None
     try:
         history = History(db)
         journal = Journal(db, Answers(history), config.journal)
-        recovery = Recovery(db, journal)
-        if recover:
-            report = await recovery.recover()
-            log.info("journal recovery: %s", report)
+        owners = Owners(db, journal.clock) if recover else None
+        recovery = Recovery(db, journal, owners)
+        if owners is not None:
+            await owners.register()
+            journal.owner = owners.id
+            await recovery.recover()
         upstream = LiteLLMUpstream(config.upstream, config.models, Redactor.from_config(config))
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
@@ -68,26 +75,36 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
         inspector = Inspector(config, history, summaries, reader, compactor, budgets)
-        if recover:
-            pruning = asyncio.create_task(_prune_periodically(recovery), name="journal-pruning")
-            background.add(pruning)
-            pruning.add_done_callback(background.discard)
+        if owners is not None:
+            maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
+            maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
         yield Services(config, db, pipeline, inspector, upstream)
     finally:
-        await _finish(background)
+        await _finish(background, maintenance)
+        if owners is not None:
+            await _release(owners)
         await db.close()
 
 
-async def _finish(background: set[asyncio.Task[None]]) -> None:
-    """Let detached streams seal (bounded), then cancel what remains: interrupted steps are recovered later."""
-    streams = [task for task in background if task.get_name() != "journal-pruning"]
-    for task in background - set(streams):
+async def _finish(background: set[asyncio.Task[None]], maintenance: list[asyncio.Task[None]]) -> None:
+    """Stop maintenance, let detached streams seal (bounded), then cancel what remains: interrupted steps are
+    recovered later."""
+    for task in maintenance:
         task.cancel()
+    streams = list(background)
     if streams:
         _done, pending = await asyncio.wait(streams, timeout=SHUTDOWN_GRACE_S)
         for task in pending:
             task.cancel()
-    await asyncio.gather(*background, return_exceptions=True)
+    await asyncio.gather(*maintenance, *streams, return_exceptions=True)
+
+
+async def _release(owners: Owners) -> None:
+    try:
+        await owners.release()
+    except Exception as exc:
+        # The row stays; other processes take this one's open steps once its lease runs out.
+        log.warning("journal owner %s could not be released: %s", owners.id, exc)
 
 
 async def _prune_periodically(recovery: Recovery) -> None:
@@ -96,3 +113,16 @@ async def _prune_periodically(recovery: Recovery) -> None:
         pruned = await recovery.prune_expired()
         if pruned:
             log.info("journal: pruned %d events of expired steps", pruned)
+
+
+async def _sweep_periodically(recovery: Recovery, owners: Owners) -> None:
+    """Stay alive in `journal_owners` and settle what gone owners left: a replica that died is recovered by a
+    survivor after its lease (or at once on the same host), without a restart."""
+    while True:
+        await asyncio.sleep(owners.heartbeat_s)
+        try:
+            await owners.heartbeat()
+            await recovery.settle()
+        except Exception as exc:
+            # A full disk or a locked file passes; the next round tries again, well within the lease.
+            log.warning("journal owners: heartbeat or sweep failed: %s", exc)

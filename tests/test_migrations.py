@@ -15,7 +15,15 @@ from proxy.store import database as database_module
 from proxy.store.database import Database, _migrate
 from proxy.store.migrations import MIGRATIONS, m001_history
 
-EXPECTED_TABLES = {"sessions", "messages", "message_tokens", "summaries", "journal_steps", "journal_events"}
+EXPECTED_TABLES = {
+    "sessions",
+    "messages",
+    "message_tokens",
+    "summaries",
+    "journal_steps",
+    "journal_events",
+    "journal_owners",
+}
 
 
 @contextmanager
@@ -154,6 +162,22 @@ async def test_file_with_only_the_first_migration_is_upgraded(tmp_path: Path) ->
         assert [name for name, _ in rows] == [migration.__name__ for migration in MIGRATIONS]
         assert rows[0] == ("m001_history", 123.0)
         assert tables(connection) >= EXPECTED_TABLES
+
+
+async def test_steps_from_before_owners_are_owned_by_nobody(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "before-owners.sqlite"
+    monkeypatch.setattr(database_module, "MIGRATIONS", MIGRATIONS[:4])
+    await open_and_close(path)
+    with raw(path) as connection:
+        connection.execute(
+            "INSERT INTO journal_steps (tenant, model, fingerprint, stream, status, created_at) "
+            "VALUES ('t', 'm', '', 1, 'open', 1.0)"
+        )
+    monkeypatch.setattr(database_module, "MIGRATIONS", MIGRATIONS)
+    await open_and_close(path)
+    with raw(path) as connection:
+        assert [row[0] for row in connection.execute("SELECT owner FROM journal_steps")] == [None]
+        assert [name for name, _ in recorded(connection)][-1] == "m005_step_owners"
 
 
 # --- a failing migration ---------------------------------------------------------------------------------------

@@ -1,18 +1,23 @@
-"""Settling what a previous process left open, and pruning old events; run before serving and periodically.
+"""Settling steps whose process is gone, and pruning old events; run before serving and periodically.
 
-At startup `recover` classifies every step left open: one whose events show the answer ended (a finish_reason
-or a `done`) is sealed into history as `complete`; one with an `error` event is `failed`; the rest are kept as
-`interrupted` with their partial text — never deleted. Events of ended steps are pruned after
-`journal.keep_events` (the step row keeps the assembled answer, which is enough to replay it); interrupted
-steps keep theirs.
+`recover` takes only the open steps whose owner is gone (`proxy.journal.owners`): another process serving the
+same store keeps its live streams. One whose events show the answer ended (a finish_reason or a `done`) is
+sealed into history as `complete`; one with an `error` event is `failed`; the rest are kept as `interrupted`
+with their partial text — never deleted. Two processes may recover at once: each ending is an update of an
+open row, so one of them ends the step and the other skips it. A gone owner's row is deleted once it holds no
+open step. Events of ended steps are pruned after `journal.keep_events` (the step row keeps the assembled
+answer, which is enough to replay it); interrupted steps keep theirs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from dataclasses import dataclass, field
 
+from proxy.errors import Conflict
+from proxy.journal.owners import Owner, Owners
 from proxy.journal.steps import (
     JSON_ENCODER,
     PRUNABLE,
@@ -34,44 +39,82 @@ class RecoveryReport:
     complete: list[int] = field(default_factory=list)
     interrupted: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    """Steps another process ended while this one was ending them."""
+    owners_removed: int = 0
     pruned_events: int = 0
 
     def counts(self) -> dict[str, int]:
         return {"complete": len(self.complete), "interrupted": len(self.interrupted), "failed": len(self.failed)}
 
+    def empty(self) -> bool:
+        return not (self.complete or self.interrupted or self.failed or self.skipped or self.owners_removed)
+
+
+_OPEN_STEP_OWNERS = """SELECT s.id, s.owner, o.id AS owner_id, o.host AS owner_host, o.pid AS owner_pid,
+    o.heartbeat_at AS owner_heartbeat_at
+FROM journal_steps AS s LEFT JOIN journal_owners AS o ON o.id = s.owner
+WHERE s.status = ?"""
+
+_STEPS = f"""SELECT {STEP_COLUMNS} FROM journal_steps AS s
+WHERE s.status = ? AND s.id IN (SELECT value FROM json_each(?)) ORDER BY s.id"""
+
 
 class Recovery:
-    """Ends steps through the journal's own `close`, with its config and clock."""
+    """Ends steps through the journal's own `close`, with its config and clock.
 
-    def __init__(self, db: Database, journal: Journal) -> None:
+    Without `owners` (the CLI, tests) it judges owners as an unregistered process of this host would.
+    """
+
+    def __init__(self, db: Database, journal: Journal, owners: Owners | None = None) -> None:
         self._db = db
         self._journal = journal
+        self._owners = Owners(db, journal.clock) if owners is None else owners
 
     async def recover(self) -> RecoveryReport:
-        """Classify every step left open by a previous process; run once at startup, before serving."""
+        """Settle the steps of gone owners and prune expired events; run at startup, before serving."""
+        report = await self.settle()
+        report.pruned_events = await self.prune_expired()
+        return report
+
+    async def settle(self) -> RecoveryReport:
+        """Classify every open step whose owner is gone, then forget the gone owners left with no open step."""
         report = RecoveryReport()
-        rows = await self._db.fetchall(
-            f"SELECT {STEP_COLUMNS} FROM journal_steps AS s WHERE s.status = ? ORDER BY s.id", (StepStatus.OPEN,)
-        )
+        # Steps and their owners in one query, one snapshot: an owner that registers after it has no step in it.
+        # Then the whole rows of the steps taken only (the sweep runs every few seconds beside live streams).
+        owned = await self._db.fetchall(_OPEN_STEP_OWNERS, (StepStatus.OPEN,))
+        now = self._journal.clock()
+        mine = {self._owners.id} | ({self._journal.owner} if self._journal.owner is not None else set())
+        taken = [row["id"] for row in owned if row["owner"] not in mine and self._owners.is_gone(_row_owner(row), now)]
+        rows = await self._db.fetchall(_STEPS, (StepStatus.OPEN, json.dumps(taken))) if taken else []
         events = await stored_events(self._db, [row["id"] for row in rows])
         for row in rows:
             step = step_from_row(row, events[row["id"]])
             replayed = replay_events(step.stream, events[row["id"]])
             step.assembly = replayed.assembly
             if replayed.error is not None:
-                await self._journal.close(step, StepStatus.FAILED, None, replayed.error)
-                report.failed.append(step.id)
+                ended = await self._journal.close(step, StepStatus.FAILED, None, replayed.error)
+                (report.failed if ended is not None else report.skipped).append(step.id)
             elif replayed.done or replayed.assembly.finish_reason is not None:
                 finish = {"finish_reason": replayed.assembly.finish_reason}
                 event = None if replayed.done else (EventType.DONE, JSON_ENCODER.encode(finish))
-                await self._journal.close(step, StepStatus.COMPLETE, event)
-                report.complete.append(step.id)
+                try:
+                    await self._journal.close(step, StepStatus.COMPLETE, event)
+                except Conflict:
+                    report.skipped.append(step.id)
+                else:
+                    report.complete.append(step.id)
             else:
-                await self._journal.close(step, StepStatus.INTERRUPTED)
-                report.interrupted.append(step.id)
-        report.pruned_events = await self.prune_expired()
-        if rows:
-            log.info("journal recovery: %s", report.counts())
+                ended = await self._journal.close(step, StepStatus.INTERRUPTED)
+                (report.interrupted if ended is not None else report.skipped).append(step.id)
+        report.owners_removed = await self._owners.forget(await self._owners.gone())
+        if not report.empty():
+            log.info(
+                "journal recovery: %s, %d ended elsewhere, %d gone owners removed",
+                report.counts(),
+                len(report.skipped),
+                report.owners_removed,
+            )
         return report
 
     async def prune_expired(self) -> int:
@@ -91,3 +134,9 @@ class Recovery:
             return cursor.rowcount
 
         return await self._db.write(write, atomic=False)
+
+
+def _row_owner(row: sqlite3.Row) -> Owner | None:
+    if row["owner_id"] is None:
+        return None
+    return Owner(row["owner_id"], row["owner_host"], int(row["owner_pid"]), float(row["owner_heartbeat_at"]))

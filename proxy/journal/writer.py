@@ -57,6 +57,9 @@ class Journal:
         self.clock = clock
         self.unrecorded = UnrecordedEnds()
         """Endings the store could not write; `JournalReader` reads keys through it too."""
+        self.owner: str | None = None
+        """This process's id in `journal_owners` (`proxy.journal.owners`), stamped on each step it opens; None
+        for a process that does not register (its steps are anyone's to recover)."""
 
     async def begin(
         self,
@@ -90,6 +93,7 @@ class Journal:
             now,
             encoding,
             dumps(context),
+            self.owner,
         )
 
         unrecorded = self.unrecorded
@@ -110,7 +114,8 @@ class Journal:
                         write_unrecorded_ending(connection, prior["id"])
             cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
-                "status, parent_message_id, created_at, encoding, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "status, parent_message_id, created_at, encoding, context, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             if cursor.lastrowid is None:

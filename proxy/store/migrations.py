@@ -11,6 +11,7 @@ can open the file with `sqlite3` and read their conversations:
   (inclusive); valid on every branch that contains `end_id`. A summary replaced by a wider one is
   `orphaned_at`, never deleted.
 - `message_variants`, `context_settings`: see `m004_conversations`.
+- `journal_owners`: the processes serving the store, see `m005_step_owners`.
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
@@ -172,4 +173,33 @@ def m004_conversations(connection: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (m001_history, m002_summaries, m003_journal, m004_conversations)
+def m005_step_owners(connection: sqlite3.Connection) -> None:
+    """Who owns an open step (`proxy.journal.owners`), so one process's recovery leaves another's live streams.
+
+    - `journal_owners`: one row per serving process (a random id per start), its host and pid, and its last
+      heartbeat; deleted at a clean shutdown, or by another process once it is gone and its steps are settled.
+    - `journal_steps.owner`: the owner that opened the step; NULL (every step written before this migration)
+      is owned by nobody alive.
+    """
+    _script(
+        connection,
+        """
+        CREATE TABLE journal_owners (
+            id TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL
+        );
+        ALTER TABLE journal_steps ADD COLUMN owner TEXT
+        """,
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    m001_history,
+    m002_summaries,
+    m003_journal,
+    m004_conversations,
+    m005_step_owners,
+)
