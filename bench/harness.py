@@ -2,7 +2,8 @@
 
 Benchmarks run each server in its own process (one GIL each, like production) and alternate requests between
 targets so that they share the machine's noise. This module is also the entry point of the fake upstream
-and the bare pass-through: `python bench/harness.py --serve-fake PORT [WORDS]` / `--serve-floor PORT URL`.
+and the bare pass-through: `python bench/harness.py --serve-fake PORT [WORDS] [--reply-chars N]` /
+`--serve-floor PORT URL`.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ def timed(client: httpx.Client, url: str, payload: dict[str, Any], stream: bool)
         return first if first is not None else time.perf_counter() - started
 
 
-def serve_fake(port: int, reply_words: int | None = None) -> None:
-    """The fake upstream; with `reply_words`, every answer is that many words, streamed as fast as it can."""
+def serve_fake(port: int, reply_words: int | None = None, reply_chars: int | None = None) -> None:
+    """The fake upstream; with `reply_words`, every answer is that many words, streamed as fast as it can; with
+    `reply_chars`, every answer is that many characters of 100-character hyphenated words (one chunk each)."""
     import uvicorn
 
     from tests.fake_upstream import FakeUpstream, Reply
@@ -123,6 +125,11 @@ def serve_fake(port: int, reply_words: int | None = None) -> None:
     fake = FakeUpstream(context_window=BIG_WINDOW)
     if reply_words is not None:
         reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
+        fake.responder = lambda body: reply
+    if reply_chars is not None:
+        word = "-".join(WORDS.split())
+        piece = (word * (99 // len(word) + 1))[:99] + " "
+        reply = Reply(content=(piece * (reply_chars // len(piece) + 1))[:reply_chars])
         fake.responder = lambda body: reply
     uvicorn.run(fake._app, host=HOST, port=port, log_level="warning", lifespan="off")
 
@@ -154,10 +161,12 @@ def serve_floor(port: int, upstream: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="entry points of the benchmarks' helper servers")
     parser.add_argument("--serve-fake", nargs="+", metavar=("PORT", "WORDS"))
+    parser.add_argument("--reply-chars", type=int, help="with --serve-fake: every answer is this many characters")
     parser.add_argument("--serve-floor", nargs=2, metavar=("PORT", "UPSTREAM"))
     args = parser.parse_args(argv)
     if args.serve_fake:
-        serve_fake(int(args.serve_fake[0]), int(args.serve_fake[1]) if len(args.serve_fake) > 1 else None)
+        words = int(args.serve_fake[1]) if len(args.serve_fake) > 1 else None
+        serve_fake(int(args.serve_fake[0]), words, args.reply_chars)
     elif args.serve_floor:
         serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
     else:

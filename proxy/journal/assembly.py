@@ -122,6 +122,21 @@ class Assembly:
         return message
 
 
+def answer_chars(chunk: Chunk) -> int:
+    """What `chunk` adds to `Assembly.size`: checked as chunks arrive, before anything is journaled."""
+    size = 0
+    for choice in chunk.get("choices") or ():
+        if choice.get("index", 0) != 0:
+            continue
+        delta = choice.get("delta") or choice.get("message") or {}
+        content = delta.get("content")
+        size += len(content) if isinstance(content, str) else 0
+        for call in delta.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments")
+            size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
 def assemble(chunks: Iterable[Chunk]) -> Assembly:
     assembly = Assembly()
     for chunk in chunks:

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.errors import AnswerTooLarge, error_fields
+from proxy.journal.assembly import answer_chars
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.types import Chunk
@@ -117,9 +118,6 @@ class StreamRelay:
                 if group:
                     texts = await self._journal.append(self._step, group)
                     self._publish([Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)])
-                    if self._too_large():
-                        reader.cancel()  # which closes the upstream stream
-                        break
                 if self._ended and not self._pending:
                     break
             if self._error is None:
@@ -150,15 +148,6 @@ class StreamRelay:
         finally:
             await asyncio.gather(reader, return_exceptions=True)
 
-    def _too_large(self) -> bool:
-        """An answer past `max_answer_chars` ends here, failed: what it holds so far is already journaled."""
-        limit = self._max_answer_chars
-        if limit is None or self._step.assembly.size <= limit:
-            return False
-        self._error = AnswerTooLarge(limit, self._step.id)
-        log.warning("stream step %d: %s", self._step.id, self._error)
-        return True
-
     async def _read(self) -> None:
         deadlines = self._deadlines
         deadline = asyncio.timeout_at(None if deadlines is None else deadlines.first_chunk)
@@ -169,10 +158,15 @@ class StreamRelay:
                 # would run until the whole buffer is parsed. Yield after the first chunk (time to first chunk)
                 # and then once per time slice; a slow upstream suspends between chunks anyway.
                 slice_started = None
+                size, limit = 0, self._max_answer_chars
                 async for chunk in self._chunks:
                     if not first_seen and deadlines is not None:
                         first_seen = True
                         deadline.reschedule(deadlines.end)
+                    size += answer_chars(chunk)
+                    if limit is not None and size > limit:
+                        # Cut off before the chunk that passes the limit: what the step keeps stays bounded.
+                        raise AnswerTooLarge(limit, self._step.id)
                     self._pending.append(chunk)
                     self._arrived.set()
                     now = time.monotonic()
@@ -184,6 +178,8 @@ class StreamRelay:
         except Exception as exc:
             # Handed to the pump, which journals it as the step's error and raises it to the consumer.
             self._error = exc
+            if isinstance(exc, AnswerTooLarge):
+                log.warning("stream step %d: %s", self._step.id, exc)
             if isinstance(exc, TimeoutError) and deadlines is not None and deadline.expired():
                 self._error = deadlines.exceeded(first_seen)
                 log.warning("stream step %d: %s", self._step.id, self._error)

@@ -34,6 +34,7 @@ from proxy.journal.steps import (
     dumps,
     event_type,
 )
+from proxy.offload import OFF_LOOP_CHARS
 from proxy.store.database import Database
 from proxy.types import Chunk, Clock
 
@@ -243,7 +244,7 @@ class Journal:
             return True, stored
 
         try:
-            closed, stored = await self._db.write(write)
+            closed, stored = await self._db.write(write, bulk=assembly.size > OFF_LOOP_CHARS)
         except Conflict:
             raise
         except Exception:
