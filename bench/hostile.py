@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -103,30 +103,41 @@ ATTACKS = (
 )
 
 
-class Prober(threading.Thread):
-    """GETs `url` every `PROBE_INTERVAL_S` until stopped; keeps every latency (s) and counts failures."""
+class Prober:
+    """GETs `url` every `PROBE_INTERVAL_S` until stopped, from a process of its own: a thread beside the hostile
+    client would measure its own process's GIL as the proxy's latency. Keeps every latency (s), counts failures."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
         self.url = url
         self.latencies: list[float] = []
         self.failures = 0
-        self._stop_event = threading.Event()
+        self._stop_event = multiprocessing.Event()
+        receiver, self._sender = multiprocessing.Pipe(duplex=False)
+        self._receiver = receiver
+        self._process = multiprocessing.Process(target=_probe, args=(url, self._stop_event, self._sender), daemon=True)
 
-    def run(self) -> None:
-        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
-            while not self._stop_event.is_set():
-                started = time.perf_counter()
-                try:
-                    client.get(self.url).raise_for_status()
-                except httpx.HTTPError:
-                    self.failures += 1
-                self.latencies.append(time.perf_counter() - started)
-                self._stop_event.wait(PROBE_INTERVAL_S)
+    def start(self) -> None:
+        self._process.start()
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.join()
+        self.latencies, self.failures = self._receiver.recv()
+        self._process.join()
+
+
+def _probe(url: str, stop: Any, results: Any) -> None:
+    latencies: list[float] = []
+    failures = 0
+    with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                client.get(url).raise_for_status()
+            except httpx.HTTPError:
+                failures += 1
+            latencies.append(time.perf_counter() - started)
+            stop.wait(PROBE_INTERVAL_S)
+    results.send((latencies, failures))
 
 
 def _error_code(text: bytes) -> str:

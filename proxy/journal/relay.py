@@ -214,6 +214,7 @@ class JournaledGroups:
         self._ready = ready
         self._on_leave = on_leave
         self._finished = False
+        self._slice_started = time.monotonic()
 
     def __aiter__(self) -> JournaledGroups:
         return self
@@ -221,7 +222,16 @@ class JournaledGroups:
     async def __anext__(self) -> Sequence[Journaled]:
         if self._finished:
             raise StopAsyncIteration
-        item = await self._ready.get()
+        if self._ready.empty():
+            item = await self._ready.get()  # suspends
+            self._slice_started = time.monotonic()
+        else:
+            # A backlog of groups and a client that reads as fast as we write would never suspend: let the other
+            # clients run once per time slice, as the reader does.
+            if time.monotonic() - self._slice_started >= READER_SLICE_S:
+                await asyncio.sleep(0)
+                self._slice_started = time.monotonic()
+            item = self._ready.get_nowait()
         if isinstance(item, _Done):
             self._finished = True
             raise StopAsyncIteration
