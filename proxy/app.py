@@ -25,6 +25,7 @@ from proxy.journal.reader import DEFAULT_PAGE
 from proxy.services import Services, open_services
 from proxy.wire.chat import ChatCompletions
 from proxy.wire.context_headers import whole_number
+from proxy.wire.responses import Responses
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def create_app(config: Config) -> Starlette:
         async with open_services(config) as services:
             app.state.services = services
             app.state.chat = ChatCompletions(config, services.pipeline)
+            app.state.responses = Responses(config, services.pipeline)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
@@ -46,6 +48,7 @@ def create_app(config: Config) -> Starlette:
 
     routes = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
+        Route("/v1/responses", _responses, methods=["POST"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/healthz", _health, methods=["GET"]),
@@ -75,6 +78,11 @@ def _services(request: Request) -> Services:
 async def _chat(request: Request) -> Response:
     chat: ChatCompletions = request.app.state.chat
     return await chat(request)
+
+
+async def _responses(request: Request) -> Response:
+    responses: Responses = request.app.state.responses
+    return await responses(request)
 
 
 async def _models(request: Request) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.journal.relay import JournaledGroups
@@ -83,11 +83,20 @@ class ContextOptions:
 
 
 @dataclass(frozen=True)
+class StepRef:
+    """The journal step that answered: doors whose wire names a response by id (Responses) derive it from this."""
+
+    id: int
+    created_at: float
+
+
+@dataclass(frozen=True)
 class Completed:
     """A non-stream answer: one `chat.completion`, already sealed in the journal and the history."""
 
     response: Chunk
     report: ContextReport
+    step: StepRef = field(default_factory=lambda: StepRef(0, 0.0))
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class Streaming:
 
     groups: JournaledGroups
     report: ContextReport
+    step: StepRef = field(default_factory=lambda: StepRef(0, 0.0))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from proxy.conversation import (
     ContextReport,
     Conversation,
     Replayed,
+    StepRef,
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
@@ -269,7 +270,7 @@ class Pipeline:
         if sent is not plan:
             await self.journal.recontext(step, sent.context())
         await self.journal.seal(step, response)
-        return Completed(response, sent.report())
+        return Completed(response, sent.report(), StepRef(step.id, step.created_at))
 
     async def _stream(
         self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
@@ -299,7 +300,7 @@ class Pipeline:
             deadlines=deadlines,
             max_answer_chars=self.config.request_limits.max_answer_chars,
         )
-        return Streaming(relay.events(), sent.report())
+        return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
 
 
 def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:

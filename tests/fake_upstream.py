@@ -508,6 +508,8 @@ class FakeUpstream:
         self.token_ratio = 1.0
         """How many tokens this upstream's tokenizer counts for one of OpenAI's (llama.cpp counted 1.27)."""
         self.requests: list[ReceivedRequest] = []
+        self.rejected: list[dict[str, Any]] = []
+        """The error bodies of requests refused as invalid (the window, pairing, role order)."""
         self._default_context_window = context_window
         self._default_chunk_delay_s = chunk_delay_s
         self._faults: list[Fault] = []
@@ -609,6 +611,7 @@ class FakeUpstream:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.rejected.clear()
             self._faults.clear()
             self._completions = 0
         self.responder = None
@@ -684,6 +687,7 @@ class FakeUpstream:
             elif (refusal := dialect(prompt_tokens, max_tokens, self.context_window)) is not None:
                 return JSONResponse(refusal[1], status_code=refusal[0])
         except UpstreamError as exc:
+            self.rejected.append(exc.body)
             return JSONResponse(exc.body, status_code=exc.status)
 
         delay = self.delay

@@ -3,14 +3,16 @@
 A client re-sends its whole history on every request, and the OpenAI SDK echoes stored answers back with extra
 fields (`"refusal": null`, `"annotations": []`, `"audio": null`, ...). For a re-sent history to land on the
 rows already stored, every message is first reduced to its normal form — role, content, name, tool calls,
-tool_call_id — which is what is stored and sent. Its id hashes its parent's id and its *identity*, the part of
-the normal form that says which message it is (docs/architecture.md, "Message chain"):
+tool_call_id, and the items of another wire format it stands for — which is what is stored. Its id hashes its
+parent's id and its *identity*, the part of the normal form that says which message it is (docs/architecture.md,
+"Message chain"):
 
 - a system (or developer) message is identified by its role at its position, not its text: agents rewrite
   their system prompt every turn (a clock, the working directory, a repo map), and the conversation after it
   is still the same conversation, with the same summaries;
 - text is compared without trailing whitespace on its lines and without blank lines at either end, which is
-  what tools change when they restore a chat history.
+  what tools change when they restore a chat history; tool call arguments that are JSON are compared in
+  canonical form, and a message's items (another wire format's form of it) not at all.
 
 What the client sent is still what is stored: the first form a node was seen in is its body, later forms are
 its variants. Ids chain: a message's id fixes its whole prefix, so an edit anywhere starts a new branch, and
@@ -31,6 +33,10 @@ ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
 SESSION_ID_HEX_CHARS = 24
 SYSTEM_ROLES = ("system", "developer")
+ITEMS = "items"
+"""A message that stands for items of another wire format (the Responses door's input items) keeps them here, as
+the client sent them: stored with the message and shown by its door, never part of its identity, never sent to a
+chat upstream (`proxy.conversation.chat_messages`)."""
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _TOOL_CALL_TRANSIENT_KEYS = frozenset({"index"})
@@ -91,6 +97,9 @@ def normalize(message: Mapping[str, Any]) -> Message:
         normal["tool_calls"] = tool_calls
     if isinstance(function_call, Mapping):
         normal["function_call"] = _drop_nulls(function_call)
+    items = message.get(ITEMS)
+    if isinstance(items, list):
+        normal[ITEMS] = items  # the client's own form, kept whole (ids, encrypted reasoning, unknown fields)
     return normal
 
 
@@ -100,15 +109,56 @@ def identity(normal: Message) -> Message:
     role = normal.get("role")
     if role in SYSTEM_ROLES:
         return {"role": role}
-    content = normal.get("content")
+    key = normal
+    if ITEMS in key:
+        key = {name: value for name, value in key.items() if name != ITEMS}
+    content = key.get("content")
     if isinstance(content, str):
         trimmed = trim(content)
-        return normal if trimmed == content else {**normal, "content": trimmed}
-    if isinstance(content, list):
+        if trimmed != content:
+            key = {**key, "content": trimmed}
+    elif isinstance(content, list):
         parts = [_trimmed_part(part) for part in content]
         if any(new is not old for new, old in zip(parts, content, strict=True)):
-            return {**normal, "content": parts}
-    return normal
+            key = {**key, "content": parts}
+    calls = key.get("tool_calls")
+    if isinstance(calls, list):
+        canonical = [_canonical_arguments(call) for call in calls]
+        if any(new is not old for new, old in zip(canonical, calls, strict=True)):
+            key = {**key, "tool_calls": canonical}
+    return key
+
+
+def chat_messages(messages: Iterable[Message]) -> list[Message]:
+    """Messages as a chat-completions upstream takes them: without the items of another wire format, and without
+    a message that was only such items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
+    chat: list[Message] = []
+    for message in messages:
+        if ITEMS not in message:
+            chat.append(message)
+            continue
+        plain = {key: value for key, value in message.items() if key != ITEMS}
+        if plain.get("role") == "tool" or plain.get("content") or plain.get("tool_calls"):
+            chat.append(plain)
+    return chat
+
+
+def _canonical_arguments(call: Any) -> Any:
+    """A tool call whose arguments are JSON, with them in canonical form: clients re-serialize the arguments they
+    got (other spacing, key order, or a door that rebuilds them from a custom tool's input)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        return call
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return call
+    try:
+        canonical = canonical_json(json.loads(arguments))
+    except (ValueError, RecursionError):
+        return call
+    if canonical == arguments:
+        return call
+    return {**call, "function": {**function, "arguments": canonical}}
 
 
 def trim(text: str) -> str:

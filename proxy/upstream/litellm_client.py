@@ -30,6 +30,7 @@ import httpx
 from proxy import environment
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
+from proxy.history.chain import chat_messages
 from proxy.types import Chunk, Message
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
@@ -118,7 +119,7 @@ class LiteLLMUpstream:
         route = self.route(entry)
         kwargs: dict[str, Any] = {
             "model": entry.model,
-            "messages": messages,
+            "messages": chat_messages(messages),
             "stream": stream,
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,

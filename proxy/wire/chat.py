@@ -72,19 +72,20 @@ def render(answer: Answer, stream: bool) -> Response:
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
         return _sse_response(_replay_events(answer), headers)
-    return _RelayedStream(answer.groups, {**SSE_HEADERS, **report_headers(answer.report)})
+    return RelayedStream(answer.groups, _stream_events(answer.groups), {**SSE_HEADERS, **report_headers(answer.report)})
 
 
 def _sse_response(events: AsyncIterator[bytes], headers: Mapping[str, str]) -> StreamingResponse:
     return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
 
 
-class _RelayedStream(StreamingResponse):
-    """SSE from the relay's groups. However the response ends — sent whole, client gone before or during the
-    body — the groups are closed, which tells the relay whether its consumer left (`finish_on_disconnect`)."""
+class RelayedStream(StreamingResponse):
+    """SSE rendered from the relay's groups (`body` iterates them). However the response ends — sent whole,
+    client gone before or during the body — the groups are closed, which tells the relay whether its consumer
+    left (`finish_on_disconnect`)."""
 
-    def __init__(self, groups: JournaledGroups, headers: Mapping[str, str]) -> None:
-        super().__init__(_stream_events(groups), media_type=SSE_MEDIA_TYPE, headers=headers)
+    def __init__(self, groups: JournaledGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+        super().__init__(body, media_type=SSE_MEDIA_TYPE, headers=headers)
         self._groups = groups
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

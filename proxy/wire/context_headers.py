@@ -51,6 +51,11 @@ def _token_header(headers: Mapping[str, str], name: str, max_length: int) -> str
     return value
 
 
+def is_session_id(value: str) -> bool:
+    """Whether `value` can name a session: 1-200 characters that read back unchanged from `/sessions/{id}`."""
+    return 0 < len(value) <= MAX_SESSION_ID_LENGTH and _SESSION_ID.fullmatch(value) is not None
+
+
 def _session_id(headers: Mapping[str, str]) -> str | None:
     """Refused at the door unless every character survives a round trip through a URL path and a header."""
     value = _token_header(headers, "X-Session-Id", MAX_SESSION_ID_LENGTH)

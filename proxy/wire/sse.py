@@ -22,3 +22,9 @@ def sse_event(payload: Mapping[str, Any]) -> bytes:
 def sse_data(text: str) -> bytes:
     """One event from JSON text already encoded (the journal's stored copy of a chunk)."""
     return b"data: " + text.encode("utf-8") + b"\n\n"
+
+
+def sse_named(kind: str, payload: Mapping[str, Any]) -> bytes:
+    """An event with its type on an `event:` line, as the Responses API frames its stream."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"event: " + kind.encode() + b"\ndata: " + data.encode("utf-8") + b"\n\n"

@@ -1,0 +1,112 @@
+"""The OpenAI Responses door: `POST /v1/responses`, for Codex CLI, the Agents SDK and `client.responses.create`.
+
+The request is parsed into the canonical conversation (`proxy.wire.responses_input`), answered by the same
+pipeline as chat — history, budget, compaction, journal — and rendered back as a `response` object or its event
+stream (`proxy.wire.responses_output`). Errors before a stream starts are OpenAI's error bodies with the
+upstream's status, as on the chat door; once it has started, a failure is a `response.failed` event.
+
+The session is `X-Session-Id`, else the client's own conversation key — Codex's `session-id` header, else
+`prompt_cache_key` — else derived from the conversation, as for chat. Keys that could not be served back by
+`/sessions/{id}` are not used as session ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from proxy.auth import authenticate
+from proxy.config import Config
+from proxy.conversation import Answer, Completed, ContextOptions, Replayed
+from proxy.errors import error_fields
+from proxy.journal.relay import JournaledGroups
+from proxy.pipeline import Pipeline
+from proxy.types import Chunk
+from proxy.wire.body import parse_off_loop, read_body
+from proxy.wire.chat import REPLAY_HEADER, RelayedStream
+from proxy.wire.context_headers import context_options, is_session_id, report_headers
+from proxy.wire.responses_input import ResponsesRequest, parse_responses_request
+from proxy.wire.responses_output import Event, EventStream, ResponseShape, completed_response
+from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
+
+CLIENT_SESSION_HEADER = "session-id"
+"""Codex CLI's conversation id, stable for a whole thread."""
+
+
+class Responses:
+    def __init__(self, config: Config, pipeline: Pipeline) -> None:
+        self._config = config
+        self._pipeline = pipeline
+
+    async def __call__(self, request: Request) -> Response:
+        caller = authenticate(request.headers, self._config.auth)
+        limits = self._config.request_limits
+        raw = await read_body(
+            request.stream(),
+            request.headers.get("content-length"),
+            limits.max_body_bytes,
+            self._config.server.body_timeout_s,
+        )
+        parsed = await parse_off_loop(raw, lambda raw: parse_responses_request(raw, limits))
+        options = _session(context_options(request.headers), request.headers, parsed)
+        answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
+        return render(answer, parsed)
+
+
+def _session(options: ContextOptions, headers: Mapping[str, str], parsed: ResponsesRequest) -> ContextOptions:
+    if options.session_id is not None:
+        return options
+    for key in (headers.get(CLIENT_SESSION_HEADER), parsed.session_key):
+        if key is not None and is_session_id(key):
+            return dataclasses.replace(options, session_id=key)
+    return options
+
+
+def render(answer: Answer, parsed: ResponsesRequest) -> Response:
+    stream = parsed.conversation.stream
+    if isinstance(answer, Replayed):
+        shape = _shape(parsed, answer.record.id, answer.record.created_at)
+        headers = {
+            REPLAY_HEADER: "true",
+            **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
+        }
+        if not stream:
+            return JSONResponse(completed_response(shape, answer.chunks[0]), headers=headers)
+        return StreamingResponse(
+            _replayed_events(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+        )
+    shape = _shape(parsed, answer.step.id, answer.step.created_at)
+    headers = report_headers(answer.report)
+    if isinstance(answer, Completed):
+        return JSONResponse(completed_response(shape, answer.response), headers=headers)
+    return RelayedStream(answer.groups, _relayed_events(shape, answer.groups), {**SSE_HEADERS, **headers})
+
+
+def _shape(parsed: ResponsesRequest, step_id: int, created_at: float) -> ResponseShape:
+    return ResponseShape(step_id, created_at, parsed.conversation.model, parsed.body, parsed.tools)
+
+
+def _frames(events: list[Event]) -> bytes:
+    return b"".join(sse_named(event["type"], event) for event in events)
+
+
+async def _relayed_events(shape: ResponseShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
+    events = EventStream(shape)
+    yield _frames(events.start())
+    try:
+        async for group in groups:
+            frames = _frames(events.feed(item.chunk for item in group))
+            if frames:
+                yield frames
+    except Exception as exc:
+        yield _frames(events.fail(error_fields(exc)))
+        return
+    yield _frames(events.finish())
+
+
+async def _replayed_events(shape: ResponseShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
+    events = EventStream(shape)
+    yield _frames([*events.start(), *events.feed(chunks), *events.finish()])
