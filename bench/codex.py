@@ -13,7 +13,7 @@ Printed: every HTTP request Codex made to the proxy (from an ASGI recorder aroun
 up, what the scripted model answered), every Codex turn (exit code, items, outcome, whether the file exists,
 error lines from Codex's stderr), then the proxy's `GET /sessions` and `GET /journal`.
 
-Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep]`.
+Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep] [--dump FILE]`.
 """
 
 from __future__ import annotations
@@ -195,8 +195,8 @@ class Script:
 
     def _call(self, name: str, arguments: dict[str, Any]) -> Reply:
         self.calls += 1
-        call = {"id": f"call_bench{self.calls}", "type": "function"}
-        call["function"] = {"name": name, "arguments": json.dumps(arguments)}  # type: ignore[assignment]
+        function = {"name": name, "arguments": json.dumps(arguments)}
+        call: dict[str, Any] = {"id": f"call_bench{self.calls}", "type": "function", "function": function}
         return Reply(tool_calls=[call], finish_reason="tool_calls")
 
     def _reply(self, body: dict[str, Any]) -> tuple[Reply, str]:
@@ -204,7 +204,9 @@ class Script:
             return fact_keeping_summary(body), "summary (proxy summarizer)"
         messages: list[dict[str, Any]] = body.get("messages") or []
         last = messages[-1] if messages else {}
-        target = requested_file(messages)
+        named = requested_file(messages)
+        target = named or "hello.txt"
+        lost = "" if named else "; NO prompt naming a file in context"
         if last.get("role") == "user":
             if CODEX_COMPACTION_MARK in content_text(last.get("content")):
                 return Reply(
@@ -215,19 +217,19 @@ class Script:
             name = called_name(messages, last.get("tool_call_id"))
             if name == "exec_command":
                 patch = f"*** Begin Patch\n*** Add File: {target}\n+hello from the proxy\n*** End Patch\n"
-                return self._call("apply_patch", {"input": patch}), "call apply_patch"
-            return Reply(content=f"Done: created {target}."), f"text (after {name})"
+                return self._call("apply_patch", {"input": patch}), f"call apply_patch{lost}"
+            return Reply(content=f"Done: created {target}."), f"text (after {name}{lost})"
         return Reply(content="OK."), f"text (last role {last.get('role')})"
 
 
-def requested_file(messages: list[dict[str, Any]]) -> str:
-    """The .txt file the latest user prompt names."""
+def requested_file(messages: list[dict[str, Any]]) -> str | None:
+    """The .txt file the latest user message naming one asks for; None if no message in context names one."""
     for message in reversed(messages):
         if message.get("role") == "user":
             match = FILE_NAME.search(content_text(message.get("content")))
             if match:
                 return match.group(1)
-    return "hello.txt"
+    return None
 
 
 def called_name(messages: list[dict[str, Any]], call_id: Any) -> str:
@@ -484,7 +486,7 @@ def report_turns(turns: list[CodexTurn], workdir: Path) -> None:
     print("\n== Codex turns")
     rows = []
     for turn in turns:
-        target = requested_file([{"role": "user", "content": turn.prompt}])
+        target = requested_file([{"role": "user", "content": turn.prompt}]) or "hello.txt"
         created = workdir / target
         rows.append(
             [

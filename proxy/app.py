@@ -49,6 +49,8 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/responses", _responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", _response, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _response_items, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/healthz", _health, methods=["GET"]),
@@ -83,6 +85,16 @@ async def _chat(request: Request) -> Response:
 async def _responses(request: Request) -> Response:
     responses: Responses = request.app.state.responses
     return await responses(request)
+
+
+async def _response(request: Request) -> Response:
+    responses: Responses = request.app.state.responses
+    return await (responses.delete(request) if request.method == "DELETE" else responses.retrieve(request))
+
+
+async def _response_items(request: Request) -> Response:
+    responses: Responses = request.app.state.responses
+    return await responses.input_items(request)
 
 
 async def _models(request: Request) -> Response:

@@ -67,10 +67,15 @@ class Plan:
     prepared: Prepared
     encoding: str
     allowance: Allowance
+    wire: Mapping[str, Any]
 
     def context(self) -> dict[str, Any]:
-        """What the step records of it: the report's numbers and the system prompts as sent."""
-        return {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
+        """What the step records of it: the report's numbers, the system prompts as sent, and what the client's
+        door keeps of the request (`Conversation.wire`)."""
+        context = {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
+        if self.wire:
+            context["wire"] = dict(self.wire)
+        return context
 
     def report(self) -> ContextReport:
         return ContextReport(
@@ -185,7 +190,7 @@ class Pipeline:
                 ),
                 options,
             )
-        return Plan(entry, reconciled, budget, prepared, encoding, allowance)
+        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.wire)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         """Attach a changed X-Context-Budget where this request's conversation ends (only a change: a tool that

@@ -274,3 +274,75 @@ def test_bad_input_is_a_400_that_stores_nothing(proxy: ProxyServer, body: dict[s
     assert response.status_code == 400, response.text
     assert assert_openai_error(response.json())["param"] == param
     assert row_counts(proxy.config.store.path) == before
+
+
+# --- stored responses and previous_response_id --------------------------------------------------------------------
+
+
+def test_previous_response_id_continues_the_stored_conversation(
+    proxy: ProxyServer, sdk: openai.OpenAI, fake: FakeUpstream
+) -> None:
+    first = sdk.responses.create(model="fake", input="My name is Ada.", instructions="Old rules.")
+    second = sdk.responses.create(
+        model="fake", input="What is my name?", previous_response_id=first.id, instructions="New rules."
+    )
+    third = sdk.responses.create(model="fake", input="And again?", previous_response_id=second.id)
+    sent = fake.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]  # no instructions
+    assert [m["content"] for m in sent[::2]] == ["My name is Ada.", "What is my name?", "And again?"]
+    assert fake.requests[-2].body["messages"][0] == {"role": "system", "content": "New rules."}
+    assert third.previous_response_id == second.id
+    with store(proxy) as db:
+        assert db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1  # one chain, one session
+
+
+def test_a_stored_response_can_be_read_listed_and_deleted(sdk: openai.OpenAI) -> None:
+    items: list[Any] = [
+        {"type": "message", "id": "msg_given", "role": "user", "content": [{"type": "input_text", "text": "one"}]},
+        {"role": "user", "content": "two"},
+    ]
+    created = sdk.responses.create(model="fake", input=items, instructions="Be kind.", metadata={"k": "v"})
+    again = sdk.responses.retrieve(created.id)
+    assert again.id == created.id
+    assert again.output_text == created.output_text
+    assert again.status == "completed"
+    assert again.metadata == {"k": "v"}
+    listed = sdk.responses.input_items.list(created.id, order="asc")
+    assert listed.data[0].id == "msg_given"
+    assert len(listed.data) == 2  # instructions are not an input item
+    sdk.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.responses.create(model="fake", input="more", previous_response_id=created.id)
+    assert caught.value.code == "previous_response_not_found"
+
+
+def test_store_false_responses_are_not_retrievable_but_the_history_keeps_them(
+    proxy: ProxyServer, sdk: openai.OpenAI
+) -> None:
+    created = sdk.responses.create(model="fake", input="secret plans", store=False)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+    with store(proxy) as db:
+        assert (
+            db.execute("SELECT COUNT(*) FROM messages WHERE role = 'user' AND body LIKE '%secret plans%'").fetchone()[0]
+            == 1
+        )
+
+
+def test_another_tenants_and_unknown_response_ids_are_404(serve_proxy: ServeProxy) -> None:
+    proxy = serve_proxy(auth={"keys": ["key-a", "key-b"]})
+    with (
+        openai.OpenAI(base_url=proxy.base_url, api_key="key-a", max_retries=0) as a,
+        openai.OpenAI(base_url=proxy.base_url, api_key="key-b", max_retries=0) as b,
+    ):
+        created = a.responses.create(model="fake", input="mine")
+        for response_id in (created.id, "resp_ffffffffffffffff", "resp_nope", "nothing"):
+            with pytest.raises(openai.NotFoundError):
+                b.responses.retrieve(response_id)
+        before = row_counts(proxy.config.store.path)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.create(model="fake", input="continue", previous_response_id=created.id)
+        assert row_counts(proxy.config.store.path) == before
+        assert a.responses.retrieve(created.id).output_text == created.output_text

@@ -145,6 +145,8 @@ class StepRecord:
     """Events still stored (0 once pruned)."""
     context: dict[str, Any] | None = None
     """The working context the step sent: `ContextReport.as_json` (None for steps from before it was kept)."""
+    parent_message_id: str | None = None
+    """Where the step's answer joins (or would have joined) the conversation: the end of its request."""
 
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""
@@ -232,6 +234,7 @@ def record_from_row(row: sqlite3.Row, assembly: Assembly | None = None) -> StepR
         message_id=row["message_id"],
         events=row["events"],
         context=loads(row["context"]),
+        parent_message_id=row["parent_message_id"],
     )
 
 

@@ -10,6 +10,7 @@ cannot be written (disk full) is remembered as such in memory (`unrecorded`), so
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import time
@@ -178,6 +179,23 @@ class Journal:
 
         await self._db.write(write, atomic=False)
 
+    async def annotate(self, tenant: str, step_id: int, changes: Mapping[str, Any]) -> bool:
+        """Merge `changes` into what the step's door keeps of it (`context.wire`, see `Conversation.wire`);
+        False if the tenant has no such step."""
+
+        def write(connection: sqlite3.Connection) -> bool:
+            row = connection.execute(
+                "SELECT context FROM journal_steps WHERE tenant = ? AND id = ?", (tenant, step_id)
+            ).fetchone()
+            if row is None:
+                return False
+            context = json.loads(row[0]) if row[0] else {}
+            context["wire"] = {**(context.get("wire") or {}), **changes}
+            connection.execute("UPDATE journal_steps SET context = ? WHERE id = ?", (dumps(context), step_id))
+            return True
+
+        return await self._db.write(write)
+
     async def seal(self, step: Step, response: Chunk | None = None) -> StepRecord:
         """End a step with its whole answer: `done` event, history node and step row in one transaction.
 
@@ -279,6 +297,7 @@ class Journal:
             error,
             None if stored is None else stored.id,
             step.events,
+            parent_message_id=step.parent_message_id,
         )
 
     async def _pending_answer(self, step: Step) -> PendingAnswer | None:

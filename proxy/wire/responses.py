@@ -5,15 +5,16 @@ pipeline as chat — history, budget, compaction, journal — and rendered back 
 stream (`proxy.wire.responses_output`). Errors before a stream starts are OpenAI's error bodies with the
 upstream's status, as on the chat door; once it has started, a failure is a `response.failed` event.
 
-The session is `X-Session-Id`, else the client's own conversation key — Codex's `session-id` header, else
-`prompt_cache_key` — else derived from the conversation, as for chat. Keys that could not be served back by
-`/sessions/{id}` are not used as session ids.
+The session is `X-Session-Id`, else the session of the `previous_response_id`, else the client's own
+conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
+for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
+`previous_response_id` continues the stored conversation (`proxy.wire.responses_store`), whatever the upstream.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -21,15 +22,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import Answer, Completed, ContextOptions, Replayed
-from proxy.errors import error_fields
+from proxy.errors import InvalidRequest, error_fields
 from proxy.journal.relay import JournaledGroups
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.wire.body import parse_off_loop, read_body
 from proxy.wire.chat import REPLAY_HEADER, RelayedStream
-from proxy.wire.context_headers import context_options, is_session_id, report_headers
-from proxy.wire.responses_input import ResponsesRequest, parse_responses_request
+from proxy.wire.context_headers import context_options, is_session_id, report_headers, whole_number
+from proxy.wire.responses_input import ResponsesRequest, check_pairs, parse_responses_request
 from proxy.wire.responses_output import Event, EventStream, ResponseShape, completed_response
+from proxy.wire.responses_store import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
 from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
 
 CLIENT_SESSION_HEADER = "session-id"
@@ -40,6 +42,7 @@ class Responses:
     def __init__(self, config: Config, pipeline: Pipeline) -> None:
         self._config = config
         self._pipeline = pipeline
+        self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
     async def __call__(self, request: Request) -> Response:
         caller = authenticate(request.headers, self._config.auth)
@@ -51,17 +54,63 @@ class Responses:
             self._config.server.body_timeout_s,
         )
         parsed = await parse_off_loop(raw, lambda raw: parse_responses_request(raw, limits))
-        options = _session(context_options(request.headers), request.headers, parsed)
+        options = context_options(request.headers)
+        previous_session = None
+        if parsed.previous_response_id is not None:
+            parsed, previous_session = await self._continue(caller.tenant, parsed)
+        options = _session(options, request.headers, parsed, previous_session)
         answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
         return render(answer, parsed)
 
+    async def retrieve(self, request: Request) -> Response:
+        """`GET /v1/responses/{id}`."""
+        caller = authenticate(request.headers, self._config.auth)
+        return JSONResponse(await self.stored.get(caller.tenant, request.path_params["response_id"]))
 
-def _session(options: ContextOptions, headers: Mapping[str, str], parsed: ResponsesRequest) -> ContextOptions:
+    async def delete(self, request: Request) -> Response:
+        """`DELETE /v1/responses/{id}`: hidden from this API; the conversation keeps it."""
+        caller = authenticate(request.headers, self._config.auth)
+        return JSONResponse(await self.stored.delete(caller.tenant, request.path_params["response_id"]))
+
+    async def input_items(self, request: Request) -> Response:
+        """`GET /v1/responses/{id}/input_items?after=&limit=&order=`."""
+        caller = authenticate(request.headers, self._config.auth)
+        query = request.query_params
+        limit_text = query.get("limit")
+        limit = DEFAULT_ITEMS_PAGE if limit_text is None else whole_number(limit_text)
+        if limit is None or not 1 <= limit <= MAX_ITEMS_PAGE:
+            raise InvalidRequest(
+                f"Query parameter 'limit' must be a whole number between 1 and {MAX_ITEMS_PAGE}.", param="limit"
+            )
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequest("Query parameter 'order' must be 'asc' or 'desc'.", param="order")
+        page = await self.stored.input_items(
+            caller.tenant, request.path_params["response_id"], after=query.get("after"), limit=limit, order=order
+        )
+        return JSONResponse(page)
+
+    async def _continue(self, tenant: str, parsed: ResponsesRequest) -> tuple[ResponsesRequest, str | None]:
+        """The request with the conversation up to its previous response put before its own input."""
+        assert parsed.previous_response_id is not None
+        earlier, session_id = await self.stored.continuation(tenant, parsed.previous_response_id)
+        conversation = parsed.conversation
+        own = conversation.messages[len(parsed.instructions) :]
+        messages = [*parsed.instructions, *earlier, *own]
+        check_pairs(messages)
+        wire = {**conversation.wire, "input_from": len(parsed.instructions) + len(earlier)}
+        return replace(parsed, conversation=replace(conversation, messages=messages, wire=wire)), session_id
+
+
+def _session(
+    options: ContextOptions, headers: Mapping[str, str], parsed: ResponsesRequest, previous_session: str | None
+) -> ContextOptions:
+    """X-Session-Id; else the session of the previous response; else the client's own conversation key."""
     if options.session_id is not None:
         return options
-    for key in (headers.get(CLIENT_SESSION_HEADER), parsed.session_key):
+    for key in (previous_session, headers.get(CLIENT_SESSION_HEADER), parsed.session_key):
         if key is not None and is_session_id(key):
-            return dataclasses.replace(options, session_id=key)
+            return replace(options, session_id=key)
     return options
 
 

@@ -86,6 +86,28 @@ _RESPONSES_ONLY = frozenset(
 )
 """Fields with a Responses meaning, mapped (or left out) for a chat upstream; any other field passes through."""
 _DELIVERY = ("stream", "stream_options")
+ECHOED_FIELDS = (
+    "instructions",
+    "metadata",
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "previous_response_id",
+    "reasoning",
+    "store",
+    "text",
+    "truncation",
+    "user",
+    "prompt_cache_key",
+    "service_tier",
+)
+"""Request fields the response object repeats, as OpenAI's does."""
+
+
+def echoed(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's fields a response repeats: what a stored response keeps to be rendered again."""
+    keys = (*ECHOED_FIELDS, "tools", "tool_choice", "parallel_tool_calls")
+    return {key: request[key] for key in keys if key in request}
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,10 @@ class ResponsesRequest:
     """The request as sent: the Response object echoes its fields (instructions, tools, metadata, ...)."""
     session_key: str | None
     """The client's own conversation key (`prompt_cache_key`), a session id when no header names one."""
+    previous_response_id: str | None
+    instructions: list[Message]
+    """The system message `instructions` became (none or one): it leads the conversation, before a previous
+    response's, whose own instructions are not carried over."""
 
 
 def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
@@ -117,7 +143,8 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
-    messages = _instructions(body.get("instructions"))
+    instructions = _instructions(body.get("instructions"))
+    messages = list(instructions)
     raw_input = body.get("input")
     if isinstance(raw_input, str):
         messages.append({"role": "user", "content": raw_input})
@@ -132,6 +159,19 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
         )
     if not any(message["role"] not in ("system", "developer") for message in messages):
         raise InvalidRequest("'input' must contain at least one item.", param="input")
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise InvalidRequest(
+            f"Invalid type for 'previous_response_id': expected a string, but got {json_type(previous)}.",
+            param="previous_response_id",
+        )
+    if previous is None:
+        check_pairs(messages)  # else the calls may be in the previous response: checked once it is prepended
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise InvalidRequest(
+            f"Invalid type for 'store': expected a boolean, but got {json_type(store)}.", param="store"
+        )
     tools, names = chat_tools(body.get("tools"))
     max_output = _max_output(body)
     stream = body.get("stream", False)
@@ -150,10 +190,13 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
+            wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
         ),
         tools=names,
         body=body,
         session_key=key if isinstance(key, str) else None,
+        previous_response_id=previous,
+        instructions=instructions,
     )
 
 
@@ -161,7 +204,8 @@ def _instructions(instructions: Any) -> list[Message]:
     if instructions is None:
         return []
     if isinstance(instructions, str):
-        return [{"role": "system", "content": instructions}] if instructions else []
+        # No items of its own: not an input item, and not carried over by `previous_response_id`.
+        return [{"role": "system", "content": instructions, ITEMS: []}] if instructions else []
     raise InvalidRequest(f"'instructions' must be a string, not {json_type(instructions)}.", param="instructions")
 
 
@@ -195,7 +239,6 @@ def input_messages(items: Sequence[Any]) -> list[Message]:
         messages.append(_message(item, where))
     if run:
         messages.append(_assistant(run))
-    _check_pairs(messages)
     return messages
 
 
@@ -347,7 +390,7 @@ def _chat_parts(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return chat
 
 
-def _check_pairs(messages: Sequence[Message]) -> None:
+def check_pairs(messages: Sequence[Message]) -> None:
     """A tool output must answer a call made before it, as every provider requires."""
     called: set[str] = set()
     for message in messages:

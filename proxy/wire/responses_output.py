@@ -25,28 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.journal.assembly import Assembly, assemble
+from proxy.journal.assembly import assemble
 from proxy.types import Chunk
-from proxy.wire.responses_input import CUSTOM_INPUT, ToolNames
+from proxy.wire.responses_input import CUSTOM_INPUT, ECHOED_FIELDS, ToolNames
 
 Event = dict[str, Any]
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
-_ECHOED = (
-    "instructions",
-    "metadata",
-    "temperature",
-    "top_p",
-    "max_output_tokens",
-    "previous_response_id",
-    "reasoning",
-    "store",
-    "text",
-    "truncation",
-    "user",
-    "prompt_cache_key",
-    "service_tier",
-)
-"""Request fields the response object repeats, as OpenAI's does."""
 
 
 def response_id(step_id: int) -> str:
@@ -83,7 +67,7 @@ class ResponseShape:
             "error": None,
             "incomplete_details": None,
         }
-        for key in _ECHOED:
+        for key in ECHOED_FIELDS:
             body[key] = self.request.get(key)
         if body["store"] is None:
             body["store"] = True
@@ -161,20 +145,21 @@ def status_of(finish_reason: str | None) -> str:
 def completed_response(shape: ResponseShape, completion: Chunk) -> Event:
     """The `response` object of a non-stream answer (one chat.completion)."""
     assembly = assemble([completion])
-    return shape.response(
-        status_of(assembly.finish_reason), _output(shape, assembly), assembly.usage, assembly.finish_reason
-    )
+    output = output_items(shape, assembly.content, assembly.tool_calls)
+    return shape.response(status_of(assembly.finish_reason), output, assembly.usage, assembly.finish_reason)
 
 
-def _output(shape: ResponseShape, assembly: Assembly) -> list[Event]:
+def output_items(
+    shape: ResponseShape, content: str | None, tool_calls: Iterable[Mapping[str, Any]] | None
+) -> list[Event]:
+    """An answer's text and tool calls as output items, in the order a stream announces them."""
     output: list[Event] = []
-    if assembly.content:
-        output.append(shape.message_item(0, assembly.content, "completed"))
-    for call in assembly.tool_calls or ():
+    if content:
+        output.append(shape.message_item(0, content, "completed"))
+    for call in tool_calls or ():
         function = call["function"]
-        output.append(
-            shape.tool_call_item(len(output), call["id"], function["name"], function["arguments"], "completed")
-        )
+        item = shape.tool_call_item(len(output), call["id"], function["name"], function["arguments"], "completed")
+        output.append(item)
     return output
 
 
