@@ -346,3 +346,23 @@ def test_another_tenants_and_unknown_response_ids_are_404(serve_proxy: ServeProx
             b.responses.create(model="fake", input="continue", previous_response_id=created.id)
         assert row_counts(proxy.config.store.path) == before
         assert a.responses.retrieve(created.id).output_text == created.output_text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_idempotency_key_retry_is_answered_from_the_journal(
+    proxy: ProxyServer, fake: FakeUpstream, stream: bool
+) -> None:
+    body = {"model": "fake", "input": "only once", "stream": stream}
+    headers = {"Idempotency-Key": f"key-{stream}"}
+    first = httpx.post(f"{proxy.base_url}/responses", json=body, headers=headers, timeout=10)
+    calls = len(fake.requests)
+    second = httpx.post(f"{proxy.base_url}/responses", json=body, headers=headers, timeout=10)
+    assert len(fake.requests) == calls  # no second upstream call
+    assert second.headers["X-Context-Replay"] == "true"
+    if stream:
+        assert first.text == second.text  # the same events, the same ids
+        assert "event: response.completed" in second.text
+    else:
+        assert first.json() == second.json()
+    journal = httpx.get(f"{proxy.url}/journal", timeout=10).json()
+    assert [step["status"] for step in journal["data"]] == ["sealed"]
