@@ -19,6 +19,8 @@ import yaml
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
+UPSTREAM_APIS = ("CHAT", "RESPONSES")
+"""`models[].api`, compared without case."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
 DEFAULT_MAX_MESSAGE_CHARS = 4 * 1024 * 1024
@@ -78,6 +80,10 @@ class ModelEntry:
     api_key: str | None = field(default=None, repr=False)
     context_window: int | None = None
     max_output: int | None = None
+    api: str = "chat"
+    """What the upstream speaks to the Responses door: `chat` (chat completions through LiteLLM, any provider) or
+    `responses` (OpenAI's Responses API itself: input items, encrypted reasoning and ids reach it as the client
+    sent them)."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +266,9 @@ def _models(root: _Section) -> tuple[ModelEntry, ...]:
             api_key=section.optional_string("api_key"),
             context_window=section.optional_integer("context_window", minimum=256),
             max_output=section.optional_integer("max_output", minimum=1),
+            api=section.choice("api", "chat", UPSTREAM_APIS).lower(),
         )
-        section.reject_unknown({"name", "model", "api_base", "api_key", "context_window", "max_output"})
+        section.reject_unknown({"name", "model", "api_base", "api_key", "context_window", "max_output", "api"})
         if entry.name in seen:
             raise ConfigError(f"models[{index}].name: {entry.name!r} is listed twice")
         if (

@@ -39,6 +39,9 @@ class Conversation:
     identity: Mapping[str, Any]
     """What makes two requests the same request for an Idempotency-Key: the body without its delivery fields,
     so a retry may ask for a stream where the first attempt asked for JSON, or the reverse."""
+    native: Mapping[str, Any] | None = None
+    """The request as a Responses body (without `input`), when the client spoke Responses: a model configured
+    `api: responses` is sent this with the working context as its `input` items (`proxy.items.input_items`)."""
     wire: Mapping[str, Any] = field(default_factory=dict)
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""

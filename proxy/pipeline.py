@@ -41,6 +41,7 @@ from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamErro
 from proxy.history import chain
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
+from proxy.items import input_items
 from proxy.journal.assembly import assemble
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
@@ -255,8 +256,11 @@ class Pipeline:
         async def complete(plan: Plan) -> Chunk:
             # The stream's total deadline bounds a whole call too: an upstream can drip a JSON body as slowly.
             total_s = self.config.upstream.stream_deadline_s
+            native = native_body(conversation, plan)
             try:
                 async with asyncio.timeout(total_s) as call:
+                    if native is not None:
+                        return await self.upstream.respond(plan.entry, native)
                     return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
             except TimeoutError as exc:
                 if not call.expired():
@@ -285,7 +289,13 @@ class Pipeline:
             deadlines = StreamDeadlines.from_config(self.config.upstream)
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
-                    chunks = await self.upstream.open_stream(plan.entry, plan.prepared.messages, conversation.params)
+                    native = native_body(conversation, plan)
+                    if native is not None:
+                        chunks = await self.upstream.open_response_stream(plan.entry, native)
+                    else:
+                        chunks = await self.upstream.open_stream(
+                            plan.entry, plan.prepared.messages, conversation.params
+                        )
             except TimeoutError as exc:
                 if not opening.expired():
                     raise
@@ -306,6 +316,14 @@ class Pipeline:
             max_answer_chars=self.config.request_limits.max_answer_chars,
         )
         return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
+
+
+def native_body(conversation: Conversation, plan: Plan) -> dict[str, Any] | None:
+    """The Responses body for a model that speaks Responses natively, with the working context as its input;
+    None when the call goes to chat completions."""
+    if conversation.native is None or plan.entry.api != "responses":
+        return None
+    return {**conversation.native, "input": input_items(plan.prepared.messages)}
 
 
 def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:

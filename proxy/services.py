@@ -57,6 +57,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     """Detached streams (the pipeline adds them), given a grace at shutdown."""
     maintenance: list[asyncio.Task[None]] = []
     owners: Owners | None = None
+    upstream: LiteLLMUpstream | None = None
     try:
         history = History(db)
         journal = Journal(db, Answers(history), config.journal)
@@ -83,6 +84,8 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         await _finish(background, maintenance)
         if owners is not None:
             await _release(owners)
+        if upstream is not None:
+            await upstream.aclose()
         await db.close()
 
 

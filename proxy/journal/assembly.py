@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.history.chain import ITEMS
+from proxy.items import assistant_message
 from proxy.types import Chunk, Message
 
 PIECES_PER_BLOCK = 512
@@ -57,6 +59,9 @@ class Assembly:
     calls: dict[int, _ToolCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    items: list[dict[str, Any]] | None = None
+    """A Responses-native answer's output items as the upstream sent them (`proxy.upstream.responses_client`):
+    the answer is then the assistant message they make (`proxy.items`), reasoning and ids included."""
 
     def add(self, chunk: Chunk) -> None:
         usage = chunk.get("usage")
@@ -67,6 +72,9 @@ class Assembly:
                 continue
             delta = choice.get("delta") or choice.get("message")
             if delta:
+                items = delta.get(ITEMS)
+                if isinstance(items, list):
+                    self.items = items
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     self.text.append(content)
@@ -115,6 +123,8 @@ class Assembly:
 
     def message(self) -> Message:
         """The assistant message this answer is, as stored in history."""
+        if self.items is not None:
+            return assistant_message(self.items)
         message: Message = {"role": "assistant", "content": self.content}
         tool_calls = self.tool_calls
         if tool_calls:

@@ -35,6 +35,7 @@ from proxy.types import Chunk, Message
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
+from proxy.upstream.responses_client import ResponsesClient
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class UpstreamRoute:
 
 
 class LiteLLMUpstream:
-    """`proxy.upstream.protocol.Upstream` through `litellm.acompletion`."""
+    """`proxy.upstream.protocol.Upstream` through `litellm.acompletion` (and, for Responses-native models, the
+    Responses API directly: `ResponsesClient`)."""
 
     def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
         self._litellm = environment.litellm()
@@ -64,6 +66,8 @@ class LiteLLMUpstream:
         self._config = config
         self._models = models
         self._routes = {entry.name: self._route(entry) for entry in models}
+        self._responses = ResponsesClient(config, redactor)
+        """Models with `api: responses`, for the Responses door (`proxy.upstream.responses_client`)."""
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
         known = self._routes.get(entry.name)
@@ -98,6 +102,15 @@ class LiteLLMUpstream:
         if route.passthrough:
             return _chunks(wrapper.completion_stream, wrapper, failure)
         return _chunks(wrapper, wrapper, failure)
+
+    async def respond(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
+        return await self._responses.create(entry, body)
+
+    async def open_response_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
+        return await self._responses.open_stream(entry, body)
+
+    async def aclose(self) -> None:
+        await self._responses.aclose()
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""

@@ -26,11 +26,19 @@ from proxy.errors import InvalidRequest, error_fields
 from proxy.journal.relay import JournaledGroups
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
+from proxy.upstream.responses_client import NATIVE_EVENT, NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
 from proxy.wire.chat import REPLAY_HEADER, RelayedStream
 from proxy.wire.context_headers import context_options, is_session_id, report_headers, whole_number
 from proxy.wire.responses_input import ResponsesRequest, check_pairs, parse_responses_request
-from proxy.wire.responses_output import Event, EventStream, ResponseShape, completed_response
+from proxy.wire.responses_output import (
+    Event,
+    EventStream,
+    ResponseShape,
+    completed_response,
+    native_event,
+    native_response,
+)
 from proxy.wire.responses_store import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
 from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
 
@@ -123,15 +131,21 @@ def render(answer: Answer, parsed: ResponsesRequest) -> Response:
             **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
         }
         if not stream:
-            return JSONResponse(completed_response(shape, answer.chunks[0]), headers=headers)
+            return JSONResponse(_response_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(
             _replayed_events(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
         )
     shape = _shape(parsed, answer.step.id, answer.step.created_at)
     headers = report_headers(answer.report)
     if isinstance(answer, Completed):
-        return JSONResponse(completed_response(shape, answer.response), headers=headers)
+        return JSONResponse(_response_object(shape, answer.response), headers=headers)
     return RelayedStream(answer.groups, _relayed_events(shape, answer.groups), {**SSE_HEADERS, **headers})
+
+
+def _response_object(shape: ResponseShape, completion: Chunk) -> Event:
+    """The `response` a non-stream answer is: the native upstream's own, or rendered from chat."""
+    native = completion.get(NATIVE_RESPONSE)
+    return native_response(shape, native) if isinstance(native, dict) else completed_response(shape, completion)
 
 
 def _shape(parsed: ResponsesRequest, step_id: int, created_at: float) -> ResponseShape:
@@ -143,19 +157,38 @@ def _frames(events: list[Event]) -> bytes:
 
 
 async def _relayed_events(shape: ResponseShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
+    """The answer's events: a native upstream's as they came (each journaled chunk carries one), or rendered from
+    chat chunks; a failure after the start is `response.failed`."""
     events = EventStream(shape)
-    yield _frames(events.start())
+    native: bool | None = None
     try:
         async for group in groups:
-            frames = _frames(events.feed(item.chunk for item in group))
+            chunks = [item.chunk for item in group]
+            if native is None:
+                native = bool(chunks) and NATIVE_EVENT in chunks[0]
+                if not native:
+                    yield _frames(events.start())
+            frames = _frames(_native_events(shape, chunks) if native else events.feed(chunks))
             if frames:
                 yield frames
     except Exception as exc:
+        if native is None:
+            yield _frames(events.start())
         yield _frames(events.fail(error_fields(exc)))
         return
-    yield _frames(events.finish())
+    if not native:
+        if native is None:
+            yield _frames(events.start())
+        yield _frames(events.finish())
+
+
+def _native_events(shape: ResponseShape, chunks: list[Chunk]) -> list[Event]:
+    return [native_event(shape, chunk[NATIVE_EVENT]) for chunk in chunks if NATIVE_EVENT in chunk]
 
 
 async def _replayed_events(shape: ResponseShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
+    if chunks and NATIVE_EVENT in chunks[0]:
+        yield _frames(_native_events(shape, chunks))
+        return
     events = EventStream(shape)
     yield _frames([*events.start(), *events.feed(chunks), *events.finish()])

@@ -26,7 +26,6 @@ answer's tool calls were is mapped back by `ToolNames` (`proxy.wire.responses_ou
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,17 +34,19 @@ from proxy.config import RequestLimits
 from proxy.conversation import Conversation
 from proxy.errors import InvalidRequest
 from proxy.history.chain import ITEMS
+from proxy.items import (
+    CUSTOM_INPUT,
+    NAMESPACE_SEPARATOR,
+    TOOL_OUTPUT_TYPES,
+    assistant_message,
+    is_output,
+    item_kind,
+    output_text,
+)
 from proxy.types import Message
 from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
-OUTPUT_ITEM_TYPES = frozenset({"reasoning", "function_call", "custom_tool_call"})
-"""Items the model produced: with assistant messages and hosted tools' `*_call` items, one assistant turn."""
-OUTPUT_ITEM_SUFFIX = "_call"
-TOOL_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
-CUSTOM_INPUT = "input"
-"""The one parameter of the function a custom tool becomes."""
-NAMESPACE_SEPARATOR = "__"
 
 _CHAT_FIELDS = (
     "temperature",
@@ -86,6 +87,9 @@ _RESPONSES_ONLY = frozenset(
 )
 """Fields with a Responses meaning, mapped (or left out) for a chat upstream; any other field passes through."""
 _DELIVERY = ("stream", "stream_options")
+_NOT_NATIVE = frozenset({"model", "input", "stream", "stream_options", "previous_response_id"})
+"""What a Responses-native upstream does not get as sent: the proxy names the model, sends the working context
+as `input`, decides the streaming, and resolves `previous_response_id` itself."""
 ECHOED_FIELDS = (
     "instructions",
     "metadata",
@@ -190,6 +194,7 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
+            native={key: value for key, value in body.items() if key not in _NOT_NATIVE},
             wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
         ),
         tools=names,
@@ -229,33 +234,24 @@ def input_messages(items: Sequence[Any]) -> list[Message]:
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"'{where}' must be an object, not {json_type(item)}.", param=where)
-        if _is_output(item):
+        if is_output(item):
             _check_output_item(item, where)
             run.append(item)
             continue
         if run:
-            messages.append(_assistant(run))
+            messages.append(assistant_message(run))
             run = []
         messages.append(_message(item, where))
     if run:
-        messages.append(_assistant(run))
+        messages.append(assistant_message(run))
     return messages
 
 
 def _kind(item: Mapping[str, Any]) -> str:
-    kind = item.get("type")
-    if kind is None and "role" in item:
-        return "message"  # an easy input message may leave its type out
-    if not isinstance(kind, str) or not kind:
+    kind = item_kind(item)
+    if not kind:
         raise InvalidRequest("Every input item needs a string 'type'.", param="input")
     return kind
-
-
-def _is_output(item: Mapping[str, Any]) -> bool:
-    kind = _kind(item)
-    if kind == "message":
-        return item.get("role") == "assistant"
-    return kind in OUTPUT_ITEM_TYPES or (kind.endswith(OUTPUT_ITEM_SUFFIX) and kind not in TOOL_OUTPUT_TYPES)
 
 
 def _check_output_item(item: Mapping[str, Any], where: str) -> None:
@@ -275,46 +271,6 @@ def _string(item: Mapping[str, Any], name: str, where: str) -> str:
             f"Invalid '{where}.{name}': expected a string, but got {json_type(value)}.", param=f"{where}.{name}"
         )
     return value
-
-
-def _assistant(run: Sequence[Mapping[str, Any]]) -> Message:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for item in run:
-        kind = _kind(item)
-        if kind == "message":
-            texts.extend(_output_text(item.get("content")))
-        elif kind == "function_call":
-            calls.append(_tool_call(item["call_id"], _qualified(item), item["arguments"]))
-        elif kind == "custom_tool_call":
-            calls.append(_tool_call(item["call_id"], _qualified(item), json.dumps({CUSTOM_INPUT: item["input"]})))
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
-    message[ITEMS] = list(run)
-    return message
-
-
-def _qualified(item: Mapping[str, Any]) -> str:
-    namespace = item.get("namespace")
-    name = str(item["name"])
-    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if isinstance(namespace, str) and namespace else name
-
-
-def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _output_text(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    texts: list[str] = []
-    for part in content or ():
-        if part.get("type") == "output_text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-    return texts
 
 
 def _message(item: Mapping[str, Any], where: str) -> Message:
@@ -341,7 +297,7 @@ def _message(item: Mapping[str, Any], where: str) -> Message:
         content = text if isinstance(text, str) else _chat_content(_content_parts(text, f"{where}.content"))
         return {"role": role, "content": content, ITEMS: [item]}
     # Another kind of item, kept and shown as it came; in chat terms it is its text, if it has any.
-    texts = _output_text(item.get("content")) if isinstance(item.get("content"), list | str) else []
+    texts = output_text(item.get("content")) if isinstance(item.get("content"), list | str) else []
     return {"role": role if role in INPUT_ROLES else "user", "content": "".join(texts), ITEMS: [item]}
 
 

@@ -25,9 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.items import CUSTOM_INPUT
 from proxy.journal.assembly import assemble
 from proxy.types import Chunk
-from proxy.wire.responses_input import CUSTOM_INPUT, ECHOED_FIELDS, ToolNames
+from proxy.wire.responses_input import ECHOED_FIELDS, ToolNames
 
 Event = dict[str, Any]
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -110,6 +111,24 @@ class ResponseShape:
             "role": "assistant",
             "content": parts,
         }
+
+
+def native_response(shape: ResponseShape, response: Mapping[str, Any]) -> Event:
+    """A Responses-native upstream's `response` as the client gets it: as the upstream sent it, under this
+    proxy's id (the one `GET /v1/responses/{id}` and `previous_response_id` know) and with the
+    `previous_response_id` the client sent (which the upstream never saw: the proxy resolves it)."""
+    renamed = {**response, "id": response_id(shape.step_id)}
+    if shape.request.get("previous_response_id") is not None:
+        renamed["previous_response_id"] = shape.request["previous_response_id"]
+    return renamed
+
+
+def native_event(shape: ResponseShape, event: Mapping[str, Any]) -> Event:
+    """An upstream event relayed as it came, its `response` (if it carries one) renamed (`native_response`)."""
+    response = event.get("response")
+    if not isinstance(response, Mapping):
+        return dict(event)
+    return {**event, "response": native_response(shape, response)}
 
 
 def custom_input(arguments: str) -> str:
