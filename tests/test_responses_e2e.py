@@ -188,11 +188,13 @@ def test_stateless_resends_in_a_codex_session_store_only_what_is_new(
     assert bodies[0]["items"][0]["id"] == "msg_0"  # the client's own item is kept as it came
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["stateless", "previous_response_id"])
 def test_a_long_conversation_on_a_small_model_compacts_without_a_rejection(
-    serve_proxy: ServeProxy, fake: FakeUpstream
+    serve_proxy: ServeProxy, fake: FakeUpstream, chained: bool
 ) -> None:
-    """60 turns of a tool loop on a 4k model: the strict upstream refuses nothing (window, pairing, role order),
-    summaries are written, and a fact planted in the first turn still reaches the model at the end."""
+    """60 requests of a tool loop on a 4k model, the whole input re-sent each time (as Codex does) or chained by
+    `previous_response_id`: the strict upstream refuses nothing (window, pairing, role order), summaries are
+    written, and a fact planted in the first turn still reaches the model at the end."""
     fake.context_window = 4096
     fake.strict_roles = True
     model = {
@@ -220,15 +222,26 @@ def test_a_long_conversation_on_a_small_model_compacts_without_a_rejection(
 
     fake.responder = respond
     items: list[Any] = [{"role": "user", "content": "Remember FACT-vault-8812. " + "filler " * 150}]
+    previous: str | None = None
+
+    def ask(new: list[Any]) -> Any:
+        nonlocal previous
+        sent = new if chained else items
+        extra = {"previous_response_id": previous} if chained and previous else {}
+        response = client.responses.create(model="small", input=sent, tools=[WEATHER_TOOL], **extra)  # type: ignore[arg-type]
+        previous = response.id
+        items.extend(item.model_dump(exclude_none=True) for item in response.output)
+        return response
+
     with client:
+        pending: list[Any] = list(items)
         for turn in range(30):
-            response = client.responses.create(model="small", input=items, tools=[WEATHER_TOOL])  # type: ignore[list-item]
-            (call,) = response.output
-            items.append(call.model_dump(exclude_none=True))
-            items.append({"type": "function_call_output", "call_id": call.call_id, "output": "result " * 40})  # type: ignore[union-attr]
-            response = client.responses.create(model="small", input=items, tools=[WEATHER_TOOL])  # type: ignore[list-item]
-            items.extend(item.model_dump(exclude_none=True) for item in response.output)
-            items.append({"role": "user", "content": f"turn {turn}: continue " + "more " * 40})
+            (call,) = ask(pending).output
+            pending = [{"type": "function_call_output", "call_id": call.call_id, "output": "result " * 40}]  # type: ignore[union-attr]
+            items.extend(pending)
+            ask(pending)
+            pending = [{"role": "user", "content": f"turn {turn}: continue " + "more " * 40}]
+            items.extend(pending)
     assert fake.rejected == []
     with store(proxy) as db:
         assert db.execute("SELECT COUNT(*) FROM summaries").fetchone()[0] > 0
