@@ -49,6 +49,7 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/responses", _responses, methods=["POST"]),
+        Route("/v1/responses/compact", _compact, methods=["POST"]),
         Route("/v1/responses/{response_id}", _response, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _response_items, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
@@ -85,6 +86,17 @@ async def _chat(request: Request) -> Response:
 async def _responses(request: Request) -> Response:
     responses: Responses = request.app.state.responses
     return await responses(request)
+
+
+async def _compact(request: Request) -> Response:
+    """OpenAI's remote compaction. Codex calls it only for OpenAI's own provider (docs/research/responses.md,
+    3.5); here the proxy compacts by itself, so the answer says what to do instead."""
+    authenticate(request.headers, _services(request).config.auth)
+    raise NotFound(
+        "This proxy compacts conversations itself: send the whole input (or a previous_response_id) to "
+        "POST /v1/responses. /v1/responses/compact is not served.",
+        code="unsupported_endpoint",
+    )
 
 
 async def _response(request: Request) -> Response:

@@ -379,3 +379,11 @@ def test_an_idempotency_key_retry_is_answered_from_the_journal(
         assert first.json() == second.json()
     journal = httpx.get(f"{proxy.url}/journal", timeout=10).json()
     assert [step["status"] for step in journal["data"]] == ["sealed"]
+
+
+def test_remote_compaction_is_answered_with_what_to_do_instead(proxy: ProxyServer) -> None:
+    response = httpx.post(f"{proxy.base_url}/responses/compact", json={"model": "fake", "input": "x"}, timeout=10)
+    assert response.status_code == 404
+    error = assert_openai_error(response.json())
+    assert error["code"] == "unsupported_endpoint"
+    assert "POST /v1/responses" in error["message"]
