@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
+from proxy.compaction.summary_text import acknowledgement_message, is_summary
 from proxy.config import Config, ModelEntry
 from proxy.conversation import (
     Answer,
@@ -39,6 +40,7 @@ from proxy.conversation import (
 )
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
 from proxy.history import chain
+from proxy.history.chain import ITEMS
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
 from proxy.items import input_items
@@ -49,7 +51,7 @@ from proxy.journal.replay import answer_chunks
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.tokens import count_prompt, encoding_for_model
-from proxy.types import Chunk
+from proxy.types import Chunk, Message
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.protocol import Upstream
 
@@ -323,7 +325,21 @@ def native_body(conversation: Conversation, plan: Plan) -> dict[str, Any] | None
     None when the call goes to chat completions."""
     if conversation.native is None or plan.entry.api != "responses":
         return None
-    return {**conversation.native, "input": input_items(plan.prepared.messages)}
+    return {**conversation.native, "input": input_items(responses_context(plan.prepared.messages))}
+
+
+def responses_context(messages: list[Message]) -> list[Message]:
+    """The working context as a Responses model takes it: a summary is a developer message where it stands (the
+    Responses API has no turn order to keep, so the acknowledgements that keep chat turns alternating go)."""
+    context: list[Message] = []
+    for message in messages:
+        if ITEMS in message:
+            context.append(message)
+        elif is_summary(message):
+            context.append({**message, "role": "developer"})
+        elif message != acknowledgement_message():
+            context.append(message)
+    return context
 
 
 def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:

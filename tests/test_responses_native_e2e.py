@@ -91,7 +91,9 @@ def test_a_native_stream_is_relayed_under_the_proxys_id(sdk: openai.OpenAI, nati
     assert kinds[0] == "response.created"
     assert kinds[-1] == "response.completed"
     assert "response.output_item.done" in kinds
-    assert sdk.responses.retrieve(final.id).output_text == "echo: stream it"
+    stored = sdk.responses.retrieve(final.id)
+    assert stored.output_text == "echo: stream it"
+    assert [item.type for item in stored.output] == ["reasoning", "message"]  # as the upstream answered
 
 
 def test_a_native_tool_loop_and_previous_response_id(sdk: openai.OpenAI, native: FakeResponsesUpstream) -> None:
@@ -136,4 +138,7 @@ def test_a_long_native_conversation_compacts_without_a_refusal(
         assert db.execute("SELECT COUNT(*) FROM summaries").fetchone()[0] > 0
     last = native.requests[-1].body["input"]
     assert len(last) < len(items)  # compacted
-    assert "Earlier conversation" in json.dumps(last)  # a summary item stands for what left
+    summaries = [item for item in last if "Earlier conversation" in json.dumps(item)]
+    assert summaries  # a summary item stands for what left
+    assert all(item["role"] == "developer" for item in summaries)  # in place, as a developer message
+    assert "Understood." not in json.dumps(last)  # no turn order to keep: no acknowledgements

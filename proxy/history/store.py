@@ -372,6 +372,11 @@ class History:
                 in_force = fold(in_force, attached[stored.id])
         return dict(in_force)
 
+    async def message(self, message_id: str) -> Message | None:
+        """One stored node's message (its first form), or None. Not tenant-checked, as `path_to`."""
+        row = await self._db.fetchone("SELECT body FROM messages WHERE id = ?", (message_id,))
+        return None if row is None else dict(json.loads(row[0]))
+
     async def forms(self, wanted: Mapping[str, str]) -> dict[str, Message]:
         """The stored forms named by `wanted` (node id → digest, as `Reconciled.pinned_forms`), where found."""
         if not wanted:

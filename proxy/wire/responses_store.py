@@ -51,7 +51,9 @@ class StoredResponses:
 
     async def get(self, tenant: str, response: str) -> Event:
         record = await self.step(tenant, response)
-        return stored_response(record)
+        answer = None if record.message_id is None else await self._history.message(record.message_id)
+        items = None if answer is None else answer.get(ITEMS)
+        return stored_response(record, items if isinstance(items, list) else None)
 
     async def delete(self, tenant: str, response: str) -> Event:
         record = await self.step(tenant, response)
@@ -106,13 +108,14 @@ class StoredResponses:
         return items
 
 
-def stored_response(record: StepRecord) -> Event:
-    """A step rendered as the `response` object its door answered (or would have) with."""
+def stored_response(record: StepRecord, items: list[Event] | None = None) -> Event:
+    """A step rendered as the `response` object its door answered (or would have) with; `items` are the output
+    items a Responses-native upstream answered with (its reasoning and ids), as its answer's node keeps them."""
     wire = _wire(record)
     request: Mapping[str, Any] = wire.get("request") or {}
     _tools, names = chat_tools(request.get("tools"))
     shape = ResponseShape(record.id, record.created_at, record.model, request, names)
-    output = output_items(shape, record.content, record.tool_calls)
+    output = items if items is not None else output_items(shape, record.content, record.tool_calls)
     if record.status in (StepStatus.SEALED, StepStatus.COMPLETE):
         return shape.response(status_of(record.finish_reason), output, record.usage, record.finish_reason)
     if record.status == StepStatus.OPEN:
