@@ -19,6 +19,7 @@ from proxy.compaction.builder import (
     WorkingContext,
     build,
     cut_points,
+    recent_block,
     recent_start,
 )
 from proxy.tokens import REPLY_PRIMING_TOKENS
@@ -79,7 +80,10 @@ class Loop:
 
 
 def pinned_and_recent(items: Sequence[Item], policy: Policy) -> tuple[int, int]:
-    recent = recent_start(items, policy.preserve_recent, cut_points(items))
+    prefix = [0]
+    for item in items:
+        prefix.append(prefix[-1] + item.tokens)
+    recent = recent_block(items, policy, cut_points(items), prefix)
     pinned = sum(item.tokens for item in items[:recent] if item.role == "system")
     return recent, pinned + sum(item.tokens for item in items[recent:]) + PRIMING
 
@@ -156,6 +160,23 @@ def test_recent_block_widens_to_the_whole_tool_group() -> None:
     assert recent_start(items, 3, cut_points(items)) == 2
     assert recent_start(items, 2, cut_points(items)) == 5
     assert recent_start(items, 0, cut_points(items)) == 7
+
+
+def test_an_agent_turn_keeps_its_instruction_verbatim_while_the_turn_fits() -> None:
+    """A tool loop longer than `preserve_recent`: the user message that started the turn stays verbatim (it
+    is what the model is carrying out) as long as the turn fits in `compact_to` of the budget."""
+    loop = [item for step in range(4) for item in (assistant(20, (f"c{step}",)), tool(f"c{step}", 50))]
+    items = [user(400), assistant(400), user(60), *loop]
+    policy = Policy(budget=1000, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
+    prefix = [0]
+    for item in items:
+        prefix.append(prefix[-1] + item.tokens)
+    assert recent_block(items, policy, cut_points(items), prefix) == 2  # the turn's user message
+    result = build(items, [], policy)
+    assert isinstance(result, NeedsSummary)
+    assert (result.start, result.end) == (0, 2)  # the earlier turn is summarized, the instruction is not
+    crowded = Policy(budget=600, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
+    assert recent_block(items, crowded, cut_points(items), prefix) == len(items) - 4  # too big: the last N
 
 
 def test_cut_points_never_fall_inside_a_tool_group() -> None:

@@ -6,7 +6,9 @@ database or a model. Its rules:
 
 1. System (and developer) messages are pinned verbatim at their positions.
 2. The last `preserve_recent` messages are kept verbatim, widened backwards so a tool group (an assistant
-   with tool_calls and the tool messages answering it) is never split. A tool message answers the nearest
+   with tool_calls and the tool messages answering it) is never split, and back to the latest user message
+   while the turn since it fits in `compact_to` of what the pinned messages leave of the budget (an agent's
+   tool loop outlasts N messages; the instruction it carries out stays in front of the model). A tool message answers the nearest
    call before it with its id: some local servers name every call `call_0`, and pairing the first use of an id
    with its last would make one group of the whole conversation. If the pinned and recent messages alone
    exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
@@ -183,10 +185,10 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     count = len(items)
     budget = max(0, policy.budget)
     cuts = cut_points(items)
-    recent = recent_start(items, policy.preserve_recent, cuts)
     prefix = [0]
     for item in items:
         prefix.append(prefix[-1] + item.tokens)
+    recent = recent_block(items, policy, cuts, prefix)
     pinned_old = sum(item.tokens for item in items[:recent] if item.role in PINNED_ROLES)
     fixed = pinned_old + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS
     if fixed > budget:
@@ -279,6 +281,21 @@ def recent_start(items: Sequence[Item], preserve_recent: int, cuts: Sequence[boo
     while start > 0 and not cuts[start]:
         start -= 1
     return start
+
+
+def recent_block(items: Sequence[Item], policy: Policy, cuts: Sequence[bool], prefix: Sequence[int]) -> int:
+    """Where the messages kept verbatim begin (rule 2)."""
+    recent = recent_start(items, policy.preserve_recent, cuts)
+    turn = next((index for index in range(len(items) - 1, -1, -1) if items[index].role == "user"), None)
+    if turn is None or turn >= recent:
+        return recent
+    # The turn may take `compact_to` of what the pinned messages leave: the share compaction aims the rest at.
+    pinned = sum(item.tokens for item in items if item.role in PINNED_ROLES)
+    turn_tokens = (
+        prefix[len(items)] - prefix[turn] - sum(item.tokens for item in items[turn:] if item.role in PINNED_ROLES)
+    )
+    room = policy.compact_to * (max(0, policy.budget) - pinned - REPLY_PRIMING_TOKENS)
+    return turn if turn_tokens <= room else recent
 
 
 def usable_spans(items: Sequence[Item], spans: Sequence[Span], recent: int, cuts: Sequence[bool]) -> list[Span]:
