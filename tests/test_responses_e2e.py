@@ -12,15 +12,17 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from tests import proxy_server
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream, Fault, Reply
-from tests.proxy_server import ProxyServer
+from tests.proxy_server import ProxyProcess, ProxyServer, make_config
 from tests.reliability.support import assert_openai_error, row_counts
 from tests.scripted_session import fact_keeping_summary, is_summarizer_request
 
@@ -387,3 +389,50 @@ def test_remote_compaction_is_answered_with_what_to_do_instead(proxy: ProxyServe
     error = assert_openai_error(response.json())
     assert error["code"] == "unsupported_endpoint"
     assert "POST /v1/responses" in error["message"]
+
+
+def test_a_stream_cut_by_kill_9_reads_back_as_what_the_client_saw(
+    tmp_path: Path, fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kill -9` mid-stream: after a restart the response reads back `cancelled` with at least the text its
+    client saw (the journal had it before the client did), and the journal shows the step interrupted."""
+    monkeypatch.setattr(proxy_server, "START_TIMEOUT_S", 60.0)  # a child process imports LiteLLM first
+    long_reply = " ".join(f"w{n}" for n in range(60))
+    fake.responder = lambda body: Reply(content=long_reply)
+    fake.chunk_delay_s = 0.25
+    raw = make_config(tmp_path, fake.url)
+    first = ProxyProcess(raw, tmp_path)
+    first.start()
+    seen, response_id = "", ""
+    try:
+        body = {"model": "fake", "input": "tell me a long story", "stream": True}
+        with (
+            httpx.Client(base_url=first.url, timeout=30) as http,
+            http.stream("POST", "/v1/responses", json=body) as cut,
+        ):
+            for line in cut.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event["type"] == "response.created":
+                    response_id = event["response"]["id"]
+                if event["type"] == "response.output_text.delta":
+                    seen += event["delta"]
+                    if len(seen.split()) >= 10:
+                        first.kill()
+                        break
+    finally:
+        first.kill()
+    second = ProxyProcess(raw, tmp_path)
+    second.start()
+    try:
+        with httpx.Client(base_url=second.url, timeout=30) as http:
+            stored = http.get(f"/v1/responses/{response_id}").json()
+            steps = http.get("/journal").json()["data"]
+    finally:
+        second.stop()
+    assert stored["status"] == "cancelled"
+    text = stored["output"][0]["content"][0]["text"]
+    assert text.startswith(seen)
+    assert long_reply.startswith(text)
+    assert [step["status"] for step in steps] == ["interrupted"]
