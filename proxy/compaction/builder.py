@@ -8,10 +8,10 @@ database or a model. Its rules:
 2. The last `preserve_recent` messages are kept verbatim, widened backwards so a tool group (an assistant
    with tool_calls and the tool messages answering it) is never split, and back to the latest user message
    while the turn since it fits in `compact_to` of what the pinned messages leave of the budget (an agent's
-   tool loop outlasts N messages; the instruction it carries out stays in front of the model). A tool message answers the nearest
-   call before it with its id: some local servers name every call `call_0`, and pairing the first use of an id
-   with its last would make one group of the whole conversation. If the pinned and recent messages alone
-   exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
+   tool loop outlasts N messages; the instruction it carries out stays in front of the model). A tool message
+   answers the nearest call before it with its id: some local servers name every call `call_0`, and pairing the
+   first use of an id with its last would make one group of the whole conversation. If the pinned and recent
+   messages alone exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
 3. Older messages form blocks: each usable summary span (shown as its summary, or as its originals when they
    are cheaper) and atomic units of unsummarized messages (a tool group is one unit).
 4. If the result fits `trigger_ratio * budget` it is the `WorkingContext`. Otherwise `NeedsSummary` names the
