@@ -28,7 +28,8 @@ from typing import Any
 from proxy.items import CUSTOM_INPUT
 from proxy.journal.assembly import assemble
 from proxy.types import Chunk
-from proxy.wire.responses_input import ECHOED_FIELDS, ToolNames
+from proxy.wire.responses_fields import ToolNames
+from proxy.wire.responses_input import ECHOED_FIELDS
 
 Event = dict[str, Any]
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}

@@ -24,7 +24,7 @@ from proxy.journal.steps import StepRecord, StepStatus
 from proxy.journal.writer import Journal
 from proxy.types import Message
 from proxy.wire.context_headers import MAX_STORED_INTEGER
-from proxy.wire.responses_input import chat_tools
+from proxy.wire.responses_fields import chat_tools
 from proxy.wire.responses_output import Event, ResponseShape, output_items, response_id, status_of
 
 RESPONSES_DOOR = "responses"
