@@ -25,6 +25,7 @@ from proxy.journal.reader import DEFAULT_PAGE
 from proxy.services import Services, open_services
 from proxy.wire.chat import ChatCompletions
 from proxy.wire.context_headers import whole_number
+from proxy.wire.messages import Messages
 from proxy.wire.responses import Responses
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ def create_app(config: Config) -> Starlette:
             app.state.services = services
             app.state.chat = ChatCompletions(config, services.pipeline)
             app.state.responses = Responses(config, services.pipeline)
+            app.state.messages = Messages(config, services.pipeline)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
@@ -49,6 +51,8 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/responses", _responses, methods=["POST"]),
+        Route("/v1/messages", _messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", _count_tokens, methods=["POST"]),
         Route("/v1/responses/compact", _compact, methods=["POST"]),
         Route("/v1/responses/{response_id}", _response, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _response_items, methods=["GET"]),
@@ -86,6 +90,16 @@ async def _chat(request: Request) -> Response:
 async def _responses(request: Request) -> Response:
     responses: Responses = request.app.state.responses
     return await responses(request)
+
+
+async def _messages(request: Request) -> Response:
+    messages: Messages = request.app.state.messages
+    return await messages(request)
+
+
+async def _count_tokens(request: Request) -> Response:
+    messages: Messages = request.app.state.messages
+    return await messages.count_tokens(request)
 
 
 async def _compact(request: Request) -> Response:

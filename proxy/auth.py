@@ -1,4 +1,5 @@
-"""Who is calling: the proxy key from `Authorization: Bearer`, reduced to an opaque tenant id.
+"""Who is calling: the proxy key from `Authorization: Bearer` (or Anthropic's `x-api-key`), reduced to an opaque
+tenant id.
 
 Sessions and journal entries are scoped by tenant, so one key never sees another's data. The tenant id is a
 hash of the key: the key itself is never stored, logged or forwarded (the upstream gets the model entry's key).
@@ -32,8 +33,9 @@ def authenticate(headers: Mapping[str, str], auth: AuthConfig) -> Caller:
         return Caller(OPEN_TENANT)
     header = headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    key = key.strip()
-    if scheme.lower() != "bearer" or not key:
+    key = key.strip() if scheme.lower() == "bearer" else ""
+    key = key or headers.get("x-api-key", "").strip()  # Anthropic's SDKs send the key there
+    if not key:
         raise AuthenticationFailed(
             "You didn't provide an API key. You need to provide your API key in an Authorization header "
             "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."

@@ -1,0 +1,150 @@
+"""The Anthropic Messages door: `POST /v1/messages` (and `/count_tokens`), for Claude Code and the Anthropic SDKs.
+
+The request is parsed into the canonical conversation (`proxy.wire.messages_input`), answered by the same
+pipeline as the other doors, and rendered back as a `message` or its event stream
+(`proxy.wire.messages_output`). Every error on this door leaves in Anthropic's shape with its status. The key may
+come as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`; `?beta=true` (Claude Code) is accepted.
+
+The session is `X-Session-Id`, else Claude Code's `X-Claude-Code-Session-Id`, else derived as for chat.
+
+`count_tokens` reports what the proxy would send for the conversation, by its own count: the request as it
+stands while it fits, else about the share the proxy compacts to (`context.compact_to` of the model's input
+budget). A client that auto-compacts by this number (Claude Code does, near its model's window) thus leaves the
+compaction to the proxy, which keeps the whole history, instead of rewriting its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from proxy.auth import authenticate
+from proxy.config import Config
+from proxy.conversation import Answer, Completed, ContextOptions, Replayed
+from proxy.errors import NotFound, ProxyError
+from proxy.journal.relay import JournaledGroups
+from proxy.offload import compute
+from proxy.pipeline import Pipeline
+from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
+from proxy.types import Chunk
+from proxy.wire.body import parse_off_loop, read_body
+from proxy.wire.chat import REPLAY_HEADER, RelayedStream
+from proxy.wire.context_headers import context_options, is_session_id, report_headers
+from proxy.wire.messages_input import MessagesRequest, parse_messages_request
+from proxy.wire.messages_output import Event, MessageEvents, MessageShape, anthropic_error, completed_message
+from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
+
+log = logging.getLogger(__name__)
+
+CLIENT_SESSION_HEADER = "x-claude-code-session-id"
+
+
+class Messages:
+    def __init__(self, config: Config, pipeline: Pipeline) -> None:
+        self._config = config
+        self._pipeline = pipeline
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            caller = authenticate(request.headers, self._config.auth)
+            parsed = await self._parse(request, counting=False)
+            options = _session(context_options(request.headers), request.headers)
+            answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
+        except ProxyError as exc:
+            return _error_response(exc)
+        return render(answer, parsed)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """`POST /v1/messages/count_tokens`: what the proxy would send (see the module docstring)."""
+        try:
+            authenticate(request.headers, self._config.auth)
+            parsed = await self._parse(request, counting=True)
+            conversation = parsed.conversation
+            entry = self._config.model(conversation.model)
+            if entry is None:
+                raise NotFound(f"model: {conversation.model}", param="model", code="model_not_found")
+            encoding = encoding_for_model(entry.model)
+            size = sum(map(rough_size, conversation.messages))
+            counts = await compute(size, lambda: [count_message(m, encoding) for m in conversation.messages])
+            tokens = count_prompt(counts)
+            budget = self._pipeline.budgets.budget(entry, None, {}).input_budget
+            context = self._config.context
+            if tokens > context.trigger_ratio * budget:
+                tokens = int(context.compact_to * budget)
+        except ProxyError as exc:
+            return _error_response(exc)
+        return JSONResponse({"input_tokens": tokens})
+
+    async def _parse(self, request: Request, *, counting: bool) -> MessagesRequest:
+        limits = self._config.request_limits
+        raw = await read_body(
+            request.stream(),
+            request.headers.get("content-length"),
+            limits.max_body_bytes,
+            self._config.server.body_timeout_s,
+        )
+        return await parse_off_loop(raw, lambda raw: parse_messages_request(raw, limits, counting=counting))
+
+
+def _error_response(exc: ProxyError) -> Response:
+    status, body = anthropic_error(exc)
+    return JSONResponse(body, status_code=status, headers=dict(exc.headers))
+
+
+def _session(options: ContextOptions, headers: Mapping[str, str]) -> ContextOptions:
+    if options.session_id is not None:
+        return options
+    key = headers.get(CLIENT_SESSION_HEADER)
+    if key is not None and is_session_id(key):
+        return replace(options, session_id=key)
+    return options
+
+
+def render(answer: Answer, parsed: MessagesRequest) -> Response:
+    stream = parsed.conversation.stream
+    model = parsed.conversation.model
+    if isinstance(answer, Replayed):
+        prompt = int((answer.record.context or {}).get("prompt_tokens") or 0)
+        shape = MessageShape(answer.record.id, model, prompt)
+        headers = {
+            REPLAY_HEADER: "true",
+            **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
+        }
+        if not stream:
+            return JSONResponse(completed_message(shape, answer.chunks[0]), headers=headers)
+        return StreamingResponse(
+            _replayed(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+        )
+    shape = MessageShape(answer.step.id, model, answer.report.prompt_tokens)
+    headers = report_headers(answer.report)
+    if isinstance(answer, Completed):
+        return JSONResponse(completed_message(shape, answer.response), headers=headers)
+    return RelayedStream(answer.groups, _relayed(shape, answer.groups), {**SSE_HEADERS, **headers})
+
+
+def _frames(events: list[Event]) -> bytes:
+    return b"".join(sse_named(event["type"], event) for event in events)
+
+
+async def _relayed(shape: MessageShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
+    events = MessageEvents(shape)
+    yield _frames(events.start())
+    try:
+        async for group in groups:
+            frames = _frames(events.feed(item.chunk for item in group))
+            if frames:
+                yield frames
+    except Exception as exc:
+        status, body = anthropic_error(exc)
+        yield _frames(events.fail(status, body["error"]["message"]))
+        return
+    yield _frames(events.finish())
+
+
+async def _replayed(shape: MessageShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
+    events = MessageEvents(shape)
+    yield _frames([*events.start(), *events.feed(chunks), *events.finish()])

@@ -1,0 +1,255 @@
+"""An Anthropic Messages request as the canonical conversation: content blocks → chat messages, fields → chat fields.
+
+Each chat message keeps the blocks it stands for (`chain.ITEMS`), as the client sent them (signatures,
+`cache_control`, server tool blocks), so nothing is lost and a Messages-native upstream can get them back:
+
+    system (a string or text blocks)           a system message (its blocks kept)
+    user message                               a tool message per `tool_result` block (answering its
+                                               `tool_use_id`), then a user message with the other blocks: its
+                                               text as one string, or chat parts (image, document) when it has
+                                               more than text
+    assistant message                          one assistant message: its text, a tool call per `tool_use` block
+                                               (`input` as JSON arguments); thinking blocks ride along in its items
+
+So a tool_use and its tool_result pair exactly as chat tool calls do, and thinking blocks stay with their
+assistant turn. A message's identity is its chat meaning only, so an answer the client echoes back (its
+`tool_use` input re-serialized as JSON) lands on the node it was stored as.
+
+Fields for a chat upstream: `max_tokens` (required, reserved from the budget), `stop_sequences` → `stop`,
+`temperature`, `top_p`, tools (`input_schema` → `parameters`), `tool_choice` (any → required, tool → that
+function), `metadata.user_id` → `user`. Anthropic's own (`thinking`, `top_k`, `context_management`,
+`cache_control`) stay behind for a chat upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.config import RequestLimits
+from proxy.conversation import Conversation
+from proxy.errors import InvalidRequest
+from proxy.history.chain import ITEMS
+from proxy.types import Message
+from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object
+
+ROLES = ("user", "assistant")
+_DELIVERY = ("stream",)
+
+
+@dataclass(frozen=True)
+class MessagesRequest:
+    conversation: Conversation
+    body: Mapping[str, Any]
+
+
+def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool = False) -> MessagesRequest:
+    """An Anthropic Messages request as the canonical conversation; a 400 naming the field for anything invalid.
+    `counting`: a `count_tokens` request, which has no `max_tokens`."""
+    body = parse_json_object(raw)
+    check_shape({key: value for key, value in body.items() if key != "messages"}, "", limits)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: Field required", param="model")
+    max_tokens = body.get("max_tokens")
+    if counting and max_tokens is None:
+        max_tokens = 1
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidRequest("max_tokens: Field required (an integer of at least 1)", param="max_tokens")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
+    check_messages(raw_messages, "messages", limits)
+    messages = [*_system(body.get("system")), *chat_messages(raw_messages)]
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")
+    return MessagesRequest(
+        conversation=Conversation(
+            model=model,
+            messages=messages,
+            params=chat_params(body, max_tokens, stream),
+            stream=stream,
+            max_output=max_tokens,
+            max_output_param="max_tokens",
+            identity={key: value for key, value in body.items() if key not in _DELIVERY},
+            wire={"door": "messages"},
+        ),
+        body=body,
+    )
+
+
+def _system(system: Any) -> list[Message]:
+    if system is None or system == "":
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    blocks = _blocks(system, "system")
+    text = "\n".join(str(block.get("text", "")) for block in blocks if block.get("type") == "text")
+    return [{"role": "system", "content": text, ITEMS: blocks}]
+
+
+def chat_messages(messages: Sequence[Any]) -> list[Message]:
+    """The conversation's messages as chat messages (see the module docstring)."""
+    chat: list[Message] = []
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"{where}: Input should be a valid dictionary", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"{where}.role: Input should be 'user' or 'assistant'", param=f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, str):
+            chat.append({"role": role, "content": content})
+            continue
+        blocks = _blocks(content, f"{where}.content")
+        chat.extend(_assistant(blocks, where) if role == "assistant" else _user(blocks, where))
+    _check_pairs(chat)
+    return chat
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}: Input should be a valid string or list of blocks", param=where)
+    for index, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise InvalidRequest(f"{where}.{index}: each block needs a string 'type'", param=f"{where}.{index}")
+    return content
+
+
+def _assistant(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for index, block in enumerate(blocks):
+        kind = block["type"]
+        if kind == "text":
+            texts.append(_text(block, f"{where}.content.{index}"))
+        elif kind == "tool_use":
+            call_id, name = block.get("id"), block.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise InvalidRequest(
+                    f"{where}.content.{index}: a tool_use block needs a string 'id' and 'name'",
+                    param=f"{where}.content.{index}",
+                )
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    message[ITEMS] = list(blocks)
+    return [message]
+
+
+def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
+    messages: list[Message] = []
+    rest: list[dict[str, Any]] = []
+    for index, block in enumerate(blocks):
+        if block["type"] != "tool_result":
+            rest.append(block)
+            continue
+        call_id = block.get("tool_use_id")
+        if not isinstance(call_id, str):
+            raise InvalidRequest(
+                f"{where}.content.{index}.tool_use_id: Field required", param=f"{where}.content.{index}.tool_use_id"
+            )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result_text(block), ITEMS: [block]})
+    if rest:
+        messages.append({"role": "user", "content": _chat_content(rest, where), ITEMS: rest})
+    return messages
+
+
+def _text(block: Mapping[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{where}.text: Input should be a valid string", param=f"{where}.text")
+    return text
+
+
+def result_text(block: Mapping[str, Any]) -> str:
+    """A tool_result's content as text (nested text blocks joined); an error result says so."""
+    content = block.get("content")
+    if isinstance(content, list):
+        text = "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    else:
+        text = "" if content is None else str(content)
+    return f"[error] {text}" if block.get("is_error") else text
+
+
+def _chat_content(blocks: Sequence[Mapping[str, Any]], where: str) -> str | list[dict[str, Any]]:
+    """Text-only content as one string (the same node whether sent as a string or as text blocks); else parts."""
+    if all(block["type"] == "text" for block in blocks):
+        return "\n".join(_text(block, where) for block in blocks)
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = block["type"]
+        if kind == "text":
+            parts.append({"type": "text", "text": _text(block, where)})
+        elif kind == "image":
+            source = block.get("source") or {}
+            url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data', '')}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append({"type": "text", "text": f"[{kind}]"})  # a document or server block, kept in the items
+    return parts
+
+
+def _check_pairs(messages: Sequence[Message]) -> None:
+    called: set[str] = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            called.add(call["id"])
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            raise InvalidRequest(
+                f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {message['tool_call_id']}. "
+                "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                param="messages",
+            )
+
+
+def chat_params(body: Mapping[str, Any], max_tokens: int, stream: bool) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_tokens": max_tokens}
+    for key in ("temperature", "top_p"):
+        if body.get(key) is not None:
+            params[key] = body[key]
+    stop = body.get("stop_sequences")
+    if isinstance(stop, list) and stop:
+        params["stop"] = stop
+    user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+    if isinstance(user, str):
+        params["user"] = user
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+            raise InvalidRequest("tools: Input should be a valid list of tools", param="tools")
+        functions = [_function(tool, index) for index, tool in enumerate(tools) if "input_schema" in tool]
+        if functions:
+            params["tools"] = functions
+            choice = _tool_choice(body.get("tool_choice"))
+            if choice is not None:
+                params["tool_choice"] = choice
+    if stream:
+        params["stream"] = True
+        params["stream_options"] = {"include_usage": True}
+    return params
+
+
+def _function(tool: Mapping[str, Any], index: int) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"tools.{index}.name: Field required", param=f"tools.{index}.name")
+    function: dict[str, Any] = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
