@@ -59,6 +59,7 @@ def create_app(config: Config) -> Starlette:
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
         Route("/healthz", _health, methods=["GET"]),
+        Route("/", _health, methods=["GET", "HEAD"]),
         Route("/sessions", _sessions, methods=["GET"]),
         Route("/sessions/{session_id}", _session, methods=["GET"]),
         Route("/sessions/{session_id}/summarize", _summarize, methods=["POST"]),

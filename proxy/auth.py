@@ -1,5 +1,5 @@
-"""Who is calling: the proxy key from `Authorization: Bearer` (or Anthropic's `x-api-key`), reduced to an opaque
-tenant id.
+"""Who is calling: the proxy key from `Authorization: Bearer` (or, on the Messages door, Anthropic's `x-api-key`),
+reduced to an opaque tenant id.
 
 Sessions and journal entries are scoped by tenant, so one key never sees another's data. The tenant id is a
 hash of the key: the key itself is never stored, logged or forwarded (the upstream gets the model entry's key).
@@ -28,13 +28,16 @@ def tenant_of(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
 
 
-def authenticate(headers: Mapping[str, str], auth: AuthConfig) -> Caller:
+def authenticate(headers: Mapping[str, str], auth: AuthConfig, *, api_key_header: bool = False) -> Caller:
+    """`api_key_header`: also take the key from `x-api-key`, as Anthropic's clients send it (the Messages door
+    only: on OpenAI's doors a key there is a client mistake, answered as a missing key)."""
     if not auth.enabled:
         return Caller(OPEN_TENANT)
     header = headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip() if scheme.lower() == "bearer" else ""
-    key = key or headers.get("x-api-key", "").strip()  # Anthropic's SDKs send the key there
+    if api_key_header and not key:
+        key = headers.get("x-api-key", "").strip()
     if not key:
         raise AuthenticationFailed(
             "You didn't provide an API key. You need to provide your API key in an Authorization header "

@@ -582,9 +582,10 @@ def test_healthz(proxy: ProxyServer) -> None:
     response = httpx.get(f"{proxy.url}/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "models": 1}
+    assert httpx.head(f"{proxy.url}/").status_code == 200  # Claude Code probes the base URL before it starts
 
 
-@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/completions", "/", "/v2/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/completions", "/v2/chat/completions"])
 def test_unknown_url_is_openai_shaped_404(refusing_proxy: ProxyServer, path: str) -> None:
     response = httpx.post(f"{refusing_proxy.url}{path}", json={})
     assert_openai_error(response, 404, "invalid_request_error", "unknown_url")

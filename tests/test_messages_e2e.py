@@ -254,3 +254,32 @@ def test_bad_input_is_an_anthropic_error_that_stores_nothing(
     assert error["type"] == "error"
     assert set(error["error"]) == {"type", "message"}
     assert row_counts(proxy.config.store.path) == before
+
+
+def test_claude_codes_requests_are_served(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
+    """What Claude Code 2.1 sends (`bench/claude_code.py` found both): a `system` turn inside `messages`, and
+    `max_tokens` sized for a Claude model (32,000), here against a 4k model; and its `HEAD /` probe."""
+    model = {
+        "name": "small",
+        "model": "openai/fake-model",
+        "api_base": fake.url,
+        "api_key": "k",
+        "context_window": 4096,
+    }
+    proxy = serve_proxy(models=[model])
+    body = {
+        "model": "small",
+        "max_tokens": 32_000,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "system", "content": "Available agent types: general."},
+            {"role": "user", "content": "go on"},
+        ],
+    }
+    response = httpx.post(f"{proxy.url}/v1/messages?beta=true", json=body, timeout=20)
+    assert response.status_code == 200, response.text
+    sent = fake.requests[-1].body
+    assert sent["max_tokens"] <= 1024  # the model's share, not Claude's 32,000
+    assert [m["role"] for m in sent["messages"]] == ["system", "user", "system", "user"]
+    assert httpx.head(f"{proxy.url}/", timeout=5).status_code == 200

@@ -6,6 +6,8 @@ pipeline as the other doors, and rendered back as a `message` or its event strea
 come as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`; `?beta=true` (Claude Code) is accepted.
 
 The session is `X-Session-Id`, else Claude Code's `X-Claude-Code-Session-Id`, else derived as for chat.
+`max_tokens` is lowered to what the configured model can give (its output limit, a quarter of its window at most):
+Anthropic clients ask for their Claude model's limit, whatever the model behind the proxy.
 
 `count_tokens` reports what the proxy would send for the conversation, by its own count: the request as it
 stands while it fits, else about the share the proxy compacts to (`context.compact_to` of the model's input
@@ -41,6 +43,8 @@ from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
 log = logging.getLogger(__name__)
 
 CLIENT_SESSION_HEADER = "x-claude-code-session-id"
+OUTPUT_SHARE = 4
+"""At most a quarter of a model's window is kept for the answer when a client asks for more."""
 
 
 class Messages:
@@ -50,8 +54,8 @@ class Messages:
 
     async def __call__(self, request: Request) -> Response:
         try:
-            caller = authenticate(request.headers, self._config.auth)
-            parsed = await self._parse(request, counting=False)
+            caller = authenticate(request.headers, self._config.auth, api_key_header=True)
+            parsed = self._fit_output(await self._parse(request, counting=False))
             options = _session(context_options(request.headers), request.headers)
             answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
         except ProxyError as exc:
@@ -61,7 +65,7 @@ class Messages:
     async def count_tokens(self, request: Request) -> Response:
         """`POST /v1/messages/count_tokens`: what the proxy would send (see the module docstring)."""
         try:
-            authenticate(request.headers, self._config.auth)
+            authenticate(request.headers, self._config.auth, api_key_header=True)
             parsed = await self._parse(request, counting=True)
             conversation = parsed.conversation
             entry = self._config.model(conversation.model)
@@ -78,6 +82,21 @@ class Messages:
         except ProxyError as exc:
             return _error_response(exc)
         return JSONResponse({"input_tokens": tokens})
+
+    def _fit_output(self, parsed: MessagesRequest) -> MessagesRequest:
+        """`max_tokens` within the configured model's output limit and a quarter of its window: Claude Code asks
+        for its Claude model's limit (32k and more), which would leave a 32k local model no room for input (its own
+        system prompt and tools are ~7k tokens)."""
+        conversation = parsed.conversation
+        entry = self._config.model(conversation.model)
+        if entry is None or conversation.max_output is None:
+            return parsed
+        limits = self._pipeline.budgets.limits(entry)
+        fitted = min(conversation.max_output, limits.max_output, limits.context_window // OUTPUT_SHARE)
+        if fitted == conversation.max_output:
+            return parsed
+        params = {**conversation.params, "max_tokens": fitted}
+        return replace(parsed, conversation=replace(conversation, max_output=fitted, params=params))
 
     async def _parse(self, request: Request, *, counting: bool) -> MessagesRequest:
         limits = self._config.request_limits

@@ -3,7 +3,8 @@
 Each chat message keeps the blocks it stands for (`chain.ITEMS`), as the client sent them (signatures,
 `cache_control`, server tool blocks), so nothing is lost and a Messages-native upstream can get them back:
 
-    system (a string or text blocks)           a system message (its blocks kept)
+    system (a string or text blocks)           a system message (its blocks kept); so is a `system` turn
+                                               inside `messages` (Claude Code sends one with a beta)
     user message                               a tool message per `tool_result` block (answering its
                                                `tool_use_id`), then a user message with the other blocks: its
                                                text as one string, or chat parts (image, document) when it has
@@ -35,7 +36,7 @@ from proxy.history.chain import ITEMS
 from proxy.types import Message
 from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object
 
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)
 
 
@@ -100,8 +101,13 @@ def chat_messages(messages: Sequence[Any]) -> list[Message]:
             raise InvalidRequest(f"{where}: Input should be a valid dictionary", param=where)
         role = message.get("role")
         if role not in ROLES:
-            raise InvalidRequest(f"{where}.role: Input should be 'user' or 'assistant'", param=f"{where}.role")
+            raise InvalidRequest(
+                f"{where}.role: Input should be 'user', 'assistant' or 'system'", param=f"{where}.role"
+            )
         content = message.get("content")
+        if role == "system":  # Claude Code's mid-conversation system turns (beta `mid-conversation-system`)
+            chat.extend(_system(content) or [{"role": "system", "content": ""}])
+            continue
         if isinstance(content, str):
             chat.append({"role": role, "content": content})
             continue
