@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.history.chain import ITEMS
-from proxy.items import assistant_message
 from proxy.types import Chunk, Message
 
+ANSWER = "answer"
+"""The delta key under which a native upstream's last chunk carries its whole answer message."""
 PIECES_PER_BLOCK = 512
 """Stream deltas are a few characters each, and a Python string costs ~50 bytes beside its text: pieces are joined
 into blocks as they come, so a long answer costs about its own size in memory, not ten times that."""
@@ -59,9 +59,9 @@ class Assembly:
     calls: dict[int, _ToolCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    items: list[dict[str, Any]] | None = None
-    """A Responses-native answer's output items as the upstream sent them (`proxy.upstream.responses_client`):
-    the answer is then the assistant message they make (`proxy.items`), reasoning and ids included."""
+    answer: Message | None = None
+    """A native upstream's answer as the message it is (`ANSWER` in a chunk's delta): its items as the upstream
+    sent them (reasoning, thinking with signatures, ids), which the deltas alone do not carry."""
 
     def add(self, chunk: Chunk) -> None:
         usage = chunk.get("usage")
@@ -72,9 +72,9 @@ class Assembly:
                 continue
             delta = choice.get("delta") or choice.get("message")
             if delta:
-                items = delta.get(ITEMS)
-                if isinstance(items, list):
-                    self.items = items
+                answer = delta.get(ANSWER)
+                if isinstance(answer, dict):
+                    self.answer = answer
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     self.text.append(content)
@@ -123,8 +123,8 @@ class Assembly:
 
     def message(self) -> Message:
         """The assistant message this answer is, as stored in history."""
-        if self.items is not None:
-            return assistant_message(self.items)
+        if self.answer is not None:
+            return dict(self.answer)
         message: Message = {"role": "assistant", "content": self.content}
         tool_calls = self.tool_calls
         if tool_calls:

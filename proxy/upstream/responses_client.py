@@ -23,8 +23,8 @@ import httpx
 
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
-from proxy.history.chain import ITEMS
 from proxy.items import CUSTOM_INPUT, assistant_message, qualified_name
+from proxy.journal.assembly import ANSWER
 from proxy.types import Chunk
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
@@ -153,7 +153,9 @@ def completion(response: Mapping[str, Any]) -> Chunk:
         "object": "chat.completion",
         "id": response.get("id"),
         "model": response.get("model"),
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(response, message)}],
+        "choices": [
+            {"index": 0, "message": {**message, ANSWER: message}, "finish_reason": finish_reason(response, message)}
+        ],
         "usage": chat_usage(response.get("usage")),
         NATIVE_RESPONSE: dict(response),
     }
@@ -199,8 +201,9 @@ class EventChunks:
         if kind in ENDING_EVENTS:
             response = event.get("response") or {}
             output = list(response.get("output") or [])
-            choice["delta"] = {ITEMS: output}
-            choice["finish_reason"] = finish_reason(response, assistant_message(output))
+            answer = assistant_message(output)
+            choice["delta"] = {ANSWER: answer}
+            choice["finish_reason"] = finish_reason(response, answer)
             usage = chat_usage(response.get("usage"))
             if usage is not None:
                 chunk["usage"] = usage
