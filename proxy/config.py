@@ -19,7 +19,7 @@ import yaml
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
-UPSTREAM_APIS = ("CHAT", "RESPONSES")
+UPSTREAM_APIS = ("CHAT", "RESPONSES", "MESSAGES")
 """`models[].api`, compared without case."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
@@ -81,9 +81,10 @@ class ModelEntry:
     context_window: int | None = None
     max_output: int | None = None
     api: str = "chat"
-    """What the upstream speaks to the Responses door: `chat` (chat completions through LiteLLM, any provider) or
-    `responses` (OpenAI's Responses API itself: input items, encrypted reasoning and ids reach it as the client
-    sent them)."""
+    """What the upstream speaks natively: `chat` (chat completions through LiteLLM, any provider: every door
+    reaches it), `responses` (OpenAI's Responses API itself, for the Responses door: input items, encrypted
+    reasoning and ids reach it as the client sent them) or `messages` (Anthropic's Messages API itself, for the
+    Messages door: blocks, thinking signatures and `cache_control` as sent). Other doors use chat."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ from proxy.journal.relay import JournaledGroups
 from proxy.journal.steps import StepRecord
 from proxy.types import Chunk, Message
 
+NATIVE_API = "__api__"
+"""The key of `Conversation.native` that names its API."""
+
 
 class ContextMode(enum.StrEnum):
     AUTO = "auto"
@@ -40,8 +43,9 @@ class Conversation:
     """What makes two requests the same request for an Idempotency-Key: the body without its delivery fields,
     so a retry may ask for a stream where the first attempt asked for JSON, or the reverse."""
     native: Mapping[str, Any] | None = None
-    """The request as a Responses body (without `input`), when the client spoke Responses: a model configured
-    `api: responses` is sent this with the working context as its `input` items (`proxy.items.input_items`)."""
+    """The request in the client's own API without its conversation, and that API under `NATIVE_API`
+    (`responses`, `messages`): a model configured with the same `api` is sent it with the working context in
+    that API's form (`proxy.items.input_items`, `proxy.blocks.anthropic_request`)."""
     wire: Mapping[str, Any] = field(default_factory=dict)
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""

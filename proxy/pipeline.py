@@ -23,11 +23,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from proxy.blocks import anthropic_request
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
 from proxy.compaction.summary_text import acknowledgement_message, is_summary
 from proxy.config import Config, ModelEntry
 from proxy.conversation import (
+    NATIVE_API,
     Answer,
     Completed,
     ContextMode,
@@ -321,11 +323,16 @@ class Pipeline:
 
 
 def native_body(conversation: Conversation, plan: Plan) -> dict[str, Any] | None:
-    """The Responses body for a model that speaks Responses natively, with the working context as its input;
-    None when the call goes to chat completions."""
-    if conversation.native is None or plan.entry.api != "responses":
+    """The request in the client's own API, for a model that speaks it natively (`models[].api`), with the
+    working context as its input; None when the call goes to chat completions."""
+    native = conversation.native
+    if native is None or plan.entry.api != native.get(NATIVE_API):
         return None
-    return {**conversation.native, "input": input_items(responses_context(plan.prepared.messages))}
+    body = {key: value for key, value in native.items() if key != NATIVE_API}
+    if plan.entry.api == "messages":
+        system, messages = anthropic_request(plan.prepared.messages)
+        return {**body, **({"system": system} if system else {}), "messages": messages}
+    return {**body, "input": input_items(responses_context(plan.prepared.messages))}
 
 
 def responses_context(messages: list[Message]) -> list[Message]:

@@ -36,6 +36,16 @@ KEY_STATUSES = frozenset({401, 403})
 """Statuses that may mean a missing or wrong provider key."""
 
 
+class UpstreamRefusal(Exception):
+    """An error answer an upstream gave over plain HTTP (the native clients), in the shape `upstream_error` reads:
+    its status, and its body as the message (JSON: the error object is taken from it)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
 def upstream_error(
     exc: BaseException,
     mid_stream: bool = False,

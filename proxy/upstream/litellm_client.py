@@ -32,6 +32,7 @@ from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.history.chain import chat_messages
 from proxy.types import Chunk, Message
+from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
@@ -68,6 +69,8 @@ class LiteLLMUpstream:
         self._routes = {entry.name: self._route(entry) for entry in models}
         self._responses = ResponsesClient(config, redactor)
         """Models with `api: responses`, for the Responses door (`proxy.upstream.responses_client`)."""
+        self._anthropic = AnthropicClient(config, redactor)
+        """Models with `api: messages`, for the Messages door (`proxy.upstream.anthropic_client`)."""
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
         known = self._routes.get(entry.name)
@@ -104,13 +107,16 @@ class LiteLLMUpstream:
         return _chunks(wrapper, wrapper, failure)
 
     async def respond(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
-        return await self._responses.create(entry, body)
+        native = self._anthropic if entry.api == "messages" else self._responses
+        return await native.create(entry, body)
 
     async def open_response_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
-        return await self._responses.open_stream(entry, body)
+        native = self._anthropic if entry.api == "messages" else self._responses
+        return await native.open_stream(entry, body)
 
     async def aclose(self) -> None:
         await self._responses.aclose()
+        await self._anthropic.aclose()
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""

@@ -26,7 +26,7 @@ from proxy.errors import UpstreamError
 from proxy.items import CUSTOM_INPUT, assistant_message, qualified_name
 from proxy.journal.assembly import ANSWER
 from proxy.types import Chunk
-from proxy.upstream.failures import upstream_error
+from proxy.upstream.failures import UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 
 OPENAI_BASE = "https://api.openai.com/v1"
@@ -37,15 +37,6 @@ NATIVE_RESPONSE = "response"
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})
 FAILING_EVENTS = frozenset({"response.failed", "error"})
 _LENGTH_REASONS = frozenset({"max_output_tokens"})
-
-
-class ResponsesRefusal(Exception):
-    """An upstream's HTTP error answer, as the shape `proxy.upstream.failures` reads (status, JSON text)."""
-
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
 
 
 class ResponsesClient:
@@ -72,7 +63,7 @@ class ResponsesClient:
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:
-            raise self._error(entry, ResponsesRefusal(answer.status_code, answer.text))
+            raise self._error(entry, UpstreamRefusal(answer.status_code, answer.text))
         try:
             response = answer.json()
         except ValueError as exc:
@@ -90,13 +81,13 @@ class ResponsesClient:
         if answer.status_code >= 400:
             text = (await answer.aread()).decode("utf-8", "replace")
             await answer.aclose()
-            raise self._error(entry, ResponsesRefusal(answer.status_code, text))
+            raise self._error(entry, UpstreamRefusal(answer.status_code, text))
         return self._chunks(entry, answer)
 
     async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:
         converter = EventChunks(self._redactor)
         try:
-            async for event in _sse_events(answer):
+            async for event in sse_events(answer):
                 yield converter.chunk(event)
                 if event.get("type") in ENDING_EVENTS:
                     return
@@ -125,7 +116,7 @@ def _body(entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str,
     return {**body, "model": model, "stream": stream}
 
 
-async def _sse_events(answer: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def sse_events(answer: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """The JSON of each SSE event (its `data:` lines); the `event:` line repeats the JSON's own `type`."""
     data: list[str] = []
     async for line in answer.aiter_lines():

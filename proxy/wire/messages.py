@@ -33,6 +33,7 @@ from proxy.offload import compute
 from proxy.pipeline import Pipeline
 from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
 from proxy.types import Chunk
+from proxy.upstream.responses_client import NATIVE_EVENT, NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
 from proxy.wire.chat import REPLAY_HEADER, RelayedStream
 from proxy.wire.context_headers import context_options, is_session_id, report_headers
@@ -134,14 +135,14 @@ def render(answer: Answer, parsed: MessagesRequest) -> Response:
             **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
         }
         if not stream:
-            return JSONResponse(completed_message(shape, answer.chunks[0]), headers=headers)
+            return JSONResponse(_message_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(
             _replayed(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
         )
     shape = MessageShape(answer.step.id, model, answer.report.prompt_tokens)
     headers = report_headers(answer.report)
     if isinstance(answer, Completed):
-        return JSONResponse(completed_message(shape, answer.response), headers=headers)
+        return JSONResponse(_message_object(shape, answer.response), headers=headers)
     return RelayedStream(answer.groups, _relayed(shape, answer.groups), {**SSE_HEADERS, **headers})
 
 
@@ -149,21 +150,54 @@ def _frames(events: list[Event]) -> bytes:
     return b"".join(sse_named(event["type"], event) for event in events)
 
 
+def _message_object(shape: MessageShape, completion: Chunk) -> Event:
+    """The `message` a non-stream answer is: an Anthropic upstream's own (under the proxy's id), or rendered."""
+    native = completion.get(NATIVE_RESPONSE)
+    return {**native, "id": shape.id} if isinstance(native, dict) else completed_message(shape, completion)
+
+
+def _native_events(shape: MessageShape, chunks: list[Chunk]) -> list[Event]:
+    """An Anthropic upstream's events as they came, its message under the proxy's id."""
+    events: list[Event] = []
+    for chunk in chunks:
+        event = chunk.get(NATIVE_EVENT)
+        if not isinstance(event, dict):
+            continue
+        message = event.get("message")
+        events.append({**event, "message": {**message, "id": shape.id}} if isinstance(message, dict) else event)
+    return events
+
+
 async def _relayed(shape: MessageShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
+    """The answer's events: a native upstream's as they came, or rendered from chat chunks; a failure after the
+    start is an `error` event."""
     events = MessageEvents(shape)
-    yield _frames(events.start())
+    native: bool | None = None
     try:
         async for group in groups:
-            frames = _frames(events.feed(item.chunk for item in group))
+            chunks = [item.chunk for item in group]
+            if native is None:
+                native = bool(chunks) and NATIVE_EVENT in chunks[0]
+                if not native:
+                    yield _frames(events.start())
+            frames = _frames(_native_events(shape, chunks) if native else events.feed(chunks))
             if frames:
                 yield frames
     except Exception as exc:
         status, body = anthropic_error(exc)
+        if native is None:
+            yield _frames(events.start())
         yield _frames(events.fail(status, body["error"]["message"]))
         return
-    yield _frames(events.finish())
+    if not native:
+        if native is None:
+            yield _frames(events.start())
+        yield _frames(events.finish())
 
 
 async def _replayed(shape: MessageShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
+    if chunks and NATIVE_EVENT in chunks[0]:
+        yield _frames(_native_events(shape, chunks))
+        return
     events = MessageEvents(shape)
     yield _frames([*events.start(), *events.feed(chunks), *events.finish()])

@@ -24,13 +24,13 @@ function), `metadata.user_id` → `user`. Anthropic's own (`thinking`, `top_k`, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.blocks import assistant_from_blocks
 from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.conversation import NATIVE_API, Conversation
 from proxy.errors import InvalidRequest
 from proxy.history.chain import ITEMS
 from proxy.types import Message
@@ -38,6 +38,9 @@ from proxy.wire.body import check_messages, check_shape, json_type, parse_json_o
 
 ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)
+_NOT_NATIVE = frozenset({"model", "messages", "system", "stream"})
+"""What an Anthropic upstream gets from the proxy rather than as sent: the model name, the working context (as
+`system` and `messages`) and the streaming."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool 
             max_output=max_tokens,
             max_output_param="max_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
+            native={NATIVE_API: "messages", **{key: value for key, value in body.items() if key not in _NOT_NATIVE}},
             wire={"door": "messages"},
         ),
         body=body,
@@ -127,26 +131,17 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _assistant(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
     for index, block in enumerate(blocks):
-        kind = block["type"]
-        if kind == "text":
-            texts.append(_text(block, f"{where}.content.{index}"))
-        elif kind == "tool_use":
-            call_id, name = block.get("id"), block.get("name")
-            if not isinstance(call_id, str) or not isinstance(name, str):
-                raise InvalidRequest(
-                    f"{where}.content.{index}: a tool_use block needs a string 'id' and 'name'",
-                    param=f"{where}.content.{index}",
-                )
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
-    message[ITEMS] = list(blocks)
-    return [message]
+        if block["type"] == "text":
+            _text(block, f"{where}.content.{index}")
+        elif block["type"] == "tool_use" and not (
+            isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
+        ):
+            raise InvalidRequest(
+                f"{where}.content.{index}: a tool_use block needs a string 'id' and 'name'",
+                param=f"{where}.content.{index}",
+            )
+    return [assistant_from_blocks(blocks)]
 
 
 def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:

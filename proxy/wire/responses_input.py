@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.conversation import NATIVE_API, Conversation
 from proxy.errors import InvalidRequest
 from proxy.history.chain import ITEMS
 from proxy.items import (
@@ -142,7 +142,7 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
-            native={key: value for key, value in body.items() if key not in _NOT_NATIVE},
+            native={NATIVE_API: "responses", **{key: value for key, value in body.items() if key not in _NOT_NATIVE}},
             wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
         ),
         tools=names,
