@@ -129,3 +129,29 @@ def test_a_long_native_conversation_compacts_alternating_without_a_refusal(
     compactions = sum(1 for r in native.requests if "litellm" in r.headers.get("user-agent", ""))
     print(f"prefix-extending requests: {extending}/{len(bodies) - 1}; summarizer calls: {compactions}")
     assert extending >= len(bodies) - 1 - 2 * max(1, compactions)
+
+
+def test_prompt_is_too_long_from_the_upstream_is_healed(serve_proxy: ServeProxy, native: FakeAnthropicUpstream) -> None:
+    """The model's real window is smaller than configured: Anthropic's `prompt is too long` is recognized, the
+    context compacted to fit, and the same request answered; later requests fit from the start."""
+    native.context_window = 3000
+    model = {
+        "name": "claude",
+        "model": "anthropic/claude-fake",
+        "api_base": native.url,
+        "api_key": "sk-ant-native",
+        "context_window": 8192,
+        "api": "messages",
+    }
+    proxy = serve_proxy(models=[model])
+    messages: list[Any] = []
+    with anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0, timeout=30) as client:
+        for turn in range(20):
+            messages.append({"role": "user", "content": f"turn {turn}: " + "words " * 200})
+            answer = client.messages.create(model="claude", max_tokens=256, messages=messages)
+            messages.append(
+                {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in answer.content]}
+            )
+    refusals = [body for body in native.rejected if "prompt is too long" in json.dumps(body)]
+    assert 1 <= len(refusals) <= 2, native.rejected  # learned from the first, not refused on every turn
+    assert max(native.count_tokens(r.body) for r in native.requests if r.body.get("max_tokens") == 256) > 2000
