@@ -18,6 +18,8 @@ from proxy.types import Chunk, Message
 
 NATIVE_API = "__api__"
 """The key of `Conversation.native` that names its API."""
+NATIVE_HEADERS = "__headers__"
+"""The key of `Conversation.native` with the client's headers its API defines (`anthropic-beta`), forwarded."""
 
 
 class ContextMode(enum.StrEnum):

@@ -69,8 +69,10 @@ def test_thinking_and_cache_control_reach_the_upstream_as_sent(
     assert text.text == "echo: hi"  # type: ignore[union-attr]
     messages.append({"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]})
     messages.append({"role": "user", "content": "again"})
-    second = sdk.messages.create(model="claude", max_tokens=256, system=system, messages=messages)  # type: ignore[arg-type]
+    beta = {"anthropic-beta": "interleaved-thinking-2025-05-14"}
+    second = sdk.messages.create(model="claude", max_tokens=256, system=system, messages=messages, extra_headers=beta)  # type: ignore[arg-type]
     assert second.content[-1].text == "echo: again"  # type: ignore[union-attr]
+    assert native.requests[-1].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
     sent = native.requests[-1]
     assert sent.body["messages"] == messages  # every block as the client sent it: signatures, cache_control
     assert sent.body["system"] == system

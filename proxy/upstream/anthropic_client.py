@@ -18,6 +18,7 @@ import httpx
 
 from proxy.blocks import assistant_from_blocks
 from proxy.config import ModelEntry, UpstreamConfig
+from proxy.conversation import NATIVE_HEADERS
 from proxy.errors import UpstreamError
 from proxy.journal.assembly import ANSWER
 from proxy.types import Chunk
@@ -48,7 +49,9 @@ class AnthropicClient:
 
     async def create(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
         try:
-            answer = await self._client().post(_url(entry), json=_body(entry, body, False), headers=_headers(entry))
+            answer = await self._client().post(
+                _url(entry), json=_body(entry, body, False), headers=_headers(entry, body)
+            )
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:
@@ -60,7 +63,9 @@ class AnthropicClient:
 
     async def open_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
         client = self._client()
-        request = client.build_request("POST", _url(entry), json=_body(entry, body, True), headers=_headers(entry))
+        request = client.build_request(
+            "POST", _url(entry), json=_body(entry, body, True), headers=_headers(entry, body)
+        )
         try:
             answer = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -94,8 +99,10 @@ def _url(entry: ModelEntry) -> str:
     return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
 
-def _headers(entry: ModelEntry) -> dict[str, str]:
-    headers = {"anthropic-version": ANTHROPIC_VERSION}
+def _headers(entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+    """The API's own headers: its version, the model entry's key, and the client's betas (`anthropic-beta`),
+    which the fields it sent may need (`context_management`, interleaved thinking)."""
+    headers = {"anthropic-version": ANTHROPIC_VERSION, **(body.get(NATIVE_HEADERS) or {})}
     key = entry.api_key or os.environ.get("ANTHROPIC_API_KEY")
     if key:
         headers["x-api-key"] = key
@@ -104,7 +111,8 @@ def _headers(entry: ModelEntry) -> dict[str, str]:
 
 def _body(entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
     model = entry.model.split("/", 1)[1] if entry.model.startswith("anthropic/") else entry.model
-    return {**body, "model": model, "stream": stream}
+    sent = {key: value for key, value in body.items() if key != NATIVE_HEADERS}
+    return {**sent, "model": model, "stream": stream}
 
 
 def chat_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:

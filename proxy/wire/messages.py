@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.auth import authenticate
 from proxy.config import Config
-from proxy.conversation import Answer, Completed, ContextOptions, Replayed
+from proxy.conversation import NATIVE_HEADERS, Answer, Completed, ContextOptions, Replayed
 from proxy.errors import NotFound, ProxyError
 from proxy.journal.relay import JournaledGroups
 from proxy.offload import compute
@@ -44,6 +44,7 @@ from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
 log = logging.getLogger(__name__)
 
 CLIENT_SESSION_HEADER = "x-claude-code-session-id"
+BETA_HEADER = "anthropic-beta"
 OUTPUT_SHARE = 4
 """At most a quarter of a model's window is kept for the answer when a client asks for more."""
 
@@ -56,7 +57,7 @@ class Messages:
     async def __call__(self, request: Request) -> Response:
         try:
             caller = authenticate(request.headers, self._config.auth, api_key_header=True)
-            parsed = self._fit_output(await self._parse(request, counting=False))
+            parsed = _with_betas(self._fit_output(await self._parse(request, counting=False)), request.headers)
             options = _session(context_options(request.headers), request.headers)
             answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
         except ProxyError as exc:
@@ -108,6 +109,16 @@ class Messages:
             self._config.server.body_timeout_s,
         )
         return await parse_off_loop(raw, lambda raw: parse_messages_request(raw, limits, counting=counting))
+
+
+def _with_betas(parsed: MessagesRequest, headers: Mapping[str, str]) -> MessagesRequest:
+    """The client's `anthropic-beta`, for an Anthropic upstream (the fields it sent may depend on it)."""
+    beta = headers.get(BETA_HEADER)
+    native = parsed.conversation.native
+    if beta is None or native is None:
+        return parsed
+    native = {**native, NATIVE_HEADERS: {BETA_HEADER: beta}}
+    return replace(parsed, conversation=replace(parsed.conversation, native=native))
 
 
 def _error_response(exc: ProxyError) -> Response:
