@@ -283,3 +283,24 @@ def test_claude_codes_requests_are_served(serve_proxy: ServeProxy, fake: FakeUps
     assert sent["max_tokens"] <= 1024  # the model's share, not Claude's 32,000
     assert [m["role"] for m in sent["messages"]] == ["system", "user", "system", "user"]
     assert httpx.head(f"{proxy.url}/", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_idempotency_key_retry_is_answered_from_the_journal(
+    proxy: ProxyServer, fake: FakeUpstream, stream: bool
+) -> None:
+    body = {"model": "fake", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "once"}]}
+    headers = {"Idempotency-Key": f"msg-key-{stream}"}
+    first = httpx.post(f"{proxy.url}/v1/messages", json=body, headers=headers, timeout=10)
+    calls = len(fake.requests)
+    second = httpx.post(f"{proxy.url}/v1/messages", json=body, headers=headers, timeout=10)
+    assert len(fake.requests) == calls
+    assert second.headers["X-Context-Replay"] == "true"
+    if stream:
+        assert "event: message_stop" in second.text
+        assert [line for line in second.text.splitlines() if "text_delta" in line] == [
+            line for line in first.text.splitlines() if "text_delta" in line
+        ]
+    else:
+        assert first.json()["content"] == second.json()["content"]
+        assert first.json()["id"] == second.json()["id"]
