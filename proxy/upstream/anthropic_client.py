@@ -1,118 +1,58 @@
 """Anthropic's Messages API itself, for models configured `api: messages`: the Messages door's native route.
 
-Like the Responses route (`proxy.upstream.responses_client`), one POST of JSON and its SSE answer over httpx, so
-the blocks reach the model as the client sent them (thinking with its signature, `cache_control` where it
-stands) and its events come back whole: every event is kept in the canonical chunk the journal stores
-(`chunk["event"]`), beside the chat delta it amounts to, and the last chunk carries the whole answer (its blocks,
-assembled from the deltas, as `proxy.blocks` maps them), which becomes the history node the client will echo.
+The shared plumbing (httpx, SSE, errors) is `proxy.upstream.native_client`. Here: the blocks reach the model as
+the client sent them (thinking with its signature, `cache_control` where it stands), each event becomes a
+canonical chunk that keeps it whole beside the chat delta it amounts to, and the last chunk carries the whole
+answer (its blocks, assembled from the deltas, as `proxy.blocks` maps them): the history node the client will
+echo.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 from proxy.blocks import assistant_from_blocks
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config import ModelEntry
 from proxy.conversation import NATIVE_HEADERS
 from proxy.errors import UpstreamError
 from proxy.journal.assembly import ANSWER
 from proxy.types import Chunk
-from proxy.upstream.failures import UpstreamRefusal, upstream_error
+from proxy.upstream.native_client import NATIVE_EVENT, NATIVE_RESPONSE, NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.upstream.responses_client import NATIVE_EVENT, NATIVE_RESPONSE, sse_events
 
 ANTHROPIC_BASE = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 FINISH_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length", "stop_sequence": "stop"}
 
 
-class AnthropicClient:
-    def __init__(self, config: UpstreamConfig, redactor: Redactor = NO_SECRETS) -> None:
-        self._config = config
-        self._redactor = redactor
-        self._http: httpx.AsyncClient | None = None
+class AnthropicClient(NativeClient):
+    ending_events = frozenset({"message_stop"})
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s))
-        return self._http
+    def url(self, entry: ModelEntry) -> str:
+        base = (entry.api_base or ANTHROPIC_BASE).rstrip("/")
+        return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+        """The API's own headers: its version, the model entry's key, and the client's betas (`anthropic-beta`),
+        which the fields it sent may need (`context_management`, interleaved thinking)."""
+        headers = {"anthropic-version": ANTHROPIC_VERSION, **(body.get(NATIVE_HEADERS) or {})}
+        key = entry.api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if key:
+            headers["x-api-key"] = key
+        return headers
 
-    async def create(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
-        try:
-            answer = await self._client().post(
-                _url(entry), json=_body(entry, body, False), headers=_headers(entry, body)
-            )
-        except httpx.HTTPError as exc:
-            raise self._error(entry, exc) from exc
-        if answer.status_code >= 400:
-            raise self._error(entry, UpstreamRefusal(answer.status_code, answer.text))
-        try:
-            return completion(answer.json())
-        except ValueError as exc:
-            raise self._error(entry, exc) from exc
+    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
+        sent = {key: value for key, value in body.items() if key != NATIVE_HEADERS}
+        return {**sent, "model": model_id(entry, "anthropic"), "stream": stream}
 
-    async def open_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
-        client = self._client()
-        request = client.build_request(
-            "POST", _url(entry), json=_body(entry, body, True), headers=_headers(entry, body)
-        )
-        try:
-            answer = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise self._error(entry, exc) from exc
-        if answer.status_code >= 400:
-            text = (await answer.aread()).decode("utf-8", "replace")
-            await answer.aclose()
-            raise self._error(entry, UpstreamRefusal(answer.status_code, text))
-        return self._chunks(entry, answer)
+    def completion(self, answer: Mapping[str, Any]) -> Chunk:
+        return completion(answer)
 
-    async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:
-        converter = BlockChunks(self._redactor)
-        try:
-            async for event in sse_events(answer):
-                yield converter.chunk(event)
-                if event.get("type") == "message_stop":
-                    return
-        except UpstreamError:
-            raise
-        except (httpx.HTTPError, ValueError) as exc:
-            raise self._error(entry, exc, mid_stream=True) from exc
-        finally:
-            await answer.aclose()
-
-    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
-        return upstream_error(exc, mid_stream, model=entry.name, redactor=self._redactor)
-
-
-def _url(entry: ModelEntry) -> str:
-    base = (entry.api_base or ANTHROPIC_BASE).rstrip("/")
-    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
-
-
-def _headers(entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
-    """The API's own headers: its version, the model entry's key, and the client's betas (`anthropic-beta`),
-    which the fields it sent may need (`context_management`, interleaved thinking)."""
-    headers = {"anthropic-version": ANTHROPIC_VERSION, **(body.get(NATIVE_HEADERS) or {})}
-    key = entry.api_key or os.environ.get("ANTHROPIC_API_KEY")
-    if key:
-        headers["x-api-key"] = key
-    return headers
-
-
-def _body(entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
-    model = entry.model.split("/", 1)[1] if entry.model.startswith("anthropic/") else entry.model
-    sent = {key: value for key, value in body.items() if key != NATIVE_HEADERS}
-    return {**sent, "model": model, "stream": stream}
+    def converter(self) -> BlockChunks:
+        return BlockChunks(self._redactor)
 
 
 def chat_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,139 +1,50 @@
 """OpenAI's Responses API itself, for models configured `api: responses`: the Responses door's native route.
 
-Why not LiteLLM here: its Responses entry point imports its MCP gateway on every call (`mcp` is not a dependency
-of ours), rewrites response ids, fakes streaming for models it does not know and raises on `response.failed`
-instead of passing it on (docs/research/responses.md, 1.1-1.4). The route is one POST of JSON to `/responses`
-and its SSE answer, so httpx (already a dependency) carries it, and the proxy's own error boundary
-(`proxy.upstream.failures`) converts its failures as it does LiteLLM's.
-
-Every upstream event is kept whole in the canonical chunk the journal stores (`chunk["event"]`), beside the chat
-delta it amounts to (text, tool call fragments), so the journal, its replays and recovery assemble the answer as
-for any stream, and the door relays the events as they came. The closing event carries the output items, which
-become the answer's message (`proxy.items`) with its reasoning and ids: what the client will echo next turn.
+The shared plumbing (httpx, SSE, errors, why not LiteLLM) is `proxy.upstream.native_client`. Here: each
+Responses event becomes a canonical chunk that keeps it whole beside the chat delta it amounts to (text, tool
+call fragments), and the closing event carries the output items as the answer message (`proxy.items`), with its
+reasoning and ids: what the client will echo next turn.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config import ModelEntry
 from proxy.errors import UpstreamError
 from proxy.items import CUSTOM_INPUT, assistant_message, qualified_name
 from proxy.journal.assembly import ANSWER
 from proxy.types import Chunk
-from proxy.upstream.failures import UpstreamRefusal, upstream_error
+from proxy.upstream.native_client import NATIVE_EVENT, NATIVE_RESPONSE, NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 
 OPENAI_BASE = "https://api.openai.com/v1"
-NATIVE_EVENT = "event"
-"""The key under which a canonical chunk carries the upstream event it came from, whole."""
-NATIVE_RESPONSE = "response"
-"""The key under which a non-stream answer carries the upstream's `response` object, whole."""
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})
 FAILING_EVENTS = frozenset({"response.failed", "error"})
 _LENGTH_REASONS = frozenset({"max_output_tokens"})
 
 
-class ResponsesClient:
-    def __init__(self, config: UpstreamConfig, redactor: Redactor = NO_SECRETS) -> None:
-        self._config = config
-        self._redactor = redactor
-        self._http: httpx.AsyncClient | None = None
+class ResponsesClient(NativeClient):
+    ending_events = ENDING_EVENTS
 
-    def _client(self) -> httpx.AsyncClient:
-        # Made on first use, inside the event loop that uses it.
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s))
-        return self._http
+    def url(self, entry: ModelEntry) -> str:
+        return (entry.api_base or OPENAI_BASE).rstrip("/") + "/responses"
 
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+        key = entry.api_key or os.environ.get("OPENAI_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
-    async def create(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
-        """A non-stream call: the canonical chat.completion, the upstream's `response` whole inside it."""
-        try:
-            answer = await self._client().post(_url(entry), json=_body(entry, body, False), headers=_headers(entry))
-        except httpx.HTTPError as exc:
-            raise self._error(entry, exc) from exc
-        if answer.status_code >= 400:
-            raise self._error(entry, UpstreamRefusal(answer.status_code, answer.text))
-        try:
-            response = answer.json()
-        except ValueError as exc:
-            raise self._error(entry, exc) from exc
-        return completion(response)
+    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
+        return {**body, "model": model_id(entry, "openai"), "stream": stream}
 
-    async def open_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
-        """Start a stream; a refusal before its first byte is raised here, with the upstream's status."""
-        client = self._client()
-        request = client.build_request("POST", _url(entry), json=_body(entry, body, True), headers=_headers(entry))
-        try:
-            answer = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise self._error(entry, exc) from exc
-        if answer.status_code >= 400:
-            text = (await answer.aread()).decode("utf-8", "replace")
-            await answer.aclose()
-            raise self._error(entry, UpstreamRefusal(answer.status_code, text))
-        return self._chunks(entry, answer)
+    def completion(self, answer: Mapping[str, Any]) -> Chunk:
+        return completion(answer)
 
-    async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:
-        converter = EventChunks(self._redactor)
-        try:
-            async for event in sse_events(answer):
-                yield converter.chunk(event)
-                if event.get("type") in ENDING_EVENTS:
-                    return
-        except UpstreamError:
-            raise
-        except (httpx.HTTPError, ValueError) as exc:
-            raise self._error(entry, exc, mid_stream=True) from exc
-        finally:
-            await answer.aclose()
-
-    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
-        return upstream_error(exc, mid_stream, model=entry.name, redactor=self._redactor)
-
-
-def _url(entry: ModelEntry) -> str:
-    return (entry.api_base or OPENAI_BASE).rstrip("/") + "/responses"
-
-
-def _headers(entry: ModelEntry) -> dict[str, str]:
-    key = entry.api_key or os.environ.get("OPENAI_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def _body(entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
-    model = entry.model.split("/", 1)[1] if entry.model.startswith("openai/") else entry.model
-    return {**body, "model": model, "stream": stream}
-
-
-async def sse_events(answer: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON of each SSE event (its `data:` lines); the `event:` line repeats the JSON's own `type`."""
-    data: list[str] = []
-    async for line in answer.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            text = "\n".join(data)
-            data = []
-            if text == "[DONE]":
-                return
-            event = json.loads(text)
-            if isinstance(event, dict):
-                yield event
-    if data and data != ["[DONE]"]:
-        event = json.loads("\n".join(data))
-        if isinstance(event, dict):
-            yield event
+    def converter(self) -> EventChunks:
+        return EventChunks(self._redactor)
 
 
 def completion(response: Mapping[str, Any]) -> Chunk:

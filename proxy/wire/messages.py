@@ -18,7 +18,7 @@ compaction to the proxy, which keeps the whole history, instead of rewriting its
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from starlette.requests import Request
@@ -28,18 +28,18 @@ from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import NATIVE_HEADERS, Answer, Completed, ContextOptions, Replayed
 from proxy.errors import NotFound, ProxyError
-from proxy.journal.relay import JournaledGroups
 from proxy.offload import compute
 from proxy.pipeline import Pipeline
 from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
 from proxy.types import Chunk
-from proxy.upstream.responses_client import NATIVE_EVENT, NATIVE_RESPONSE
+from proxy.upstream.native_client import NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
 from proxy.wire.chat import REPLAY_HEADER, RelayedStream
 from proxy.wire.context_headers import context_options, is_session_id, report_headers
+from proxy.wire.event_streams import Event, relayed, replayed
 from proxy.wire.messages_input import MessagesRequest, parse_messages_request
-from proxy.wire.messages_output import Event, MessageEvents, MessageShape, anthropic_error, completed_message
-from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
+from proxy.wire.messages_output import MessageEvents, MessageShape, anthropic_error, completed_message
+from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -148,67 +148,19 @@ def render(answer: Answer, parsed: MessagesRequest) -> Response:
         if not stream:
             return JSONResponse(_message_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(
-            _replayed(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+            replayed(MessageEvents(shape), answer.chunks),
+            media_type=SSE_MEDIA_TYPE,
+            headers={**SSE_HEADERS, **headers},
         )
     shape = MessageShape(answer.step.id, model, answer.report.prompt_tokens)
     headers = report_headers(answer.report)
     if isinstance(answer, Completed):
         return JSONResponse(_message_object(shape, answer.response), headers=headers)
-    return RelayedStream(answer.groups, _relayed(shape, answer.groups), {**SSE_HEADERS, **headers})
-
-
-def _frames(events: list[Event]) -> bytes:
-    return b"".join(sse_named(event["type"], event) for event in events)
+    events = relayed(MessageEvents(shape), answer.groups)
+    return RelayedStream(answer.groups, events, {**SSE_HEADERS, **headers})
 
 
 def _message_object(shape: MessageShape, completion: Chunk) -> Event:
     """The `message` a non-stream answer is: an Anthropic upstream's own (under the proxy's id), or rendered."""
     native = completion.get(NATIVE_RESPONSE)
     return {**native, "id": shape.id} if isinstance(native, dict) else completed_message(shape, completion)
-
-
-def _native_events(shape: MessageShape, chunks: list[Chunk]) -> list[Event]:
-    """An Anthropic upstream's events as they came, its message under the proxy's id."""
-    events: list[Event] = []
-    for chunk in chunks:
-        event = chunk.get(NATIVE_EVENT)
-        if not isinstance(event, dict):
-            continue
-        message = event.get("message")
-        events.append({**event, "message": {**message, "id": shape.id}} if isinstance(message, dict) else event)
-    return events
-
-
-async def _relayed(shape: MessageShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
-    """The answer's events: a native upstream's as they came, or rendered from chat chunks; a failure after the
-    start is an `error` event."""
-    events = MessageEvents(shape)
-    native: bool | None = None
-    try:
-        async for group in groups:
-            chunks = [item.chunk for item in group]
-            if native is None:
-                native = bool(chunks) and NATIVE_EVENT in chunks[0]
-                if not native:
-                    yield _frames(events.start())
-            frames = _frames(_native_events(shape, chunks) if native else events.feed(chunks))
-            if frames:
-                yield frames
-    except Exception as exc:
-        status, body = anthropic_error(exc)
-        if native is None:
-            yield _frames(events.start())
-        yield _frames(events.fail(status, body["error"]["message"]))
-        return
-    if not native:
-        if native is None:
-            yield _frames(events.start())
-        yield _frames(events.finish())
-
-
-async def _replayed(shape: MessageShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
-    if chunks and NATIVE_EVENT in chunks[0]:
-        yield _frames(_native_events(shape, chunks))
-        return
-    events = MessageEvents(shape)
-    yield _frames([*events.start(), *events.feed(chunks), *events.finish()])

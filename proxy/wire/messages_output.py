@@ -11,15 +11,15 @@ event. Errors before it are Anthropic's `{"type": "error", "error": {"type", "me
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import ProxyError
 from proxy.journal.assembly import assemble
 from proxy.types import Chunk
+from proxy.wire.event_streams import ChunkRenderer, Event
 
-Event = dict[str, Any]
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -106,53 +106,39 @@ def completed_message(shape: MessageShape, completion: Chunk) -> Event:
     return shape.message(content, STOP_REASONS.get(assembly.finish_reason or "stop", "end_turn"), assembly.usage)
 
 
-class MessageEvents:
+class MessageEvents(ChunkRenderer):
     """Chat chunks in, Anthropic stream events out; one per message, fed in order."""
 
     def __init__(self, shape: MessageShape) -> None:
+        super().__init__()
         self._shape = shape
         self._index = -1
         self._open: str | None = None
         """The kind of the block being streamed: "text", or a tool call's chunk index as text."""
         self._calls: dict[int, int] = {}
-        self._finish_reason: str | None = None
-        self._usage: Mapping[str, Any] | None = None
 
     def start(self) -> list[Event]:
         return [{"type": "message_start", "message": self._shape.message([], None, None)}]
 
-    def feed(self, chunks: Iterable[Chunk]) -> list[Event]:
-        events: list[Event] = []
-        for chunk in chunks:
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                self._usage = usage
-            for choice in chunk.get("choices") or ():
-                if choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta") or choice.get("message") or {}
-                content = delta.get("content")
-                if isinstance(content, str) and content:
-                    events.extend(self._text(content))
-                for position, call in enumerate(delta.get("tool_calls") or ()):
-                    events.extend(self._call(position, call))
-                if choice.get("finish_reason"):
-                    self._finish_reason = choice["finish_reason"]
-        return events
-
     def finish(self) -> list[Event]:
-        stop = STOP_REASONS.get(self._finish_reason or "stop", "end_turn")
-        usage = anthropic_usage(self._usage, self._shape.prompt_tokens)
+        stop = STOP_REASONS.get(self.finish_reason or "stop", "end_turn")
+        usage = anthropic_usage(self.usage, self._shape.prompt_tokens)
         return [
             *self._close(),
             {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage},
             {"type": "message_stop"},
         ]
 
-    def fail(self, status: int, message: str | None) -> list[Event]:
-        return [*self._close(), error_body(status, message)]
+    def fail(self, exc: BaseException) -> list[Event]:
+        _status, body = anthropic_error(exc)
+        return [*self._close(), body]
 
-    def _text(self, text: str) -> list[Event]:
+    def native(self, event: Mapping[str, Any]) -> Event:
+        """An Anthropic upstream's event as it came, its message under the proxy's id."""
+        message = event.get("message")
+        return {**event, "message": {**message, "id": self._shape.id}} if isinstance(message, dict) else dict(event)
+
+    def text(self, text: str) -> list[Event]:
         events: list[Event] = []
         if self._open != "text":
             events.extend(self._close())
@@ -162,7 +148,7 @@ class MessageEvents:
         )
         return events
 
-    def _call(self, position: int, delta: Mapping[str, Any]) -> list[Event]:
+    def call(self, position: int, delta: Mapping[str, Any]) -> list[Event]:
         index = delta.get("index")
         key = index if isinstance(index, int) else position
         events: list[Event] = []

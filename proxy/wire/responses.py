@@ -13,7 +13,7 @@ for chat. Keys that could not be served back by `/sessions/{id}` are not used as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from starlette.requests import Request
@@ -22,25 +22,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import Answer, Completed, ContextOptions, Replayed
-from proxy.errors import InvalidRequest, error_fields
-from proxy.journal.relay import JournaledGroups
+from proxy.errors import InvalidRequest
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
-from proxy.upstream.responses_client import NATIVE_EVENT, NATIVE_RESPONSE
+from proxy.upstream.native_client import NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
 from proxy.wire.chat import REPLAY_HEADER, RelayedStream
 from proxy.wire.context_headers import context_options, is_session_id, report_headers, whole_number
+from proxy.wire.event_streams import Event, relayed, replayed
 from proxy.wire.responses_input import ResponsesRequest, check_pairs, parse_responses_request
 from proxy.wire.responses_output import (
-    Event,
     EventStream,
     ResponseShape,
     completed_response,
-    native_event,
     native_response,
 )
 from proxy.wire.responses_store import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
-from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_named
+from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 
 CLIENT_SESSION_HEADER = "session-id"
 """Codex CLI's conversation id, stable for a whole thread."""
@@ -133,13 +131,14 @@ def render(answer: Answer, parsed: ResponsesRequest) -> Response:
         if not stream:
             return JSONResponse(_response_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(
-            _replayed_events(shape, answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+            replayed(EventStream(shape), answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
         )
     shape = _shape(parsed, answer.step.id, answer.step.created_at)
     headers = report_headers(answer.report)
     if isinstance(answer, Completed):
         return JSONResponse(_response_object(shape, answer.response), headers=headers)
-    return RelayedStream(answer.groups, _relayed_events(shape, answer.groups), {**SSE_HEADERS, **headers})
+    events = relayed(EventStream(shape), answer.groups)
+    return RelayedStream(answer.groups, events, {**SSE_HEADERS, **headers})
 
 
 def _response_object(shape: ResponseShape, completion: Chunk) -> Event:
@@ -150,45 +149,3 @@ def _response_object(shape: ResponseShape, completion: Chunk) -> Event:
 
 def _shape(parsed: ResponsesRequest, step_id: int, created_at: float) -> ResponseShape:
     return ResponseShape(step_id, created_at, parsed.conversation.model, parsed.body, parsed.tools)
-
-
-def _frames(events: list[Event]) -> bytes:
-    return b"".join(sse_named(event["type"], event) for event in events)
-
-
-async def _relayed_events(shape: ResponseShape, groups: JournaledGroups) -> AsyncIterator[bytes]:
-    """The answer's events: a native upstream's as they came (each journaled chunk carries one), or rendered from
-    chat chunks; a failure after the start is `response.failed`."""
-    events = EventStream(shape)
-    native: bool | None = None
-    try:
-        async for group in groups:
-            chunks = [item.chunk for item in group]
-            if native is None:
-                native = bool(chunks) and NATIVE_EVENT in chunks[0]
-                if not native:
-                    yield _frames(events.start())
-            frames = _frames(_native_events(shape, chunks) if native else events.feed(chunks))
-            if frames:
-                yield frames
-    except Exception as exc:
-        if native is None:
-            yield _frames(events.start())
-        yield _frames(events.fail(error_fields(exc)))
-        return
-    if not native:
-        if native is None:
-            yield _frames(events.start())
-        yield _frames(events.finish())
-
-
-def _native_events(shape: ResponseShape, chunks: list[Chunk]) -> list[Event]:
-    return [native_event(shape, chunk[NATIVE_EVENT]) for chunk in chunks if NATIVE_EVENT in chunk]
-
-
-async def _replayed_events(shape: ResponseShape, chunks: list[Chunk]) -> AsyncIterator[bytes]:
-    if chunks and NATIVE_EVENT in chunks[0]:
-        yield _frames(_native_events(shape, chunks))
-        return
-    events = EventStream(shape)
-    yield _frames([*events.start(), *events.feed(chunks), *events.finish()])

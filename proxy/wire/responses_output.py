@@ -25,13 +25,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.errors import error_fields
 from proxy.items import CUSTOM_INPUT
 from proxy.journal.assembly import assemble
 from proxy.types import Chunk
+from proxy.wire.event_streams import ChunkRenderer, Event
 from proxy.wire.responses_fields import ToolNames
 from proxy.wire.responses_input import ECHOED_FIELDS
 
-Event = dict[str, Any]
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
@@ -191,10 +192,11 @@ class _Call:
     arguments: list[str] = field(default_factory=list)
 
 
-class EventStream:
+class EventStream(ChunkRenderer):
     """Chat chunks in, Responses events out; one per response, fed in order."""
 
     def __init__(self, shape: ResponseShape) -> None:
+        super().__init__()
         self._shape = shape
         self._sequence = 0
         self._output: list[Event] = []
@@ -202,8 +204,6 @@ class EventStream:
         self._text_index = -1
         self._calls: dict[int, _Call] = {}
         self._open_call: _Call | None = None
-        self._finish_reason: str | None = None
-        self._usage: Mapping[str, Any] | None = None
 
     def start(self) -> list[Event]:
         opening = self._shape.response("in_progress", [], None)
@@ -212,35 +212,17 @@ class EventStream:
             self._event("response.in_progress", response=opening),
         ]
 
-    def feed(self, chunks: Iterable[Chunk]) -> list[Event]:
-        events: list[Event] = []
-        for chunk in chunks:
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                self._usage = usage
-            for choice in chunk.get("choices") or ():
-                if choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta") or choice.get("message") or {}
-                content = delta.get("content")
-                if isinstance(content, str) and content:
-                    events.extend(self._text_delta(content))
-                for position, call in enumerate(delta.get("tool_calls") or ()):
-                    events.extend(self._call_delta(position, call))
-                if choice.get("finish_reason"):
-                    self._finish_reason = choice["finish_reason"]
-        return events
-
     def finish(self) -> list[Event]:
         events = self._close_all()
-        status = status_of(self._finish_reason)
-        final = self._shape.response(status, self._output, self._usage, self._finish_reason)
+        status = status_of(self.finish_reason)
+        final = self._shape.response(status, self._output, self.usage, self.finish_reason)
         events.append(self._event(f"response.{status}", response=final))
         return events
 
-    def fail(self, error: Mapping[str, Any]) -> list[Event]:
+    def fail(self, exc: BaseException) -> list[Event]:
+        error = error_fields(exc)
         events = self._close_all()
-        failed = self._shape.response("failed", self._output, self._usage)
+        failed = self._shape.response("failed", self._output, self.usage)
         failed["error"] = {
             "code": error.get("code") or error.get("type") or "server_error",
             "message": error.get("message"),
@@ -253,7 +235,10 @@ class EventStream:
         self._sequence += 1
         return event
 
-    def _text_delta(self, content: str) -> list[Event]:
+    def native(self, event: Mapping[str, Any]) -> Event:
+        return native_event(self._shape, event)
+
+    def text(self, content: str) -> list[Event]:
         events: list[Event] = []
         if self._text is None:
             events.extend(self._close_call())
@@ -309,7 +294,7 @@ class EventStream:
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
-    def _call_delta(self, position: int, delta: Mapping[str, Any]) -> list[Event]:
+    def call(self, position: int, delta: Mapping[str, Any]) -> list[Event]:
         index = delta.get("index")
         key = index if isinstance(index, int) else position
         call = self._calls.get(key)

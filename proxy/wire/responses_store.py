@@ -24,8 +24,9 @@ from proxy.journal.steps import StepRecord, StepStatus
 from proxy.journal.writer import Journal
 from proxy.types import Message
 from proxy.wire.context_headers import MAX_STORED_INTEGER
+from proxy.wire.event_streams import Event
 from proxy.wire.responses_fields import chat_tools
-from proxy.wire.responses_output import Event, ResponseShape, output_items, response_id, status_of
+from proxy.wire.responses_output import ResponseShape, output_items, response_id, status_of
 
 RESPONSES_DOOR = "responses"
 RESPONSE_ID_PREFIX = "resp_"

@@ -1,0 +1,148 @@
+"""A client's own API, called natively over httpx: what the Responses and Anthropic routes share.
+
+Why not LiteLLM for these: its Responses entry point imports its MCP gateway on every call (`mcp` is not a
+dependency of ours), rewrites response ids, fakes streaming for models it does not know and raises on
+`response.failed` instead of passing it on (docs/research/responses.md); and both routes must relay the
+upstream's events whole and send its blocks or items byte-equal. Each is one POST of JSON and its SSE answer,
+so httpx (already a dependency) carries it, and the proxy's error boundary (`proxy.upstream.failures`) converts
+its failures as it does LiteLLM's.
+
+Every upstream event is kept whole in the canonical chunk the journal stores (`NATIVE_EVENT`), beside the chat
+delta it amounts to; a non-stream answer keeps the upstream's object under `NATIVE_RESPONSE`. A subclass names
+the URL, headers and body of its API, and converts its answers (`completion`, `converter`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+import httpx
+
+from proxy.config import ModelEntry, UpstreamConfig
+from proxy.errors import UpstreamError
+from proxy.types import Chunk
+from proxy.upstream.failures import UpstreamRefusal, upstream_error
+from proxy.upstream.redaction import NO_SECRETS, Redactor
+
+NATIVE_EVENT = "event"
+"""The key under which a canonical chunk carries the upstream event it came from, whole."""
+NATIVE_RESPONSE = "response"
+"""The key under which a non-stream answer carries the upstream's own answer object, whole."""
+
+
+class EventConverter(Protocol):
+    def chunk(self, event: Mapping[str, Any]) -> Chunk:
+        """The canonical chunk for one upstream event; raises `UpstreamError` for a failure event."""
+        ...
+
+
+class NativeClient:
+    ending_events: frozenset[str] = frozenset()
+    """Events after which the stream is over (the rest of the connection is not waited for)."""
+
+    def __init__(self, config: UpstreamConfig, redactor: Redactor = NO_SECRETS) -> None:
+        self._config = config
+        self._redactor = redactor
+        self._http: httpx.AsyncClient | None = None
+
+    def url(self, entry: ModelEntry) -> str:
+        raise NotImplementedError
+
+    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def completion(self, answer: Mapping[str, Any]) -> Chunk:
+        """A non-stream answer as the canonical chat.completion."""
+        raise NotImplementedError
+
+    def converter(self) -> EventConverter:
+        raise NotImplementedError
+
+    def _client(self) -> httpx.AsyncClient:
+        # Made on first use, inside the event loop that uses it.
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s))
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def _request(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> httpx.Request:
+        return self._client().build_request(
+            "POST", self.url(entry), json=self.body(entry, body, stream), headers=self.headers(entry, body)
+        )
+
+    async def create(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
+        """A non-stream call: the canonical chat.completion, the upstream's answer whole inside it."""
+        try:
+            answer = await self._client().send(self._request(entry, body, False))
+        except httpx.HTTPError as exc:
+            raise self._error(entry, exc) from exc
+        if answer.status_code >= 400:
+            raise self._error(entry, UpstreamRefusal(answer.status_code, answer.text))
+        try:
+            return self.completion(answer.json())
+        except ValueError as exc:
+            raise self._error(entry, exc) from exc
+
+    async def open_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
+        """Start a stream; a refusal before its first byte is raised here, with the upstream's status."""
+        try:
+            answer = await self._client().send(self._request(entry, body, True), stream=True)
+        except httpx.HTTPError as exc:
+            raise self._error(entry, exc) from exc
+        if answer.status_code >= 400:
+            text = (await answer.aread()).decode("utf-8", "replace")
+            await answer.aclose()
+            raise self._error(entry, UpstreamRefusal(answer.status_code, text))
+        return self._chunks(entry, answer)
+
+    async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:
+        converter = self.converter()
+        try:
+            async for event in sse_events(answer):
+                yield converter.chunk(event)
+                if event.get("type") in self.ending_events:
+                    return
+        except UpstreamError:
+            raise
+        except (httpx.HTTPError, ValueError) as exc:
+            raise self._error(entry, exc, mid_stream=True) from exc
+        finally:
+            await answer.aclose()
+
+    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
+        return upstream_error(exc, mid_stream, model=entry.name, redactor=self._redactor)
+
+
+def model_id(entry: ModelEntry, provider: str) -> str:
+    """The model as its provider names it: the LiteLLM model string without its `provider/` prefix."""
+    prefix = provider + "/"
+    return entry.model[len(prefix) :] if entry.model.startswith(prefix) else entry.model
+
+
+async def sse_events(answer: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON of each SSE event (its `data:` lines); the `event:` line repeats the JSON's own `type`."""
+    data: list[str] = []
+    async for line in answer.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif not line and data:
+            text = "\n".join(data)
+            data = []
+            if text == "[DONE]":
+                return
+            event = json.loads(text)
+            if isinstance(event, dict):
+                yield event
+    if data and data != ["[DONE]"]:
+        event = json.loads("\n".join(data))
+        if isinstance(event, dict):
+            yield event
