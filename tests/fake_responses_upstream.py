@@ -21,22 +21,16 @@ real stream. `fail_next` answers the next requests with an error; `error_mid_str
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
-import logging
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-import uvicorn
 from openai.types.responses import (
     easy_input_message_param,
     response_custom_tool_call_output_param,
@@ -53,17 +47,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.fake_upstream import (
-    _HIDE_DROPS,
     ARGUMENT_FRAGMENT_CHARS,
     DEFAULT_CONTEXT_WINDOW,
     ECHO_MAX_CHARS,
     ECHO_PREFIX,
     FAKE_MODEL_ID,
-    GRACEFUL_SHUTDOWN_S,
-    HOST,
-    START_POLL_S,
-    START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
     UpstreamError,
     _http_error,
     _invalid,
@@ -73,6 +61,7 @@ from tests.fake_upstream import (
     default_error_body,
     error_body,
 )
+from tests.loopback_server import LoopbackServer
 
 __all__ = [
     "CONTEXT_EXCEEDED_MESSAGE",
@@ -294,7 +283,7 @@ def _check_output(item: dict[str, Any], where: str) -> None:
         raise _invalid_type(f"{where}.output", "one of a string or array of input items", output)
 
 
-class FakeResponsesUpstream:
+class FakeResponsesUpstream(LoopbackServer):
     """An OpenAI Responses server on 127.0.0.1; attributes are read per request, so tests may change them."""
 
     def __init__(self, context_window: int = DEFAULT_CONTEXT_WINDOW) -> None:
@@ -319,90 +308,14 @@ class FakeResponsesUpstream:
         self._faults: list[tuple[int, dict[str, Any] | None]] = []
         self._counters: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._port: int | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._app = Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ],
             exception_handlers={HTTPException: _http_error},
         )
-
-    # -- lifecycle (as FakeUpstream's) ------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("FakeResponsesUpstream has not been started")
-        return f"http://{HOST}:{self._port}/v1"
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("FakeResponsesUpstream is already running")
-        logging.getLogger("uvicorn.error").addFilter(_HIDE_DROPS)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, self._port or 0))
-        except OSError:
-            sock.close()
-            raise
-        self._port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app,
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            loop="asyncio",
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=self._run, args=(server, sock), name="fake-responses", daemon=True)
-        self._server, self._thread = server, thread
-        thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                sock.close()
-                raise RuntimeError("FakeResponsesUpstream did not start")
-            time.sleep(START_POLL_S)
-
-    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        asyncio.run(self._serve(server, sock))
-
-    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-        await server.serve(sockets=[sock])
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None or thread is None:
-            return
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopping.set)
-        server.should_exit = True
-        thread.join(GRACEFUL_SHUTDOWN_S + 1.0)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(STOP_TIMEOUT_S)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        super().__init__(app, "fake-responses", "/v1")
 
     # -- test controls ----------------------------------------------------------------------------------------
 

@@ -18,20 +18,16 @@ import contextlib
 import functools
 import importlib.util
 import json
-import logging
 import math
 import os
 import re
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import tiktoken
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -39,6 +35,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.context_dialects import ContextDialect
+from tests.loopback_server import (
+    IntentionalDrop,
+    LoopbackServer,
+)
 
 DEFAULT_CONTEXT_WINDOW = 8192
 FAKE_MODEL_ID = "fake-model"
@@ -47,11 +47,6 @@ ENCODING_NAME = "o200k_base"
 ECHO_PREFIX = "echo: "
 ECHO_MAX_CHARS = 200
 ARGUMENT_FRAGMENT_CHARS = 8
-START_TIMEOUT_S = 10.0
-GRACEFUL_SHUTDOWN_S = 1
-STOP_TIMEOUT_S = 5.0
-HOST = "127.0.0.1"
-START_POLL_S = 0.01
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -127,19 +122,6 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.status = status
         self.body = error_body(message, type_, param, code)
-
-
-class IntentionalDrop(Exception):
-    """Raised inside a stream body so uvicorn closes the connection without ending the chunked body."""
-
-
-class _HideIntentionalDrops(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, IntentionalDrop)
-
-
-_HIDE_DROPS = _HideIntentionalDrops()
 
 
 def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -492,7 +474,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(default_error_body(status), status_code=status)
 
 
-class FakeUpstream:
+class FakeUpstream(LoopbackServer):
     """A chat-completions server on 127.0.0.1; attributes are read per request, so tests may change them."""
 
     def __init__(self, context_window: int = DEFAULT_CONTEXT_WINDOW, chunk_delay_s: float = 0.0) -> None:
@@ -515,94 +497,14 @@ class FakeUpstream:
         self._faults: list[Fault] = []
         self._completions = 0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._port: int | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._app = Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ],
             exception_handlers={HTTPException: _http_error},
         )
-
-    @property
-    def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("FakeUpstream has not been started")
-        return f"http://{HOST}:{self._port}/v1"
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("FakeUpstream is already running")
-        logging.getLogger("uvicorn.error").addFilter(_HIDE_DROPS)
-        sock = self._listening_socket()
-        config = uvicorn.Config(
-            self._app,
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            loop="asyncio",
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=self._run, args=(server, sock), name="fake-upstream", daemon=True)
-        self._server, self._thread = server, thread
-        thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                sock.close()
-                raise RuntimeError("FakeUpstream did not start")
-            time.sleep(START_POLL_S)
-
-    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        asyncio.run(self._serve(server, sock))
-
-    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-        await server.serve(sockets=[sock])
-
-    def _listening_socket(self) -> socket.socket:
-        # The port is kept across restarts so that a stopped upstream can come back at the same url.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, self._port or 0))
-        except OSError:
-            sock.close()
-            raise
-        self._port = sock.getsockname()[1]
-        return sock
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None or thread is None:
-            return
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None:
-            # The loop is already closed when the server thread died on its own.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stopping.set)
-        server.should_exit = True
-        thread.join(GRACEFUL_SHUTDOWN_S + 1.0)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(STOP_TIMEOUT_S)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        super().__init__(app, "fake-upstream", "/v1")
 
     def fail_next(self, fault: Fault, count: int = 1) -> None:
         with self._lock:

@@ -18,8 +18,8 @@ from proxy.errors import UpstreamError
 from proxy.journal.relay import Journaled
 from proxy.journal.steps import StepRecord, StepStatus
 from proxy.types import Chunk
-from proxy.wire.chat import REPLAY_HEADER, render
-from proxy.wire.context_headers import compact_count, report_headers, usage_text
+from proxy.wire.chat import render
+from proxy.wire.context_headers import REPLAY_HEADER, compact_count, report_headers, usage_text
 from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 
 REPORT = ContextReport(session_id="sess-1", prompt_tokens=50_000, budget=129_000, history_tokens=48_000, summaries=2)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
-from proxy.history.store import History, insert_tokens
+from proxy.history.queries import insert_tokens
+from proxy.history.store import History
 from proxy.offload import compute
 from proxy.tokens import rough_size
 from proxy.types import Message

@@ -34,82 +34,23 @@ from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
 from proxy.history.messages import Reconciled, Session, SessionInfo, StoredMessage
+from proxy.history.queries import (
+    KNOWN_SQL,
+    PATH_SQL,
+    SESSION_COLUMNS,
+    SESSION_STATS_SQL,
+    UNCOUNTED_SQL,
+    UPSERT_SESSION_SQL,
+    insert_tokens,
+    lost_races,
+    session_from_row,
+)
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Clock, Message
 
 TokenCounter = Callable[[Mapping[str, Any], str], int]
-
-_SESSION_COLUMNS = "tenant, id, head_id, model, anchor_id, created_at, updated_at"
-
-_KNOWN_SQL = """
-SELECT m.id, m.created_at, t.tokens, m.body, c.settings
-FROM messages AS m
-LEFT JOIN message_tokens AS t ON t.message_id = m.id AND t.encoding = ?
-LEFT JOIN context_settings AS c ON c.tenant = ? AND c.message_id = m.id
-WHERE m.id IN (SELECT value FROM json_each(?))
-"""
-
-_PATH_SQL = """
-WITH RECURSIVE path(id, parent_id, depth, role, body, created_at) AS (
-    SELECT id, parent_id, depth, role, body, created_at FROM messages WHERE id = ?
-    UNION ALL
-    SELECT m.id, m.parent_id, m.depth, m.role, m.body, m.created_at
-    FROM messages AS m JOIN path ON m.id = path.parent_id
-)
-SELECT path.id, path.parent_id, path.depth, path.role, path.body, path.created_at, t.tokens
-FROM path
-LEFT JOIN message_tokens AS t ON t.message_id = path.id AND t.encoding = ?
-ORDER BY path.depth
-"""
-
-_UPSERT_SESSION_SQL = f"""
-INSERT INTO sessions (tenant, id, head_id, model, anchor_id, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (tenant, id) DO UPDATE
-    SET head_id = excluded.head_id, model = excluded.model, updated_at = excluded.updated_at
-RETURNING {_SESSION_COLUMNS}
-"""
-
-_WALK_HEADS = """
-WITH RECURSIVE
-heads(session_id, head_id) AS (
-    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1)
-),
-walk(session_id, message_id, parent_id) AS (
-    SELECT heads.session_id, m.id, m.parent_id FROM heads JOIN messages AS m ON m.id = heads.head_id
-    UNION ALL
-    SELECT walk.session_id, m.id, m.parent_id FROM walk JOIN messages AS m ON m.id = walk.parent_id
-)"""
-
-_SESSION_STATS_SQL = (
-    _WALK_HEADS
-    + """
-SELECT walk.session_id,
-    COUNT(*) AS messages,
-    COUNT(t.tokens) AS counted,
-    COALESCE(SUM(t.tokens), 0) AS tokens,
-    SUM((SELECT COUNT(*) FROM summaries AS s
-         WHERE s.end_id = walk.message_id AND s.tenant = ?2 AND s.orphaned_at IS NULL)) AS summaries
-FROM walk
-LEFT JOIN message_tokens AS t ON t.message_id = walk.message_id AND t.encoding = ?3
-GROUP BY walk.session_id
-"""
-)
-
-
-_UNCOUNTED_SQL = (
-    _WALK_HEADS
-    + """
-SELECT DISTINCT m.id, m.body
-FROM walk
-JOIN messages AS m ON m.id = walk.message_id
-LEFT JOIN message_tokens AS t ON t.message_id = m.id AND t.encoding = ?2
-WHERE t.tokens IS NULL
-"""
-)
-
 
 BULK_ROWS = 64
 """A request writing more messages than this is stored on the writer thread (a first request of 20,000
@@ -307,7 +248,7 @@ class History:
                     located.new_messages,
                 )
                 if connection.total_changes - before < len(located.new_messages):
-                    lost = _lost_races(connection, located.new_messages)
+                    lost = lost_races(connection, located.new_messages)
                     variants = [*variants, *lost]
                     new_tokens = [row for row in new_tokens if row[0] not in {variant[0] for variant in lost}]
             if new_tokens:
@@ -317,10 +258,10 @@ class History:
                     "INSERT OR IGNORE INTO message_variants (message_id, digest, body, created_at) VALUES (?, ?, ?, ?)",
                     variants,
                 )
-            row = connection.execute(_UPSERT_SESSION_SQL, session_row).fetchone()
+            row = connection.execute(UPSERT_SESSION_SQL, session_row).fetchone()
             if row is None:
                 raise sqlite3.IntegrityError(f"session {session_id!r} was not written")
-            return _session(row)
+            return session_from_row(row)
 
         # A job of one statement needs no savepoint: SQLite rolls a failing statement back by itself.
         atomic = bool(located.new_messages or located.new_tokens or located.variants)
@@ -405,7 +346,7 @@ class History:
         """Which of `ids` are stored, with what the request needs of them: one query."""
         if not ids:
             return {}
-        async with self._db.reader.execute(_KNOWN_SQL, (encoding, tenant, json.dumps(ids))) as cursor:
+        async with self._db.reader.execute(KNOWN_SQL, (encoding, tenant, json.dumps(ids))) as cursor:
             cursor.row_factory = None  # plain tuples: measurably cheaper than sqlite3.Row for long paths
             rows = await cursor.fetchall()
         return {
@@ -414,9 +355,9 @@ class History:
 
     async def session(self, tenant: str, session_id: str) -> Session | None:
         row = await self._db.fetchone(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND id = ?", (tenant, session_id)
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND id = ?", (tenant, session_id)
         )
-        return None if row is None else _session(row)
+        return None if row is None else session_from_row(row)
 
     async def sessions(self, tenant: str, limit: int = 50, offset: int = 0) -> tuple[list[SessionInfo], bool]:
         """A page of the tenant's sessions, most recently updated first, and whether more follow."""
@@ -430,11 +371,11 @@ class History:
         heads = json.dumps([[row["id"], row["head_id"]] for row in rows if row["head_id"] is not None])
         stats: dict[str, tuple[int, int, int]] = {}
         if rows:
-            stat_rows = await self._db.fetchall(_SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
+            stat_rows = await self._db.fetchall(SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
             if any(row["counted"] < row["messages"] for row in stat_rows):
                 # Messages stored under another encoding only: count them all at once, then read again.
                 await self._count_missing(heads)
-                stat_rows = await self._db.fetchall(_SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
+                stat_rows = await self._db.fetchall(SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
             stats = {row["session_id"]: (row["messages"], row["tokens"], row["summaries"] or 0) for row in stat_rows}
         page = [
             SessionInfo(
@@ -460,7 +401,7 @@ class History:
     async def path_to(self, message_id: str, encoding: str = DEFAULT_ENCODING) -> list[StoredMessage]:
         """The path from the root to `message_id` in one query; tokens missing for `encoding` are counted
         now and stored, once. Not tenant-checked: callers pass ids they got from a tenant's session."""
-        rows = await self._db.fetchall(_PATH_SQL, (message_id, encoding))
+        rows = await self._db.fetchall(PATH_SQL, (message_id, encoding))
         path: list[StoredMessage] = []
         counted: list[tuple[str, str, int]] = []
         for row in rows:
@@ -476,7 +417,7 @@ class History:
         return path
 
     async def _count_missing(self, heads: str) -> None:
-        rows = await self._db.fetchall(_UNCOUNTED_SQL, (heads, DEFAULT_ENCODING))
+        rows = await self._db.fetchall(UNCOUNTED_SQL, (heads, DEFAULT_ENCODING))
         await self._store_counts(
             [(row[0], DEFAULT_ENCODING, self.count(json.loads(row[1]), DEFAULT_ENCODING)) for row in rows]
         )
@@ -489,38 +430,6 @@ class History:
             insert_tokens(connection, counted)
 
         await self._db.write(write, atomic=False)
-
-
-def _lost_races(
-    connection: sqlite3.Connection, new_messages: Sequence[tuple[str, str | None, int, str, str, float]]
-) -> list[tuple[str, str, str, float]]:
-    """Nodes another request stored first, in another form (two concurrent requests with different system
-    prompts at one place): this request's form becomes a variant, so it is stored all the same."""
-    mine = {row[0]: (row[4], row[5]) for row in new_messages}
-    rows = connection.execute(
-        "SELECT id, body FROM messages WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(mine)),)
-    ).fetchall()
-    return [
-        (row[0], chain.body_digest(mine[row[0]][0]), mine[row[0]][0], mine[row[0]][1])
-        for row in rows
-        if row[1] != mine[row[0]][0]
-    ]
-
-
-def insert_tokens(connection: sqlite3.Connection, rows: Sequence[tuple[str, str, int]]) -> None:
-    connection.executemany("INSERT OR IGNORE INTO message_tokens (message_id, encoding, tokens) VALUES (?, ?, ?)", rows)
-
-
-def _session(row: sqlite3.Row) -> Session:
-    return Session(
-        tenant=row["tenant"],
-        id=row["id"],
-        head_id=row["head_id"],
-        model=row["model"],
-        anchor_id=row["anchor_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
 
 
 @dataclass(frozen=True)

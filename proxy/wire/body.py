@@ -10,7 +10,7 @@ import asyncio
 import json
 import json.scanner
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from proxy.config import RequestLimits
@@ -130,6 +130,17 @@ def check_messages(messages: list[Any], param: str, limits: RequestLimits) -> No
                 param=f"{param}[{index}]",
                 code="message_too_large",
             )
+
+
+def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The id of the first tool output that answers no call made before it (every provider refuses one)."""
+    called: set[str] = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            called.add(call["id"])
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            return str(message["tool_call_id"])
+    return None
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

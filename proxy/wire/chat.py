@@ -25,7 +25,7 @@ from proxy.errors import InvalidRequest, openai_error
 from proxy.journal.relay import JournaledGroups
 from proxy.pipeline import Pipeline
 from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
-from proxy.wire.context_headers import context_options, report_headers
+from proxy.wire.context_headers import context_options, replay_headers, report_headers
 from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -39,7 +39,6 @@ _MAX_OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens")
 """`max_completion_tokens` wins over `max_tokens`, as it does at OpenAI."""
 _DELIVERY_PARAMS = ("stream", "stream_options")
 """How the answer is delivered, not what is asked."""
-REPLAY_HEADER = "X-Context-Replay"
 DEFAULT_LIMITS = RequestLimits()
 
 
@@ -66,9 +65,7 @@ def render(answer: Answer, stream: bool) -> Response:
     if isinstance(answer, Completed):
         return JSONResponse(answer.response, headers=report_headers(answer.report))
     if isinstance(answer, Replayed):
-        headers = {REPLAY_HEADER: "true"}
-        if answer.record.session_id:
-            headers["X-Session-Id"] = answer.record.session_id
+        headers = replay_headers(answer.record.session_id)
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
         return _sse_response(_replay_events(answer), headers)

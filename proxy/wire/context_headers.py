@@ -90,6 +90,14 @@ def whole_number(text: str) -> int | None:
     return number if number <= MAX_STORED_INTEGER else None
 
 
+REPLAY_HEADER = "X-Context-Replay"
+
+
+def replay_headers(session_id: str | None) -> dict[str, str]:
+    """An Idempotency-Key replay's headers, on every door: it is one, and its session."""
+    return {REPLAY_HEADER: "true", **({"X-Session-Id": session_id} if session_id else {})}
+
+
 def report_headers(report: ContextReport) -> dict[str, str]:
     return {
         "X-Session-Id": report.session_id,

@@ -34,8 +34,8 @@ from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_
 from proxy.types import Chunk
 from proxy.upstream.native_client import NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
-from proxy.wire.chat import REPLAY_HEADER, RelayedStream
-from proxy.wire.context_headers import context_options, is_session_id, report_headers
+from proxy.wire.chat import RelayedStream
+from proxy.wire.context_headers import context_options, is_session_id, replay_headers, report_headers
 from proxy.wire.event_streams import Event, relayed, replayed
 from proxy.wire.messages_input import MessagesRequest, parse_messages_request
 from proxy.wire.messages_output import MessageEvents, MessageShape, anthropic_error, completed_message
@@ -141,10 +141,7 @@ def render(answer: Answer, parsed: MessagesRequest) -> Response:
     if isinstance(answer, Replayed):
         prompt = int((answer.record.context or {}).get("prompt_tokens") or 0)
         shape = MessageShape(answer.record.id, model, prompt)
-        headers = {
-            REPLAY_HEADER: "true",
-            **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
-        }
+        headers = replay_headers(answer.record.session_id)
         if not stream:
             return JSONResponse(_message_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(

@@ -34,7 +34,7 @@ from proxy.conversation import NATIVE_API, Conversation
 from proxy.errors import InvalidRequest
 from proxy.history.chain import ITEMS
 from proxy.types import Message
-from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object
+from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
 
 ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)
@@ -198,16 +198,13 @@ def _chat_content(blocks: Sequence[Mapping[str, Any]], where: str) -> str | list
 
 
 def _check_pairs(messages: Sequence[Message]) -> None:
-    called: set[str] = set()
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            called.add(call["id"])
-        if message["role"] == "tool" and message["tool_call_id"] not in called:
-            raise InvalidRequest(
-                f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {message['tool_call_id']}. "
-                "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
-                param="messages",
-            )
+    orphan = unanswered_output(messages)
+    if orphan is not None:
+        raise InvalidRequest(
+            f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {orphan}. "
+            "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+            param="messages",
+        )
 
 
 def chat_params(body: Mapping[str, Any], max_tokens: int, stream: bool) -> dict[str, Any]:

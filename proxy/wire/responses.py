@@ -27,8 +27,8 @@ from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.upstream.native_client import NATIVE_RESPONSE
 from proxy.wire.body import parse_off_loop, read_body
-from proxy.wire.chat import REPLAY_HEADER, RelayedStream
-from proxy.wire.context_headers import context_options, is_session_id, report_headers, whole_number
+from proxy.wire.chat import RelayedStream
+from proxy.wire.context_headers import context_options, is_session_id, replay_headers, report_headers, whole_number
 from proxy.wire.event_streams import Event, relayed, replayed
 from proxy.wire.responses_input import ResponsesRequest, check_pairs, parse_responses_request
 from proxy.wire.responses_output import (
@@ -124,10 +124,7 @@ def render(answer: Answer, parsed: ResponsesRequest) -> Response:
     stream = parsed.conversation.stream
     if isinstance(answer, Replayed):
         shape = _shape(parsed, answer.record.id, answer.record.created_at)
-        headers = {
-            REPLAY_HEADER: "true",
-            **({"X-Session-Id": answer.record.session_id} if answer.record.session_id else {}),
-        }
+        headers = replay_headers(answer.record.session_id)
         if not stream:
             return JSONResponse(_response_object(shape, answer.chunks[0]), headers=headers)
         return StreamingResponse(

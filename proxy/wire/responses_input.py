@@ -39,7 +39,7 @@ from proxy.items import (
     output_text,
 )
 from proxy.types import Message
-from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object
+from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
 from proxy.wire.responses_fields import ToolNames, chat_params, chat_tools
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
@@ -296,12 +296,6 @@ def _chat_parts(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def check_pairs(messages: Sequence[Message]) -> None:
     """A tool output must answer a call made before it, as every provider requires."""
-    called: set[str] = set()
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            called.add(call["id"])
-        if message["role"] == "tool" and message["tool_call_id"] not in called:
-            raise InvalidRequest(
-                f"No tool call found for function call output with call_id {message['tool_call_id']}.",
-                param="input",
-            )
+    orphan = unanswered_output(messages)
+    if orphan is not None:
+        raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")

@@ -1,0 +1,122 @@
+"""A Starlette app served by uvicorn on 127.0.0.1 in a thread of the test process: the fake providers' lifecycle.
+
+Started on a free port (kept across restarts, so a test can stop a provider and bring it back at the same
+address), stopped gracefully and then by force: no server a test starts outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import Self
+
+import uvicorn
+from starlette.types import ASGIApp
+
+START_TIMEOUT_S = 10.0
+GRACEFUL_SHUTDOWN_S = 1
+STOP_TIMEOUT_S = 5.0
+HOST = "127.0.0.1"
+START_POLL_S = 0.01
+
+
+class IntentionalDrop(Exception):
+    """Raised inside a stream body so uvicorn closes the connection without ending the chunked body."""
+
+
+class _HideIntentionalDrops(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, IntentionalDrop)
+
+
+_HIDE_DROPS = _HideIntentionalDrops()
+
+
+class LoopbackServer:
+    def __init__(self, app: ASGIApp, name: str, path: str = "") -> None:
+        """`path` follows the address in `url` (`/v1` for OpenAI's APIs, nothing for Anthropic's)."""
+        self._app = app
+        self._name = name
+        self._path = path
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._port: int | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise RuntimeError(f"{self._name} has not been started")
+        return f"http://{HOST}:{self._port}{self._path}"
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self._name} is already running")
+        logging.getLogger("uvicorn.error").addFilter(_HIDE_DROPS)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, self._port or 0))
+        except OSError:
+            sock.close()
+            raise
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._app,
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            loop="asyncio",
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=self._run, args=(server, sock), name=self._name, daemon=True)
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                sock.close()
+                raise RuntimeError(f"{self._name} did not start")
+            time.sleep(START_POLL_S)
+
+    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        asyncio.run(self._serve(server, sock))
+
+    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        await server.serve(sockets=[sock])
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None or thread is None:
+            return
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None:
+            # `_stopping` cuts scripted delays short; the loop is already closed if the thread died on its own.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopping.set)
+        server.should_exit = True
+        thread.join(GRACEFUL_SHUTDOWN_S + 1.0)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(STOP_TIMEOUT_S)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
