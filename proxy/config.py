@@ -43,6 +43,14 @@ DEFAULT_MAX_SUMMARIZER_CALLS = 2
 DEFAULT_SUMMARIZER_DEADLINE_S = 60.0
 """Wall time one request may spend waiting on the summarizer model."""
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
+STRATEGY_NAMES = ("tool-results", "summarize", "goal-batch", "sliding-window")
+"""The compaction strategies (`proxy.compaction.strategies`), for `context.strategies` and X-Context-Strategy."""
+DEFAULT_STRATEGIES = ("tool-results", "summarize")
+"""Old tool outputs become stubs first (no model call, most of an agent's context), then summaries."""
+DEFAULT_TOOL_RESULTS_KEEP_TURNS = 2
+DEFAULT_PRECOMPACT_RATIO = 0.8
+DEFAULT_PRECOMPACT_CONCURRENCY = 2
+DEFAULT_RECALL_TOKENS = 1024
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -97,6 +105,19 @@ class ContextConfig:
     summarizer_model: str | None = None
     max_summarizer_calls: int = DEFAULT_MAX_SUMMARIZER_CALLS
     summarizer_deadline_s: float = DEFAULT_SUMMARIZER_DEADLINE_S
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    """The compaction strategies, in the order they run; a session may choose others (X-Context-Strategy)."""
+    tool_results_keep_turns: int = DEFAULT_TOOL_RESULTS_KEEP_TURNS
+    """`tool-results` stubs tool outputs older than this many user turns."""
+    precompact_ratio: float | None = DEFAULT_PRECOMPACT_RATIO
+    """Past this share of the budget, the next compaction's summaries are written in the background; None: off."""
+    precompact_concurrency: int = DEFAULT_PRECOMPACT_CONCURRENCY
+    """Background compactions running at once, over all sessions."""
+    pin_patterns: tuple[re.Pattern[str], ...] = ()
+    """A message whose text matches one of these is pinned, as if by `POST /sessions/{id}/pins`."""
+    recall_tokens: int = DEFAULT_RECALL_TOKENS
+    """Tokens of archived originals recalled into the working context when the latest user message refers to
+    them; 0: no recall."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +233,16 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             summarizer_deadline_s=context.number(
                 "summarizer_deadline_s", DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0
             ),
+            strategies=_strategies(context),
+            tool_results_keep_turns=context.integer(
+                "tool_results_keep_turns", DEFAULT_TOOL_RESULTS_KEEP_TURNS, minimum=1, maximum=1000
+            ),
+            precompact_ratio=_precompact_ratio(context),
+            precompact_concurrency=context.integer(
+                "precompact_concurrency", DEFAULT_PRECOMPACT_CONCURRENCY, minimum=1, maximum=64
+            ),
+            pin_patterns=_patterns(context, "pin_patterns"),
+            recall_tokens=context.integer("recall_tokens", DEFAULT_RECALL_TOKENS, minimum=0),
         ),
         journal=JournalConfig(
             synchronous=journal.choice("synchronous", "NORMAL", SYNCHRONOUS_MODES),
@@ -246,10 +277,52 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         section.reject_unknown(known)
     if config.context.compact_to > config.context.trigger_ratio:
         raise ConfigError("context.compact_to must not be greater than context.trigger_ratio")
+    precompact = config.context.precompact_ratio
+    if precompact is not None and precompact > config.context.trigger_ratio:
+        raise ConfigError("context.precompact_ratio must not be greater than context.trigger_ratio")
     summarizer = config.context.summarizer_model
     if summarizer is not None and config.model(summarizer) is None:
         raise ConfigError(f"context.summarizer_model: {summarizer!r} is not the name of an entry in models")
     return config
+
+
+def parse_strategies(text: str) -> tuple[str, ...] | None:
+    """`tool-results, summarize` → the names in order; None when one is unknown, repeated, or none is given."""
+    names = tuple(name.strip().lower() for name in text.split(","))
+    if not names or any(name not in STRATEGY_NAMES for name in names) or len(set(names)) != len(names):
+        return None
+    return names
+
+
+def _strategies(context: _Section) -> tuple[str, ...]:
+    raw = context.data.get("strategies")
+    if raw is None:
+        return DEFAULT_STRATEGIES
+    if isinstance(raw, list) and all(isinstance(name, str) for name in raw):
+        raw = ",".join(raw)
+    names = parse_strategies(raw) if isinstance(raw, str) else None
+    if names is None:
+        raise ConfigError(
+            f"{context.key('strategies')}: must be a list of distinct strategies from {', '.join(STRATEGY_NAMES)}"
+        )
+    return names
+
+
+def _precompact_ratio(context: _Section) -> float | None:
+    raw = context.data.get("precompact_ratio", DEFAULT_PRECOMPACT_RATIO)
+    if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
+        return None
+    return context.number("precompact_ratio", DEFAULT_PRECOMPACT_RATIO, low=0.05, high=1.0)
+
+
+def _patterns(context: _Section, name: str) -> tuple[re.Pattern[str], ...]:
+    compiled = []
+    for index, pattern in enumerate(context.string_list(name)):
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise ConfigError(f"{context.key(name)}[{index}]: not a regular expression ({exc})") from exc
+    return tuple(compiled)
 
 
 def _models(root: _Section) -> tuple[ModelEntry, ...]:

@@ -92,6 +92,8 @@ class ContextOptions:
     """X-Context-Mode."""
     idempotency_key: str | None = None
     """Idempotency-Key: a retry under the same key and body is answered from the journal."""
+    strategies: tuple[str, ...] | None = None
+    """X-Context-Strategy: the compaction strategies for this session, remembered like its budget."""
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ async def test_steps_from_before_owners_are_owned_by_nobody(tmp_path: Path, monk
     await open_and_close(path)
     with raw(path) as connection:
         assert [row[0] for row in connection.execute("SELECT owner FROM journal_steps")] == [None]
-        assert [name for name, _ in recorded(connection)][-1] == "m005_step_owners"
+        assert "m005_step_owners" in [name for name, _ in recorded(connection)]
 
 
 # --- a failing migration ---------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ can open the file with `sqlite3` and read their conversations:
   `orphaned_at`, never deleted.
 - `message_variants`, `context_settings`: see `m004_conversations`.
 - `journal_owners`: the processes serving the store, see `m005_step_owners`.
+- `summaries.strategy`: which compaction strategy wrote a span, see `m006_strategies`.
+- `pins`: messages a session keeps verbatim, see `m007_pins`.
+- `compaction_events`: what each compaction did, see `m008_compaction_events`.
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
@@ -196,10 +199,99 @@ def m005_step_owners(connection: sqlite3.Connection) -> None:
     )
 
 
+def m006_strategies(connection: sqlite3.Connection) -> None:
+    """Spans written by every compaction strategy (`proxy.compaction.strategies`), not only by the summarizer.
+
+    `strategy` names the writer: `summarize` (every summary before this migration), `goal-batch` (episodes),
+    `sliding-window` (an omission marker: `generated_by` 'rule', no model) or `tool-results` (a mask: tool
+    outputs in the range are sent as stubs; `content` is empty). SQLite cannot relax a CHECK in place, so the
+    table is rebuilt with its rows and ids.
+    """
+    _script(
+        connection,
+        """
+        CREATE TABLE summaries_new (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            start_depth INTEGER NOT NULL,
+            end_depth INTEGER NOT NULL,
+            end_id TEXT NOT NULL REFERENCES messages(id),
+            content TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            original_tokens INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            generated_by TEXT NOT NULL CHECK (generated_by IN ('llm', 'fallback', 'rule')),
+            replaces TEXT NOT NULL DEFAULT '[]',
+            orphaned_at REAL,
+            created_at REAL NOT NULL,
+            strategy TEXT NOT NULL DEFAULT 'summarize'
+                CHECK (strategy IN ('summarize', 'goal-batch', 'sliding-window', 'tool-results'))
+        );
+        INSERT INTO summaries_new (id, tenant, start_depth, end_depth, end_id, content, tokens, original_tokens,
+            model, generated_by, replaces, orphaned_at, created_at)
+            SELECT id, tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, model,
+            generated_by, replaces, orphaned_at, created_at FROM summaries;
+        DROP TABLE summaries;
+        ALTER TABLE summaries_new RENAME TO summaries;
+        CREATE INDEX summaries_by_end ON summaries (end_id)
+        """,
+    )
+
+
+def m007_pins(connection: sqlite3.Connection) -> None:
+    """Messages a session keeps verbatim in every working context (`POST /sessions/{id}/pins`).
+
+    A pin names a node of the chain, so it holds on every request of the session whose path contains it.
+    """
+    _script(
+        connection,
+        """
+        CREATE TABLE pins (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            message_id TEXT NOT NULL REFERENCES messages(id),
+            created_at REAL NOT NULL,
+            PRIMARY KEY (tenant, session_id, message_id)
+        ) WITHOUT ROWID
+        """,
+    )
+
+
+def m008_compaction_events(connection: sqlite3.Connection) -> None:
+    """One row per compaction event (start, complete, error), kept per session for `GET /sessions/{id}/events`."""
+    _script(
+        connection,
+        """
+        CREATE TABLE compaction_events (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            event TEXT NOT NULL CHECK (event IN ('start', 'complete', 'error')),
+            strategy TEXT NOT NULL,
+            range_start INTEGER,
+            range_end INTEGER,
+            tokens_before INTEGER,
+            tokens_after INTEGER,
+            duration_ms REAL,
+            summary_id INTEGER,
+            generated_by TEXT,
+            model TEXT,
+            background INTEGER NOT NULL DEFAULT 0,
+            detail TEXT,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX compaction_events_by_session ON compaction_events (tenant, session_id, id)
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
     m003_journal,
     m004_conversations,
     m005_step_owners,
+    m006_strategies,
+    m007_pins,
+    m008_compaction_events,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from proxy.config import STRATEGY_NAMES, parse_strategies
 from proxy.conversation import ContextMode, ContextOptions, ContextReport
 from proxy.errors import InvalidRequest
 
@@ -38,7 +39,23 @@ def context_options(headers: Mapping[str, str]) -> ContextOptions:
         preserve_recent=_int_header(headers, "X-Context-Preserve-Recent", minimum=0, maximum=MAX_PRESERVE_RECENT),
         mode=ContextMode(mode),
         idempotency_key=_token_header(headers, "Idempotency-Key", MAX_IDEMPOTENCY_KEY_LENGTH),
+        strategies=_strategies(headers),
     )
+
+
+def _strategies(headers: Mapping[str, str]) -> tuple[str, ...] | None:
+    value = headers.get("x-context-strategy")
+    if value is None:
+        return None
+    names = parse_strategies(value) if len(value) <= 200 else None
+    if names is None:
+        shown = value if len(value) <= 60 else f"{value[:60]}…"
+        raise InvalidRequest(
+            f"Header X-Context-Strategy must be a comma-separated list of distinct strategies from "
+            f"{', '.join(STRATEGY_NAMES)}, got {shown!r}.",
+            param="X-Context-Strategy",
+        )
+    return names
 
 
 def _token_header(headers: Mapping[str, str], name: str, max_length: int) -> str | None:
