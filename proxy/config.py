@@ -237,7 +237,7 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             tool_results_keep_turns=context.integer(
                 "tool_results_keep_turns", DEFAULT_TOOL_RESULTS_KEEP_TURNS, minimum=1, maximum=1000
             ),
-            precompact_ratio=_precompact_ratio(context),
+            precompact_ratio=_precompact_ratio(context, context.number("trigger_ratio", 1.0, low=0.1, high=1.0)),
             precompact_concurrency=context.integer(
                 "precompact_concurrency", DEFAULT_PRECOMPACT_CONCURRENCY, minimum=1, maximum=64
             ),
@@ -308,8 +308,11 @@ def _strategies(context: _Section) -> tuple[str, ...]:
     return names
 
 
-def _precompact_ratio(context: _Section) -> float | None:
-    raw = context.data.get("precompact_ratio", DEFAULT_PRECOMPACT_RATIO)
+def _precompact_ratio(context: _Section, trigger_ratio: float) -> float | None:
+    """Unset: `DEFAULT_PRECOMPACT_RATIO` of the trigger (0.8 of the budget with the default trigger)."""
+    if "precompact_ratio" not in context.data:
+        return round(DEFAULT_PRECOMPACT_RATIO * trigger_ratio, 6)
+    raw = context.data["precompact_ratio"]
     if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
         return None
     return context.number("precompact_ratio", DEFAULT_PRECOMPACT_RATIO, low=0.05, high=1.0)
