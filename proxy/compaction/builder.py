@@ -38,148 +38,61 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 
-from proxy.compaction.summary_text import (
-    DEFAULT_SUMMARY_MAX,
-    DEFAULT_SUMMARY_MIN,
-    DEFAULT_TARGET_RATIO,
-    SUMMARY_ROLE,
-    target_tokens,
+from proxy.compaction.layout import (
+    DEFAULT_ACKNOWLEDGEMENT_TOKENS,
+    DEFAULT_COMPACT_TO,
+    DEFAULT_PRESERVE_RECENT,
+    DEFAULT_SUMMARY_OVERHEAD,
+    DEFAULT_TRIGGER_RATIO,
+    PINNED_ROLES,
+    Block,
+    BuildResult,
+    Item,
+    Layout,
+    NeedsSummary,
+    Neighbours,
+    Part,
+    Policy,
+    RecentTooLarge,
+    Span,
+    View,
+    WorkingContext,
 )
+from proxy.compaction.strategies import next_span
+from proxy.compaction.summary_text import SUMMARY_ROLE
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
-PINNED_ROLES = frozenset({"system", "developer"})
-DEFAULT_PRESERVE_RECENT = 4
-DEFAULT_TRIGGER_RATIO = 1.0
-DEFAULT_COMPACT_TO = 0.55
-"""Compacting down to about half the budget leaves room for many turns before the next compaction."""
-DEFAULT_SUMMARY_OVERHEAD = 12
-"""Role, the summary header line and OpenAI's per-message overhead, beyond the summary's own content."""
-DEFAULT_ACKNOWLEDGEMENT_TOKENS = 7
-"""What `acknowledgement_message()` costs, in cl100k_base and o200k_base alike."""
-
-
-@dataclass(frozen=True)
-class Item:
-    """One stored message of the path, in order; its position is its index in the list."""
-
-    role: str
-    tokens: int
-    tool_call_ids: tuple[str, ...] = ()
-    """Ids of the tool_calls on an assistant message."""
-    tool_call_id: str | None = None
-    """On a tool message: the call it answers."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """An existing, non-orphaned summary covering items [start, end)."""
-
-    id: int
-    start: int
-    end: int
-    tokens: int
-    """What the summary message costs as sent: `count_message(summary_message(content))`."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    budget: int
-    """The effective input budget, in tokens."""
-    preserve_recent: int = DEFAULT_PRESERVE_RECENT
-    trigger_ratio: float = DEFAULT_TRIGGER_RATIO
-    compact_to: float = DEFAULT_COMPACT_TO
-    summary_overhead: int = DEFAULT_SUMMARY_OVERHEAD
-    target_ratio: float = DEFAULT_TARGET_RATIO
-    summary_min: int = DEFAULT_SUMMARY_MIN
-    summary_max: int = DEFAULT_SUMMARY_MAX
-    max_summary_input: int | None = None
-    """Tokens one summarization may read (the summarizer's own budget); None for no limit."""
-    acknowledgement_tokens: int = DEFAULT_ACKNOWLEDGEMENT_TOKENS
-    """What one acknowledgement (rule 6) costs as sent."""
-
-    def summary_target(self, input_tokens: int) -> int:
-        """The content size a summary of `input_tokens` tokens should have."""
-        return target_tokens(input_tokens, self.target_ratio, self.summary_min, self.summary_max)
-
-    def estimated_summary(self, input_tokens: int) -> int:
-        """What a not-yet-written summary of `input_tokens` tokens is expected to cost as a message."""
-        return self.summary_target(input_tokens) + self.summary_overhead
-
-
-Part = int | Span
-"""An item index sent verbatim, or a span sent as its summary message."""
-
-
-@dataclass(frozen=True)
-class WorkingContext:
-    parts: tuple[Part, ...]
-    """In chronological order."""
-    tokens: int
-    """The prompt's total by our count, including the acknowledgements and the reply priming."""
-    acknowledgements: tuple[int, ...] = ()
-    """Indices into `parts` before which an assistant acknowledgement is sent (rule 6)."""
-
-
-@dataclass(frozen=True)
-class NeedsSummary:
-    """Summarize items [start, end); it may cover existing spans, which the new summary supersedes."""
-
-    start: int
-    end: int
-    replaces: tuple[int, ...] = ()
-    """Ids of the given spans lying inside [start, end): mark them orphaned once the new summary is stored."""
-    parts: tuple[Part, ...] = ()
-    """What the summarizer should read, in order: items verbatim and existing summaries (hierarchical)."""
-    target: int = DEFAULT_SUMMARY_MIN
-    """Suggested summary length in tokens: `Policy.summary_target` of what the summarizer reads."""
-
-
-@dataclass(frozen=True)
-class RecentTooLarge:
-    """The pinned and recent messages (plus the smallest summaries possible) need more than the budget."""
-
-    needed: int
-    budget: int
-
-
-BuildResult = WorkingContext | NeedsSummary | RecentTooLarge
-
-
-@dataclass(frozen=True)
-class _Block:
-    """A span, or an atomic unit of unsummarized messages, older than the recent block."""
-
-    start: int
-    end: int
-    original: int
-    span: Span | None = None
-
-    @property
-    def uses_summary(self) -> bool:
-        return self.span is not None and self.span.tokens < self.original
-
-    @property
-    def cost(self) -> int:
-        return self.span.tokens if self.span is not None and self.uses_summary else self.original
-
-    def parts(self) -> tuple[Part, ...]:
-        if self.span is not None and self.uses_summary:
-            return (self.span,)
-        return tuple(range(self.start, self.end))
-
-
-Layout = list[int | _Block]
-"""The region before the recent block: pinned item indices and blocks, in order."""
+__all__ = [
+    "DEFAULT_ACKNOWLEDGEMENT_TOKENS",
+    "DEFAULT_COMPACT_TO",
+    "DEFAULT_PRESERVE_RECENT",
+    "DEFAULT_SUMMARY_OVERHEAD",
+    "DEFAULT_TRIGGER_RATIO",
+    "PINNED_ROLES",
+    "BuildResult",
+    "Item",
+    "NeedsSummary",
+    "Part",
+    "Policy",
+    "RecentTooLarge",
+    "Span",
+    "WorkingContext",
+    "acknowledgements",
+    "build",
+    "cut_points",
+    "recent_block",
+    "recent_start",
+    "usable_spans",
+]
 
 
 def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compacting: bool = False) -> BuildResult:
-    """The working context for `items`, or the summary that must be written first, or why it cannot fit.
+    """The working context for `items`, or the span that must be written first, or why it cannot fit.
 
     `compacting` is True on the calls that follow a `NeedsSummary` within one request: the compaction then
-    goes on until the total reaches `compact_to * budget` (or nothing more can be summarized), rather than
+    goes on until the total reaches `compact_to * budget` (or nothing more can be compacted), rather than
     stopping as soon as it fits again, so that one compaction is one big step, however many rounds it takes.
     """
     count = len(items)
@@ -189,41 +102,87 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     for item in items:
         prefix.append(prefix[-1] + item.tokens)
     recent = recent_block(items, policy, cuts, prefix)
-    pinned_old = sum(item.tokens for item in items[:recent] if item.role in PINNED_ROLES)
-    fixed = pinned_old + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS
+    kept = kept_positions(items, cuts, recent)
+    kept_tokens = sum(items[position].tokens for position in kept)
+    fixed = kept_tokens + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS
     if fixed > budget:
-        return RecentTooLarge(needed=fixed, budget=budget)
+        return _too_large(items, kept, fixed, budget)
     trigger = policy.trigger_ratio * budget
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
         return WorkingContext(parts=tuple(range(count)), tokens=everything)
 
-    layout = _layout(items, usable_spans(items, spans, recent, cuts), recent, prefix, cuts)
+    stubbed = stubbed_positions(items, spans, recent, kept)
+    shown = [0]
+    for position, item in enumerate(items):
+        cost = item.stub_tokens if position in stubbed and item.stub_tokens is not None else item.tokens
+        shown.append(shown[-1] + cost)
+    layout = _layout(items, usable_spans(items, spans, recent, cuts, kept), recent, shown, cuts, kept)
     parts = _parts(layout, recent, count)
     acknowledged = acknowledgements(items, parts)
     total = (
         fixed
-        + sum(entry.cost for entry in layout if isinstance(entry, _Block))
+        + sum(entry.cost for entry in layout if isinstance(entry, Block))
         + len(acknowledged) * policy.acknowledgement_tokens
     )
-    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged)
+    shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
+    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
     if total <= (policy.compact_to * budget if compacting else trigger):
         return context
-    needed = total - policy.compact_to * budget
-    segments = _segments(layout)
-    neighbours = _neighbours(items, layout, recent)
-    for segment in segments:
-        for run in _unsummarized_runs(segment):
-            chosen = _choose_range(run, needed, policy, cuts, neighbours, hierarchical=False)
-            if chosen is not None:
-                return _needs_summary(chosen, spans, policy)
-    for segment in segments:
-        chosen = _choose_range(segment, needed, policy, cuts, neighbours, hierarchical=True)
-        if chosen is not None:
-            return _needs_summary(chosen, spans, policy)
+    view = View(
+        items=items,
+        spans=spans,
+        policy=policy,
+        cuts=cuts,
+        recent=recent,
+        layout=layout,
+        neighbours=_neighbours(items, layout, recent),
+        stubbed=stubbed,
+        needed=total - policy.compact_to * budget,
+    )
+    need = next_span(view)
+    if need is not None:
+        return need
     if total <= budget:
         return context
     return RecentTooLarge(needed=total, budget=budget)
+
+
+def kept_positions(items: Sequence[Item], cuts: Sequence[bool], recent: int) -> frozenset[int]:
+    """Positions older than the recent block sent verbatim where they stand: system messages, and the messages
+    the session pinned, each with its whole tool group (a pinned call keeps its results, and the reverse)."""
+    kept = {position for position in range(recent) if items[position].role in PINNED_ROLES}
+    for position in range(recent):
+        if items[position].pinned and position not in kept:
+            start, end = position, position + 1
+            while start > 0 and not cuts[start]:
+                start -= 1
+            while end < recent and not cuts[end]:
+                end += 1
+            kept.update(range(start, end))
+    return frozenset(kept)
+
+
+def stubbed_positions(
+    items: Sequence[Item], spans: Sequence[Span], recent: int, kept: frozenset[int]
+) -> frozenset[int]:
+    """Tool outputs that a `tool-results` mask covers, older than the recent block, not kept, whose stub costs
+    less than the output: sent as their stub wherever they are shown verbatim."""
+    stubbed: set[int] = set()
+    for span in spans:
+        if span.is_mask:
+            for position in range(max(0, span.start), min(span.end, recent)):
+                stub = items[position].stub_tokens
+                if stub is not None and stub < items[position].tokens and position not in kept:
+                    stubbed.add(position)
+    return frozenset(stubbed)
+
+
+def _too_large(items: Sequence[Item], kept: frozenset[int], needed: int, budget: int) -> RecentTooLarge:
+    pinned = tuple(sorted(p for p in kept if items[p].role not in PINNED_ROLES))
+    return RecentTooLarge(
+        needed=needed, budget=budget, pinned=pinned, pinned_tokens=sum(items[p].tokens for p in pinned)
+    )
 
 
 def cut_points(items: Sequence[Item]) -> list[bool]:
@@ -298,22 +257,32 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Sequence[bool], pr
     return turn if turn_tokens <= room else recent
 
 
-def usable_spans(items: Sequence[Item], spans: Sequence[Span], recent: int, cuts: Sequence[bool]) -> list[Span]:
-    """The spans the builder may use, without overlaps: the widest wins (it is the hierarchical one).
+def usable_spans(
+    items: Sequence[Item],
+    spans: Sequence[Span],
+    recent: int,
+    cuts: Sequence[bool],
+    kept: frozenset[int] | None = None,
+) -> list[Span]:
+    """The replacing spans the builder may use, without overlaps: the widest wins (it is the hierarchical one).
 
-    Spans overlapping the recent block or a pinned message, or splitting a tool group, are ignored: they come
-    from another preserve_recent or a stale state and using them would break invariants 3 to 5.
+    Masks are not among them (they stub in place). Spans overlapping the recent block or a kept message, or
+    splitting a tool group, are ignored: they come from another preserve_recent, a pin set since, or a stale
+    state, and using them would break invariants 3 to 5.
     """
-    pinned_before = [0]
-    for item in items:
-        pinned_before.append(pinned_before[-1] + (item.role in PINNED_ROLES))
+    if kept is None:
+        kept = frozenset(p for p in range(recent) if items[p].role in PINNED_ROLES)
+    kept_before = [0]
+    for position in range(len(items)):
+        kept_before.append(kept_before[-1] + (position in kept))
     valid = [
         span
         for span in spans
-        if 0 <= span.start < span.end <= recent
+        if not span.is_mask
+        and 0 <= span.start < span.end <= recent
         and cuts[span.start]
         and cuts[span.end]
-        and pinned_before[span.end] == pinned_before[span.start]
+        and kept_before[span.end] == kept_before[span.start]
     ]
     accepted: list[Span] = []
     for span in sorted(valid, key=lambda s: (s.start - s.end, -s.id)):
@@ -323,24 +292,29 @@ def usable_spans(items: Sequence[Item], spans: Sequence[Span], recent: int, cuts
 
 
 def _layout(
-    items: Sequence[Item], spans: Sequence[Span], recent: int, prefix: Sequence[int], cuts: Sequence[bool]
+    items: Sequence[Item],
+    spans: Sequence[Span],
+    recent: int,
+    prefix: Sequence[int],
+    cuts: Sequence[bool],
+    kept: frozenset[int],
 ) -> Layout:
     span_at = {span.start: span for span in spans}
     layout: Layout = []
     position = 0
     while position < recent:
         span = span_at.get(position)
-        if items[position].role in PINNED_ROLES:
+        if position in kept:
             layout.append(position)
             position += 1
         elif span is not None:
-            layout.append(_Block(span.start, span.end, prefix[span.end] - prefix[span.start], span))
+            layout.append(Block(span.start, span.end, prefix[span.end] - prefix[span.start], span))
             position = span.end
         else:
             end = position + 1
-            while end < recent and not cuts[end] and items[end].role not in PINNED_ROLES:
+            while end < recent and not cuts[end] and end not in kept:
                 end += 1
-            layout.append(_Block(position, end, prefix[end] - prefix[position]))
+            layout.append(Block(position, end, prefix[end] - prefix[position]))
             position = end
     return layout
 
@@ -348,7 +322,7 @@ def _layout(
 def _parts(layout: Layout, recent: int, count: int) -> tuple[Part, ...]:
     parts: list[Part] = []
     for entry in layout:
-        if isinstance(entry, _Block):
+        if isinstance(entry, Block):
             parts.extend(entry.parts())
         else:
             parts.append(entry)
@@ -356,44 +330,12 @@ def _parts(layout: Layout, recent: int, count: int) -> tuple[Part, ...]:
     return tuple(parts)
 
 
-def _segments(layout: Layout) -> list[list[_Block]]:
-    """The layout split at pinned messages: no summary may cover one (invariant 5)."""
-    segments: list[list[_Block]] = [[]]
-    for entry in layout:
-        if isinstance(entry, _Block):
-            segments[-1].append(entry)
-        elif segments[-1]:
-            segments.append([])
-    return [segment for segment in segments if segment]
-
-
-def _unsummarized_runs(segment: Sequence[_Block]) -> list[list[_Block]]:
-    runs: list[list[_Block]] = [[]]
-    for block in segment:
-        if block.span is None:
-            runs[-1].append(block)
-        elif runs[-1]:
-            runs.append([])
-    return [run for run in runs if run]
-
-
-@dataclass(frozen=True)
-class _Neighbours:
-    """What is shown next to each block, pinned messages aside: a summary in its place would need an
-    acknowledgement (rule 6) on each side where a user turn is."""
-
-    user_before: dict[int, bool]
-    """Block start → is the part shown just before it a user turn (or a summary)?"""
-    user_after: dict[int, bool]
-    """Block end → is the part shown just after it a user turn (or a summary)?"""
-
-
-def _neighbours(items: Sequence[Item], layout: Layout, recent: int) -> _Neighbours:
+def _neighbours(items: Sequence[Item], layout: Layout, recent: int) -> Neighbours:
     # (start, end, opens with a user turn, closes with one) of each part shown, pinned messages aside, in order:
     # the older blocks, then the first recent message.
     shown: list[tuple[int, int, bool, bool]] = []
     for entry in layout:
-        if isinstance(entry, _Block):
+        if isinstance(entry, Block):
             summary = entry.uses_summary
             opens = summary or items[entry.start].role == "user"
             shown.append((entry.start, entry.end, opens, summary or items[entry.end - 1].role == "user"))
@@ -406,64 +348,4 @@ def _neighbours(items: Sequence[Item], layout: Layout, recent: int) -> _Neighbou
     for (_, end, _, closes), (start, _, opens, _) in pairwise(shown):
         user_before[start] = closes
         user_after[end] = opens
-    return _Neighbours(user_before, user_after)
-
-
-@dataclass(frozen=True)
-class _Range:
-    blocks: tuple[_Block, ...]
-    input_tokens: int
-
-
-def _choose_range(
-    blocks: Sequence[_Block],
-    needed: float,
-    policy: Policy,
-    cuts: Sequence[bool],
-    neighbours: _Neighbours,
-    *,
-    hierarchical: bool,
-) -> _Range | None:
-    """The oldest range of whole blocks whose summary saves tokens, just long enough to save `needed`.
-
-    Savings grow with the range (a summary is at most `summary_max`), so the first start with any saving
-    is the oldest one; a hierarchical range must merge at least two blocks, one of them a summary, so that
-    every round makes progress. Without a limit on the summarizer's input only the first start is tried.
-    The acknowledgements the summary would bring next to it count against its saving, so that one round
-    reaches the target whenever the estimate holds.
-    """
-    limit = policy.max_summary_input
-    for first in range(len(blocks)):
-        if not cuts[blocks[first].start]:
-            continue
-        best: tuple[int, int] | None = None  # (last block, input tokens)
-        cost = 0
-        spans = 0
-        for last in range(first, len(blocks)):
-            block = blocks[last]
-            if limit is not None and last > first and cost + block.cost > limit:
-                break
-            cost += block.cost
-            spans += block.span is not None
-            if not cuts[block.end] or (hierarchical and (spans == 0 or last == first)):
-                continue
-            around = neighbours.user_before[blocks[first].start] + neighbours.user_after[block.end]
-            saving = cost - policy.estimated_summary(cost) - around * policy.acknowledgement_tokens
-            if saving <= 0:
-                continue
-            best = (last, cost)
-            if saving >= needed:
-                break
-        if best is not None:
-            return _Range(tuple(blocks[first : best[0] + 1]), best[1])
-        if limit is None:
-            return None
-    return None
-
-
-def _needs_summary(chosen: _Range, spans: Sequence[Span], policy: Policy) -> NeedsSummary:
-    start, end = chosen.blocks[0].start, chosen.blocks[-1].end
-    replaces = tuple(sorted(span.id for span in spans if start <= span.start and span.end <= end))
-    parts = tuple(part for block in chosen.blocks for part in block.parts())
-    target = policy.summary_target(chosen.input_tokens)
-    return NeedsSummary(start=start, end=end, replaces=replaces, parts=parts, target=target)
+    return Neighbours(user_before, user_after)

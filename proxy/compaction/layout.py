@@ -1,0 +1,208 @@
+"""What the working context builder reasons about: the path's items, the spans written for it, the policy, the
+results it gives, and the view of one decision that the compaction strategies read.
+
+Pure data, shared by `builder` (which lays the context out) and `strategies` (which each name the next span
+to write), so that neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.compaction.summary_text import DEFAULT_SUMMARY_MAX, DEFAULT_SUMMARY_MIN, DEFAULT_TARGET_RATIO, target_tokens
+
+PINNED_ROLES = frozenset({"system", "developer"})
+"""Roles sent verbatim where they stand; pinned by the client's own protocol, and no turn for role order."""
+SUMMARIZE = "summarize"
+GOAL_BATCH = "goal-batch"
+SLIDING_WINDOW = "sliding-window"
+TOOL_RESULTS = "tool-results"
+DEFAULT_PRESERVE_RECENT = 4
+DEFAULT_TRIGGER_RATIO = 1.0
+DEFAULT_COMPACT_TO = 0.55
+"""Compacting down to about half the budget leaves room for many turns before the next compaction."""
+DEFAULT_SUMMARY_OVERHEAD = 12
+"""Role, the summary header line and OpenAI's per-message overhead, beyond the summary's own content."""
+DEFAULT_ACKNOWLEDGEMENT_TOKENS = 7
+"""What `acknowledgement_message()` costs, in cl100k_base and o200k_base alike."""
+DEFAULT_MARKER_TOKENS = 40
+"""What a sliding-window marker costs as sent, at most: one line naming how many messages and which turns."""
+DEFAULT_KEEP_TURNS = 2
+
+
+@dataclass(frozen=True)
+class Item:
+    """One stored message of the path, in order; its position is its index in the list."""
+
+    role: str
+    tokens: int
+    tool_call_ids: tuple[str, ...] = ()
+    """Ids of the tool_calls on an assistant message."""
+    tool_call_id: str | None = None
+    """On a tool message: the call it answers."""
+    pinned: bool = False
+    """Pinned by the session (API or a configured pattern): sent verbatim, never summarized."""
+    stub_tokens: int | None = None
+    """On a tool message: what it costs as the stub `tool-results` sends instead (None: not a tool output)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """An existing, non-orphaned span of items [start, end) written by a strategy."""
+
+    id: int
+    start: int
+    end: int
+    tokens: int
+    """What the span's message costs as sent: `count_message(summary_message(content))` (a mask: unused)."""
+    strategy: str = SUMMARIZE
+    """Who wrote it. A `tool-results` span is a mask: its tool outputs are sent as stubs where they stand;
+    every other span is replaced by one message (a summary, or a sliding-window marker)."""
+
+    @property
+    def is_mask(self) -> bool:
+        return self.strategy == TOOL_RESULTS
+
+
+@dataclass(frozen=True)
+class Policy:
+    budget: int
+    """The effective input budget, in tokens."""
+    preserve_recent: int = DEFAULT_PRESERVE_RECENT
+    trigger_ratio: float = DEFAULT_TRIGGER_RATIO
+    compact_to: float = DEFAULT_COMPACT_TO
+    summary_overhead: int = DEFAULT_SUMMARY_OVERHEAD
+    target_ratio: float = DEFAULT_TARGET_RATIO
+    summary_min: int = DEFAULT_SUMMARY_MIN
+    summary_max: int = DEFAULT_SUMMARY_MAX
+    max_summary_input: int | None = None
+    """Tokens one summarization may read (the summarizer's own budget); None for no limit."""
+    acknowledgement_tokens: int = DEFAULT_ACKNOWLEDGEMENT_TOKENS
+    """What one acknowledgement (rule 6) costs as sent."""
+    strategies: tuple[str, ...] = (SUMMARIZE,)
+    """The compaction strategies, in the order they are asked for the next span."""
+    keep_turns: int = DEFAULT_KEEP_TURNS
+    """`tool-results` stubs the tool outputs of user turns older than the last `keep_turns`."""
+    marker_tokens: int = DEFAULT_MARKER_TOKENS
+
+    def summary_target(self, input_tokens: int) -> int:
+        """The content size a summary of `input_tokens` tokens should have."""
+        return target_tokens(input_tokens, self.target_ratio, self.summary_min, self.summary_max)
+
+    def estimated_summary(self, input_tokens: int) -> int:
+        """What a not-yet-written summary of `input_tokens` tokens is expected to cost as a message."""
+        return self.summary_target(input_tokens) + self.summary_overhead
+
+
+Part = int | Span
+"""An item index sent verbatim (or as its stub), or a span sent as its summary or marker message."""
+
+
+@dataclass(frozen=True)
+class WorkingContext:
+    parts: tuple[Part, ...]
+    """In chronological order."""
+    tokens: int
+    """The prompt's total by our count, including the acknowledgements and the reply priming."""
+    acknowledgements: tuple[int, ...] = ()
+    """Indices into `parts` before which an assistant acknowledgement is sent (rule 6)."""
+    stubbed: frozenset[int] = frozenset()
+    """Item indices sent as their tool-output stub."""
+
+
+@dataclass(frozen=True)
+class NeedsSummary:
+    """Write a span of items [start, end) with `strategy`; it may cover existing spans, which it supersedes."""
+
+    start: int
+    end: int
+    replaces: tuple[int, ...] = ()
+    """Ids of the given spans lying inside [start, end): mark them orphaned once the new span is stored."""
+    parts: tuple[Part, ...] = ()
+    """What the summarizer should read, in order: items verbatim (or stubbed) and existing spans."""
+    target: int = DEFAULT_SUMMARY_MIN
+    """Suggested summary length in tokens: `Policy.summary_target` of what the summarizer reads."""
+    strategy: str = SUMMARIZE
+    stubbed: frozenset[int] = frozenset()
+    """Item indices among `parts` shown as their stub (the summarizer reads what the model saw)."""
+
+
+@dataclass(frozen=True)
+class RecentTooLarge:
+    """The pinned and recent messages (plus the smallest summaries possible) need more than the budget."""
+
+    needed: int
+    budget: int
+    pinned: tuple[int, ...] = ()
+    """Items older than the recent block kept only because the session pinned them."""
+    pinned_tokens: int = 0
+
+
+BuildResult = WorkingContext | NeedsSummary | RecentTooLarge
+
+
+@dataclass(frozen=True)
+class Block:
+    """A replacing span, or an atomic unit of unsummarized messages, older than the recent block."""
+
+    start: int
+    end: int
+    original: int
+    """What its items cost as they would be sent (stubbed tool outputs at their stub's cost)."""
+    span: Span | None = None
+
+    @property
+    def uses_summary(self) -> bool:
+        return self.span is not None and self.span.tokens < self.original
+
+    @property
+    def cost(self) -> int:
+        return self.span.tokens if self.span is not None and self.uses_summary else self.original
+
+    def parts(self) -> tuple[Part, ...]:
+        if self.span is not None and self.uses_summary:
+            return (self.span,)
+        return tuple(range(self.start, self.end))
+
+
+Layout = list[int | Block]
+"""The region before the recent block: kept (pinned) item indices and blocks, in order."""
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """What is shown next to each block, pinned system messages aside: a summary in its place would need an
+    acknowledgement (rule 6) on each side where a user turn is."""
+
+    user_before: dict[int, bool]
+    """Block start → is the part shown just before it a user turn (or a summary)?"""
+    user_after: dict[int, bool]
+    """Block end → is the part shown just after it a user turn (or a summary)?"""
+
+
+@dataclass(frozen=True)
+class View:
+    """One decision's state, for the strategies: the context as it would be sent now, and how far it is over."""
+
+    items: Sequence[Item]
+    spans: Sequence[Span]
+    """Every span given to the builder, masks included."""
+    policy: Policy
+    cuts: Sequence[bool]
+    recent: int
+    layout: Layout
+    neighbours: Neighbours
+    stubbed: frozenset[int]
+    needed: float
+    """Tokens to save to reach the target (`compact_to` of the budget)."""
+
+    def segments(self) -> list[list[Block]]:
+        """The layout split at kept messages: no span may cover one (invariant 5)."""
+        segments: list[list[Block]] = [[]]
+        for entry in self.layout:
+            if isinstance(entry, Block):
+                segments[-1].append(entry)
+            elif segments[-1]:
+                segments.append([])
+        return [segment for segment in segments if segment]

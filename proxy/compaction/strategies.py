@@ -1,0 +1,244 @@
+"""The compaction strategies: each names the next span to write when the working context is over its target.
+
+A strategy is a small unit with a `name`, a `should_run` (is there anything for it to do in this view?) and a
+`compact` (the span to write, or None). The builder asks them in the configured order (`context.strategies`,
+or the session's `X-Context-Strategy`) and writes the first span one names; it then builds again, so a later
+strategy only runs for what the earlier ones could not save. Every span keeps the builder's invariants: it lies
+older than the recent block, never covers a kept (pinned) message, never splits a tool group, and is chosen
+large enough to reach `compact_to` of the budget in one step (invariant 6).
+
+- `tool-results`: tool outputs older than the last `keep_turns` model turns are sent as stubs (the tool, its
+  key inputs, the outcome, the size) where they stand; no model call. Published agent runs show masking old
+  observations halves cost without losing solve rate. The span is a *mask* from the path's start to the
+  boundary, replacing the previous mask: a stub depends only on its message, so what was stubbed stays the same
+  bytes and the prompt stays a prefix-extension between compactions.
+- `summarize`: the oldest unsummarized range, then (hierarchically) summaries with what lies between them.
+- `goal-batch`: like `summarize`, with ranges made of whole completed user turns (a user goal and everything up
+  to the next), each summarized as one episode; a range of any blocks when no whole turn is old enough.
+- `sliding-window`: no model at all: the oldest turns leave the working context (never the history) for a
+  one-line marker naming how many messages and which turns were omitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.compaction.layout import (
+    GOAL_BATCH,
+    SLIDING_WINDOW,
+    SUMMARIZE,
+    TOOL_RESULTS,
+    Block,
+    NeedsSummary,
+    Neighbours,
+    Policy,
+    View,
+)
+
+
+class Strategy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def should_run(self, view: View) -> bool: ...
+
+    def compact(self, view: View) -> NeedsSummary | None: ...
+
+
+@dataclass(frozen=True)
+class ToolResults:
+    name: str = TOOL_RESULTS
+
+    def should_run(self, view: View) -> bool:
+        return self._saving(view, self._boundary(view)) > 0
+
+    def compact(self, view: View) -> NeedsSummary | None:
+        boundary = self._boundary(view)
+        if self._saving(view, boundary) <= 0:
+            return None
+        replaces = tuple(sorted(span.id for span in view.spans if span.is_mask and span.end <= boundary))
+        return NeedsSummary(start=0, end=boundary, replaces=replaces, strategy=self.name)
+
+    @staticmethod
+    def _boundary(view: View) -> int:
+        """The first position of the last `keep_turns` model turns (each assistant message starts one), or of
+        the recent block if that comes first."""
+        turns = [p for p, item in enumerate(view.items[: view.recent]) if item.role == "assistant"]
+        keep = view.policy.keep_turns
+        return min(view.recent, turns[-keep]) if len(turns) >= keep else 0
+
+    @staticmethod
+    def _saving(view: View, boundary: int) -> int:
+        summarized = {p for entry in view.layout if isinstance(entry, Block) and entry.uses_summary
+                      for p in range(entry.start, entry.end)}  # fmt: skip
+        saving = 0
+        for position in range(boundary):
+            item = view.items[position]
+            if (
+                item.stub_tokens is not None
+                and item.stub_tokens < item.tokens
+                and not item.pinned
+                and position not in view.stubbed
+                and position not in summarized
+            ):
+                saving += item.tokens - item.stub_tokens
+        return saving
+
+
+@dataclass(frozen=True)
+class Summarize:
+    name: str = SUMMARIZE
+
+    def should_run(self, view: View) -> bool:
+        return view.needed > 0
+
+    def compact(self, view: View) -> NeedsSummary | None:
+        return summary_range(view, self.name, view.cuts)
+
+
+@dataclass(frozen=True)
+class GoalBatch:
+    name: str = GOAL_BATCH
+
+    def should_run(self, view: View) -> bool:
+        return view.needed > 0
+
+    def compact(self, view: View) -> NeedsSummary | None:
+        # A boundary falls where a user turn starts (or at the recent block): each range is whole episodes.
+        turns = [
+            cut and (position >= len(view.items) or position == view.recent or view.items[position].role == "user")
+            for position, cut in enumerate(view.cuts)
+        ]
+        return summary_range(view, self.name, turns) or summary_range(view, self.name, view.cuts)
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    name: str = SLIDING_WINDOW
+
+    def should_run(self, view: View) -> bool:
+        return view.needed > 0
+
+    def compact(self, view: View) -> NeedsSummary | None:
+        marker = view.policy.marker_tokens
+        return summary_range(view, self.name, view.cuts, estimate=lambda _tokens: marker, capped=False)
+
+
+STRATEGIES: dict[str, Strategy] = {
+    strategy.name: strategy for strategy in (ToolResults(), Summarize(), GoalBatch(), SlidingWindow())
+}
+
+
+def next_span(view: View) -> NeedsSummary | None:
+    """The first span a configured strategy names, in their order."""
+    for name in view.policy.strategies:
+        strategy = STRATEGIES[name]
+        if strategy.should_run(view):
+            need = strategy.compact(view)
+            if need is not None:
+                return need
+    return None
+
+
+def summary_range(
+    view: View,
+    strategy: str,
+    cuts: Sequence[bool],
+    *,
+    estimate: Callable[[int], int] | None = None,
+    capped: bool = True,
+) -> NeedsSummary | None:
+    """The oldest range to replace by one message: unsummarized blocks first, then (hierarchically) spans with
+    what lies between them. `estimate` is what the message will cost for what it reads (a summary by default);
+    `capped`: what it reads is limited by the summarizer's capacity."""
+    policy = view.policy
+    cost = estimate or policy.estimated_summary
+    cap = policy.max_summary_input if capped else None
+    segments = view.segments()
+    for segment in segments:
+        for run in _unsummarized_runs(segment):
+            chosen = _choose_range(run, view.needed, policy, cuts, view.neighbours, False, cost, cap)
+            if chosen is not None:
+                return _needs_summary(view, chosen, strategy)
+    for segment in segments:
+        chosen = _choose_range(segment, view.needed, policy, cuts, view.neighbours, True, cost, cap)
+        if chosen is not None:
+            return _needs_summary(view, chosen, strategy)
+    return None
+
+
+def _unsummarized_runs(segment: Sequence[Block]) -> list[list[Block]]:
+    runs: list[list[Block]] = [[]]
+    for block in segment:
+        if block.span is None:
+            runs[-1].append(block)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
+@dataclass(frozen=True)
+class _Range:
+    blocks: tuple[Block, ...]
+    input_tokens: int
+
+
+def _choose_range(
+    blocks: Sequence[Block],
+    needed: float,
+    policy: Policy,
+    cuts: Sequence[bool],
+    neighbours: Neighbours,
+    hierarchical: bool,
+    estimate: Callable[[int], int],
+    limit: int | None,
+) -> _Range | None:
+    """The oldest range of whole blocks whose replacement saves tokens, just long enough to save `needed`.
+
+    Savings grow with the range (a summary is at most `summary_max`), so the first start with any saving
+    is the oldest one; a hierarchical range must merge at least two blocks, one of them a span, so that
+    every round makes progress. Without a limit on what the range may read only the first start is tried.
+    The acknowledgements the new message would bring next to it count against its saving, so that one round
+    reaches the target whenever the estimate holds.
+    """
+    for first in range(len(blocks)):
+        if not cuts[blocks[first].start]:
+            continue
+        best: tuple[int, int] | None = None  # (last block, input tokens)
+        cost = 0
+        spans = 0
+        for last in range(first, len(blocks)):
+            block = blocks[last]
+            if limit is not None and last > first and cost + block.cost > limit:
+                break
+            cost += block.cost
+            spans += block.span is not None
+            if not cuts[block.end] or (hierarchical and (spans == 0 or last == first)):
+                continue
+            around = neighbours.user_before[blocks[first].start] + neighbours.user_after[block.end]
+            saving = cost - estimate(cost) - around * policy.acknowledgement_tokens
+            if saving <= 0:
+                continue
+            best = (last, cost)
+            if saving >= needed:
+                break
+        if best is not None:
+            return _Range(tuple(blocks[first : best[0] + 1]), best[1])
+        if limit is None:
+            return None
+    return None
+
+
+def _needs_summary(view: View, chosen: _Range, strategy: str) -> NeedsSummary:
+    start, end = chosen.blocks[0].start, chosen.blocks[-1].end
+    replaces = tuple(
+        sorted(span.id for span in view.spans if not span.is_mask and start <= span.start and span.end <= end)
+    )
+    parts = tuple(part for block in chosen.blocks for part in block.parts())
+    stubbed = frozenset(part for part in parts if isinstance(part, int) and part in view.stubbed)
+    target = view.policy.summary_target(chosen.input_tokens)
+    return NeedsSummary(
+        start=start, end=end, replaces=replaces, parts=parts, target=target, strategy=strategy, stubbed=stubbed
+    )
