@@ -21,8 +21,10 @@ from starlette.routing import Route
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
+from proxy.inspection import checked_ids
 from proxy.journal.reader import DEFAULT_PAGE
 from proxy.services import Services, open_services
+from proxy.wire.body import parse_json_object, parse_off_loop, read_body
 from proxy.wire.chat import ChatCompletions
 from proxy.wire.context_headers import whole_number
 from proxy.wire.messages import Messages
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
 MAX_PAGE = 500
+MAX_PINS_BODY_BYTES = 256 * 1024
+"""A pin request names at most `inspection.MAX_PIN_IDS` ids: far below this."""
 
 
 def create_app(config: Config) -> Starlette:
@@ -63,6 +67,9 @@ def create_app(config: Config) -> Starlette:
         Route("/sessions", _sessions, methods=["GET"]),
         Route("/sessions/{session_id}", _session, methods=["GET"]),
         Route("/sessions/{session_id}/summarize", _summarize, methods=["POST"]),
+        Route("/sessions/{session_id}/pins", _pins, methods=["GET", "POST", "DELETE"]),
+        Route("/sessions/{session_id}/pins/{message_id}", _pin, methods=["DELETE"]),
+        Route("/sessions/{session_id}/events", _events, methods=["GET"]),
         Route("/journal", _journal, methods=["GET"]),
         Route("/journal/{step_id}", _journal_step, methods=["GET"]),
     ]
@@ -172,6 +179,40 @@ async def _summarize(request: Request) -> Response:
     services = _services(request)
     caller = authenticate(request.headers, services.config.auth)
     return JSONResponse(await services.inspector.summarize(caller.tenant, request.path_params["session_id"]))
+
+
+async def _pins(request: Request) -> Response:
+    """`GET` the session's pins; `POST` / `DELETE` `{"message_ids": [...]}` to pin or unpin."""
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    session_id = request.path_params["session_id"]
+    if request.method == "GET":
+        return JSONResponse(await services.inspector.session_pins(caller.tenant, session_id))
+    raw = await read_body(
+        request.stream(),
+        request.headers.get("content-length"),
+        min(MAX_PINS_BODY_BYTES, services.config.request_limits.max_body_bytes),
+        services.config.server.body_timeout_s,
+    )
+    ids = checked_ids((await parse_off_loop(raw, parse_json_object)).get("message_ids"))
+    if request.method == "POST":
+        return JSONResponse(await services.inspector.pin(caller.tenant, session_id, ids))
+    return JSONResponse(await services.inspector.unpin(caller.tenant, session_id, ids))
+
+
+async def _pin(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    ids = [request.path_params["message_id"]]
+    return JSONResponse(await services.inspector.unpin(caller.tenant, request.path_params["session_id"], ids))
+
+
+async def _events(request: Request) -> Response:
+    services = _services(request)
+    caller = authenticate(request.headers, services.config.auth)
+    limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
+    session_id = request.path_params["session_id"]
+    return JSONResponse(await services.inspector.session_events(caller.tenant, session_id, limit, offset))
 
 
 async def _journal(request: Request) -> Response:

@@ -65,6 +65,8 @@ class ContextReport:
     history_tokens: int
     """The whole stored conversation, which the working context stands for."""
     summaries: int
+    recalled: int = 0
+    """Archived passages recalled into the working context."""
 
     def as_json(self) -> dict[str, int]:
         """What the journal keeps of it for the step (the session id is the step's own)."""
@@ -73,6 +75,7 @@ class ContextReport:
             "budget": self.budget,
             "history_tokens": self.history_tokens,
             "summaries": self.summaries,
+            "recalled": self.recalled,
         }
 
 

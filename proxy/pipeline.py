@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 from proxy.blocks import anthropic_request
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
+from proxy.compaction.strategies import STRATEGY_SETTING
+from proxy.compaction.stubs import is_marker
 from proxy.compaction.summary_text import acknowledgement_message, is_summary
 from proxy.config import Config, ModelEntry
 from proxy.conversation import (
@@ -89,6 +91,7 @@ class Plan:
             budget=self.budget,
             history_tokens=count_prompt(m.tokens for m in self.reconciled.path),
             summaries=self.prepared.summaries,
+            recalled=self.prepared.recalled,
         )
 
 
@@ -181,6 +184,7 @@ class Pipeline:
             reconciled = await self.history.store(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
             budget = self._budget(entry, conversation, reconciled.settings).input_budget
+            strategies = reconciled.settings.get(STRATEGY_SETTING)
             prepared = await self._prepare(
                 CompactionRequest(
                     tenant=tenant,
@@ -192,20 +196,25 @@ class Pipeline:
                     budget=budget,
                     preserve_recent=self.config.context.preserve_recent,
                     allowance=allowance,
+                    strategies=tuple(strategies) if isinstance(strategies, list) else None,
                 ),
                 options,
             )
         return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.wire)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
-        """Attach a changed X-Context-Budget where this request's conversation ends (only a change: a tool that
-        sends the header on every request writes nothing)."""
+        """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a
+        change: a tool that sends the headers on every request writes nothing)."""
+        changes: dict[str, Any] = {}
         in_force = reconciled.settings.get(SESSION_BUDGET_SETTING)
         if options.reset_budget and in_force is not None:
-            return await self.history.attach_settings(reconciled, {SESSION_BUDGET_SETTING: None})
-        if options.budget is not None and options.budget != in_force:
-            return await self.history.attach_settings(reconciled, {SESSION_BUDGET_SETTING: options.budget})
-        return reconciled
+            changes[SESSION_BUDGET_SETTING] = None
+        elif options.budget is not None and options.budget != in_force:
+            changes[SESSION_BUDGET_SETTING] = options.budget
+        strategies = None if options.strategies is None else list(options.strategies)
+        if strategies is not None and strategies != reconciled.settings.get(STRATEGY_SETTING):
+            changes[STRATEGY_SETTING] = strategies
+        return await self.history.attach_settings(reconciled, changes) if changes else reconciled
 
     def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
         budget = self.budgets.budget(entry, conversation.max_output, settings)
@@ -223,7 +232,9 @@ class Pipeline:
             return Prepared([dict(message) for message in request.messages], tokens, summaries=0, written=0)
         if options.preserve_recent is not None:
             request = replace(request, preserve_recent=options.preserve_recent)
-        return await self.compactor.prepare(request)
+        prepared = await self.compactor.prepare(request)
+        self.compactor.precompact(request, prepared)
+        return prepared
 
     async def _forward(
         self,
@@ -342,7 +353,7 @@ def responses_context(messages: list[Message]) -> list[Message]:
     for message in messages:
         if ITEMS in message:
             context.append(message)
-        elif is_summary(message):
+        elif is_summary(message) or is_marker(message):
             context.append({**message, "role": "developer"})
         elif message != acknowledgement_message():
             context.append(message)

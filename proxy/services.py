@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from proxy import environment
 from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import Compactor
+from proxy.compaction.events import CompactionEvents
+from proxy.compaction.recall import Recall
 from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import Summarizer
 from proxy.config import Config
 from proxy.history.answers import Answers
+from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.inspection import Inspector
 from proxy.journal.owners import Owners
@@ -47,6 +50,8 @@ class Services:
     pipeline: Pipeline
     inspector: Inspector
     upstream: LiteLLMUpstream
+    pins: Pins
+    events: CompactionEvents
 
 
 @asynccontextmanager
@@ -58,6 +63,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     maintenance: list[asyncio.Task[None]] = []
     owners: Owners | None = None
     upstream: LiteLLMUpstream | None = None
+    compactor: Compactor | None = None
     try:
         history = History(db)
         journal = Journal(db, Answers(history), config.journal)
@@ -71,17 +77,21 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
         summaries = Summaries(db)
+        pins = Pins(db)
+        events = CompactionEvents(db)
         summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context)
-        compactor = Compactor(config.context, summaries, summarizer)
+        compactor = Compactor(config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db))
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
-        inspector = Inspector(config, history, summaries, reader, compactor, budgets)
+        inspector = Inspector(config, history, summaries, reader, compactor, budgets, pins, events)
         if owners is not None:
             maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
-        yield Services(config, db, pipeline, inspector, upstream)
+        yield Services(config, db, pipeline, inspector, upstream, pins, events)
     finally:
         await _finish(background, maintenance)
+        if compactor is not None:
+            await compactor.close()
         if owners is not None:
             await _release(owners)
         if upstream is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -185,3 +187,59 @@ def test_python_m_proxy_help() -> None:
     assert "context-proxy" in result.stdout
     for command in ("serve", "sessions", "journal"):
         assert command in result.stdout
+
+
+def test_sessions_pin_unpin_pins_and_events(
+    serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proxy = serve_proxy()
+    messages = cast("list[ChatCompletionMessageParam]", MESSAGES)
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0) as client:
+        session_id = client.chat.completions.with_raw_response.create(model="fake", messages=messages).headers[
+            "x-session-id"
+        ]
+    config = str(write_config(tmp_path / "proxy.json", make_config(tmp_path, fake.url)))
+    assert main(["sessions", "show", session_id, "--config", config, "--json"]) == 0
+    ids = [m["id"] for m in json.loads(capsys.readouterr().out)["messages"]]
+    assert main(["sessions", "show", session_id, "--config", config]) == 0
+    assert ids[1][:12] in capsys.readouterr().out  # the text view shows the prefix `pin` takes
+
+    assert main(["sessions", "pin", session_id, ids[1][:12], ids[2], "--config", config, "--json"]) == 0
+    pinned = json.loads(capsys.readouterr().out)
+    assert [(p["message_id"], p["pinned_by"]) for p in pinned["pins"]] == [(ids[1], "api"), (ids[2], "api")]
+    assert main(["sessions", "pins", session_id, "--config", config]) == 0
+    listing = capsys.readouterr().out
+    assert f"session {session_id}  2 pinned" in listing
+    assert ids[1] in listing
+    assert ids[2] in listing
+    shown = httpx.get(f"{proxy.url}/sessions/{session_id}", timeout=10).json()  # the server sees the CLI's pins
+    assert [m["pinned"] for m in shown["messages"]] == [False, True, True]
+
+    assert main(["sessions", "unpin", session_id, ids[2], "--config", config, "--json"]) == 0
+    unpinned = json.loads(capsys.readouterr().out)
+    assert (unpinned["removed"], [p["message_id"] for p in unpinned["pins"]]) == (1, [ids[1]])
+
+    assert main(["sessions", "pin", session_id, "no-such-message", "--config", config]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err.count("\n")) == ("", 1)
+    assert "'no-such-message'" in err
+    assert "Traceback" not in err
+    assert main(["sessions", "pins", "no-such-session", "--config", config]) == 1
+    assert "no-such-session" in capsys.readouterr().err
+
+    with sqlite3.connect(proxy.config.store.path) as db:
+        db.execute(
+            "INSERT INTO compaction_events (tenant, session_id, event, strategy, range_start, range_end, "
+            "tokens_before, tokens_after, duration_ms, summary_id, generated_by, model, created_at) "
+            "VALUES ('open', ?, 'complete', 'llm', 1, 3, 900, 120, 812.0, 4, 'llm', 'fake', 1000.0)",
+            (session_id,),
+        )
+    assert main(["sessions", "events", session_id, "--config", config, "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [(e["event"], e["tokens_before"], e["tokens_after"]) for e in events["events"]] == [("complete", 900, 120)]
+    assert events["more"] is False
+    assert main(["sessions", "events", session_id, "--config", config]) == 0
+    text = capsys.readouterr().out
+    assert "complete" in text
+    assert "900 -> 120" in text
+    assert "[1, 3)" in text

@@ -320,7 +320,11 @@ class NarrowSummarizer(FakeSummarizer):
         return self.capacity
 
     async def summarize(
-        self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        target: int,
+        request_entry: ModelEntry,
+        instruction: str | None = None,
     ) -> WrittenSummary:
         if self.clock is not None:
             self.clock.now += self.seconds
@@ -347,7 +351,7 @@ async def test_a_summary_longer_than_what_it_replaces_is_not_used_the_fallback_i
     upstream.reply(completion(" ".join(m["content"] for m in messages[1:]) * 2))  # a summarizer that rambles
     compactor = Compactor(config, summaries, scripted_summarizer(upstream, config))
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         prepared = await compactor.prepare(request(path, total(path) - 50))
 
     assert len(upstream.calls) == 1
@@ -401,7 +405,7 @@ async def test_one_request_makes_at_most_max_summarizer_calls_then_uses_the_fall
     budget = total([path[0], *path[-4:]]) + 400
     compactor = Compactor(ContextConfig(max_summarizer_calls=2), summaries, narrow)
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         prepared = await compactor.prepare(request(path, budget))
 
     assert len(narrow.calls) == 2
@@ -458,7 +462,7 @@ async def test_a_summarizer_call_still_running_at_the_deadline_is_abandoned_for_
     compactor = Compactor(config, summaries, scripted_summarizer(upstream, config))
     started = time.monotonic()
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         prepared = await asyncio.wait_for(compactor.prepare(request(path, total(path) - 50)), 10)
 
     assert time.monotonic() - started < 5

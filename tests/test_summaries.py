@@ -75,7 +75,11 @@ class FakeSummarizer(Summarizer):
         return UNCAPPED_INPUT
 
     async def summarize(
-        self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        target: int,
+        request_entry: ModelEntry,
+        instruction: str | None = None,
     ) -> WrittenSummary:
         self.calls.append(Call([dict(m) for m in messages], target, request_entry))
         content = f"summary {len(self.calls)}: " + " ".join(["fact"] * self.words)
@@ -224,7 +228,7 @@ async def test_an_overflow_summarizes_the_oldest_turns_in_one_big_step(
     budget = total(path) - 50
     compactor = Compactor(ContextConfig(), summaries, fake, clock=Clock())
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         prepared = await compactor.prepare(request(path, budget))
 
     assert prepared.written == len(fake.calls) >= 1
@@ -244,7 +248,7 @@ async def test_an_overflow_summarizes_the_oldest_turns_in_one_big_step(
     assert stored[0].original_tokens == sum(m.tokens for m in path[1 : stored[0].end_depth + 1])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compaction ")]
     assert len(lines) == prepared.written
-    assert "session=s strategy=llm range=[1," in lines[0]
+    assert "session=s strategy=summarize generated_by=llm range=[1," in lines[0]
     assert "duration_ms=250 model=cheap" in lines[0]
 
 
@@ -294,7 +298,7 @@ async def test_summaries_are_merged_hierarchically_when_every_old_message_is_sum
     second = await add(summaries, path, 5, 9, content=" ".join(["old"] * 150), tokens=160)
     budget = total([path[0], *path[-4:]]) + 200
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         prepared = await compactor.prepare(request(path, budget))
 
     assert len(fake.calls) == 1
@@ -305,7 +309,7 @@ async def test_summaries_are_merged_hierarchically_when_every_old_message_is_sum
     [merged] = [s for s in in_use if s.orphaned_at is None]
     assert merged.replaces == (first.id, second.id)
     assert (merged.start_depth, merged.end_depth) == (1, 8)
-    assert "strategy=hierarchical-llm" in caplog.text
+    assert f"strategy=summarize generated_by=llm range=[1,9) replaces=[{first.id}, {second.id}]" in caplog.text
 
 
 async def test_a_fallback_summary_is_stored_and_logged_as_such(
@@ -314,12 +318,12 @@ async def test_a_fallback_summary_is_stored_and_logged_as_such(
     path = await stored_path(history, conversation(10))
     compactor = Compactor(ContextConfig(), summaries, FakeSummarizer(fallback=True))
 
-    with caplog.at_level(logging.INFO, logger="proxy.compaction.compactor"):
+    with caplog.at_level(logging.INFO, logger="proxy.compaction.spans"):
         await compactor.prepare(request(path, total(path) - 50))
 
     stored = await summaries.on_path(TENANT, path)
     assert {(s.generated_by, s.model) for s in stored} == {("fallback", FALLBACK_MODEL)}
-    assert "strategy=fallback" in caplog.text
+    assert "strategy=summarize generated_by=fallback" in caplog.text
 
 
 async def test_tool_calls_and_their_results_are_summarized_together(history: History, summaries: Summaries) -> None:

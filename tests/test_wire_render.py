@@ -128,6 +128,7 @@ def test_report_headers() -> None:
         "X-Context-Budget": "129000",
         "X-Context-History-Tokens": "48000",
         "X-Context-Summaries": "2",
+        "X-Context-Recalled": "0",
         "X-Context-Usage": "50k / 129k (39%) [2S]",
     }
 

@@ -3,8 +3,9 @@
 `serve` prepares the process environment before anything else runs, refuses to expose an unauthenticated proxy
 beyond loopback unless `--host` says so explicitly, and reports a bad config (or a store written by a newer
 version) as one line instead of a traceback. `sessions` and `journal` open the same parts the server runs
-(`proxy.services`, without recovery) on the same SQLite file (WAL lets them run beside it) and print the
-inspection views.
+(`proxy.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
+lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
+writer, checked as `POST /sessions/{id}/pins` checks them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ import uvicorn
 from proxy import environment
 from proxy.app import create_app
 from proxy.auth import OPEN_TENANT, tenant_of
-from proxy.cli.render import render_session, render_sessions, render_step, render_steps
+from proxy.cli.render import (
+    render_events,
+    render_pins,
+    render_session,
+    render_sessions,
+    render_step,
+    render_steps,
+)
 from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.inspection import Inspector
@@ -67,10 +75,25 @@ def _parser() -> argparse.ArgumentParser:
     listing = sessions_commands.add_parser("list", help="sessions, newest first")
     show = sessions_commands.add_parser("show", help="one session's history, summaries and usage")
     show.add_argument("session_id")
-    for command in (listing, show):
+    pins = sessions_commands.add_parser("pins", help="one session's pinned messages")
+    pins.add_argument("session_id")
+    pin = sessions_commands.add_parser("pin", help="pin messages: always sent verbatim, never summarized")
+    unpin = sessions_commands.add_parser("unpin", help="unpin messages")
+    for command in (pin, unpin):
+        command.add_argument("session_id")
+        command.add_argument("message_ids", nargs="+", metavar="MSG_ID")
+    events = sessions_commands.add_parser("events", help="one session's compaction events, oldest first")
+    events.add_argument("session_id")
+    for command in (listing, show, events):
         _store_options(command)
+    for command in (pins, pin, unpin):
+        _store_options(command, paged=False)
     listing.set_defaults(run=_inspection(_sessions_list, render_sessions))
     show.set_defaults(run=_inspection(_sessions_show, render_session))
+    pins.set_defaults(run=_inspection(_sessions_pins, render_pins))
+    pin.set_defaults(run=_inspection(_sessions_pin, render_pins))
+    unpin.set_defaults(run=_inspection(_sessions_unpin, render_pins))
+    events.set_defaults(run=_inspection(_sessions_events, render_events))
 
     journal = commands.add_parser("journal", help="list or show journaled responses")
     journal_commands = journal.add_subparsers(title="journal commands", required=True)
@@ -85,12 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _store_options(command: argparse.ArgumentParser) -> None:
+def _store_options(command: argparse.ArgumentParser, *, paged: bool = True) -> None:
     command.add_argument("--config", required=True, help="the config file the server runs with")
     command.add_argument("--key", help="proxy key whose data to read (when auth.keys is set)")
     command.add_argument("--json", action="store_true", help="machine-readable output")
-    command.add_argument("--limit", type=int, default=50)
-    command.add_argument("--offset", type=int, default=0)
+    if paged:
+        command.add_argument("--limit", type=int, default=50)
+        command.add_argument("--offset", type=int, default=0)
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
@@ -162,6 +186,36 @@ async def _sessions_list(inspector: Inspector, tenant: str, args: argparse.Names
 
 async def _sessions_show(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
     return await inspector.session(tenant, args.session_id)
+
+
+async def _sessions_pins(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.session_pins(tenant, args.session_id)
+
+
+async def _sessions_pin(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    ids = await _whole_ids(inspector, tenant, args.session_id, args.message_ids)
+    return await inspector.pin(tenant, args.session_id, ids)
+
+
+async def _sessions_unpin(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    ids = await _whole_ids(inspector, tenant, args.session_id, args.message_ids)
+    return await inspector.unpin(tenant, args.session_id, ids)
+
+
+async def _whole_ids(inspector: Inspector, tenant: str, session_id: str, given: Sequence[str]) -> list[str]:
+    """Each id as given, or the one id of the session's path (or pins) it is a prefix of, as `sessions show`
+    prints them; anything else is left for the inspector to refuse by name."""
+    path = await inspector.history.path(tenant, session_id) or []
+    known = [message.id for message in path] + sorted(await inspector.pins.on_session(tenant, session_id))
+    whole = []
+    for prefix in given:
+        matches = {message_id for message_id in known if message_id.startswith(prefix)}
+        whole.append(matches.pop() if prefix not in matches and len(matches) == 1 else prefix)
+    return whole
+
+
+async def _sessions_events(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.session_events(tenant, args.session_id, args.limit, args.offset)
 
 
 async def _journal_list(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:

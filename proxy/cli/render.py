@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 PREVIEW_CHARS = 60
+SHORT_ID_CHARS = 12
+"""A message id as `sessions show` prints it; `sessions pin|unpin` take such a prefix (`--json` has them whole)."""
 
 
 def render_sessions(data: dict[str, Any]) -> str:
@@ -35,7 +37,7 @@ def render_session(data: dict[str, Any]) -> str:
         f"({data['limits']['source']})",
         "",
     ]
-    rows = [("#", "ROLE", "TOKENS", "SUMMARY", "CONTENT")]
+    rows = [("#", "ID", "ROLE", "TOKENS", "SUMMARY", "PINNED", "CONTENT")]
     for index, message in enumerate(data["messages"]):
         content = message["content"] if isinstance(message["content"], str) else str(message["content"] or "")
         if "tool_calls" in message:
@@ -43,9 +45,11 @@ def render_session(data: dict[str, Any]) -> str:
         rows.append(
             (
                 str(index),
+                message["id"][:SHORT_ID_CHARS],
                 message["role"],
                 str(message["tokens"]),
                 str(message["summary_id"] or ""),
+                "pinned" if message.get("pinned") else "",
                 _preview(content),
             )
         )
@@ -71,6 +75,37 @@ def render_session(data: dict[str, Any]) -> str:
             ),
         ]
     return "\n".join(lines)
+
+
+def render_pins(data: dict[str, Any]) -> str:
+    rows = [("#", "MESSAGE", "ROLE", "TOKENS", "PINNED BY")]
+    rows += [(str(p["position"]), p["message_id"], p["role"], str(p["tokens"]), p["pinned_by"]) for p in data["pins"]]
+    lines = [f"session {data['session_id']}  {len(data['pins'])} pinned"]
+    if "removed" in data:
+        lines[0] += f"  ({data['removed']} unpinned)"
+    return "\n".join([*lines, "", _table(rows)] if data["pins"] else lines)
+
+
+def render_events(data: dict[str, Any]) -> str:
+    rows = [("ID", "EVENT", "STRATEGY", "RANGE", "TOKENS", "MS", "SUMMARY", "BY", "MODEL", "WHEN", "DETAIL")]
+    rows += [
+        (
+            str(e["id"]),
+            e["event"],
+            e["strategy"] + (" (background)" if e["background"] else ""),
+            "" if e["range_start"] is None else f"[{e['range_start']}, {e['range_end']})",
+            "" if e["tokens_before"] is None else f"{e['tokens_before']} -> {_blank(e['tokens_after'])}",
+            "" if e["duration_ms"] is None else f"{e['duration_ms']:.0f}",
+            _blank(e["summary_id"]),
+            _blank(e["generated_by"]),
+            _blank(e["model"]),
+            _time(e["created_at"]),
+            _preview(e["detail"] or ""),
+        )
+        for e in data["events"]
+    ]
+    more = "\n(more: use --offset)" if data["more"] else ""
+    return f"session {data['session_id']}\n\n" + _table(rows) + more
 
 
 def render_steps(data: dict[str, Any]) -> str:
@@ -109,6 +144,10 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
     )
+
+
+def _blank(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 def _preview(text: str) -> str:

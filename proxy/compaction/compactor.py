@@ -1,14 +1,17 @@
-"""The compaction stage: the working context one request sends upstream, summarizing first when it must.
+"""The compaction stage: the working context one request sends upstream, compacting first when it must.
 
-It runs the pure builder in a loop: the builder either accepts a working context, names one range to
-summarize (which is written, stored and fed back in), or says the recent messages alone cannot fit. Because
-the builder compacts in big steps (down to `compact_to` of the budget) and existing summaries are reused,
-the requests between two compactions send prompts that extend each other (docs/architecture.md, invariant 6).
+It runs the pure builder in a loop: the builder either accepts a working context, names one span to write
+(a strategy's: a tool-results mask, a summary, an episode, a sliding-window marker — written by `spans`, stored
+and fed back in), or says the kept and recent messages alone cannot fit. Because the builder compacts in big
+steps (down to `compact_to` of the budget) and existing spans are reused, the requests between two compactions
+send prompts that extend each other (docs/architecture.md, invariant 6).
 
-A weak or slow summarizer must not make a request worse: the summarizer model is called at most
-`max_summarizer_calls` times and waited for at most `summarizer_deadline_s` per request (an `Allowance`), and a
-summary that does not shrink what it stands for is not used. In each case the extractive fallback is written
-instead, at once and cut until it shrinks its range; it stays marked `fallback`.
+Off the critical path: when a request leaves its session past `context.precompact_ratio` of the budget, the
+spans the next crossing will need are written in the background (one task per session, `precompact_concurrency`
+at once). The crossing request waits for that task, never for a second summarizer call of its own.
+
+After the context is laid out, archived originals the latest user message refers to are recalled into it
+(`recall`), within `context.recall_tokens` and what the budget leaves.
 """
 
 from __future__ import annotations
@@ -17,30 +20,39 @@ import asyncio
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from proxy.compaction.builder import Item, NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
+from proxy.compaction.events import CompactionEvents
+from proxy.compaction.layout import MIN_COMPACT_TO, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
+from proxy.compaction.stubs import marker_message, stubbed_message, tool_stubs
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
-from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
-from proxy.compaction.summary_text import acknowledgement_message, fallback_summary, summary_message
-from proxy.config import ContextConfig, ModelEntry
+from proxy.compaction.summarizer import Summarizer
+from proxy.compaction.summary_text import acknowledgement_message, summary_message
+from proxy.config import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
+from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
-from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt, rough_size
+from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt, rough_size
 from proxy.types import Clock, Message
 
-log = logging.getLogger(__name__)
+__all__ = ["Allowance", "CompactionRequest", "Compactor", "Prepared", "builder_item"]
 
-SummaryKey = tuple[str, int, str, tuple[int, ...], str]
-"""(tenant, start depth, end message id, summaries replaced, encoding): one summary being written."""
+log = logging.getLogger(__name__)
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
 MAX_ROUNDS = 32
-"""Summaries one request may write; each round shrinks the context, so this is never reached in practice."""
+"""Spans one request may write; each round shrinks the context, so this is never reached in practice."""
+STUB_CACHE_ENTRIES = 20_000
+"""Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
+NAMED_PINS = 10
+"""Pinned message ids an error names before it says how many more there are."""
 
 
 @dataclass(frozen=True)
@@ -50,54 +62,19 @@ class Prepared:
     messages: list[Message]
     tokens: int
     summaries: int
-    """Summaries in the working context."""
+    """Summaries (and markers) in the working context."""
     written: int
-    """Summaries written by this request."""
+    """Spans written by this request."""
+    recalled: int = 0
+    """Archived passages recalled into the working context."""
 
 
 @dataclass(frozen=True)
-class CompactionRequest:
-    """What the compactor needs to know about one request."""
+class _State:
+    """What one request's builds read: its items (pins and stub costs known) and the stubs' texts."""
 
-    tenant: str
-    session_id: str
-    messages: Sequence[Mapping[str, Any]]
-    """The client's messages, sent verbatim wherever the working context keeps an original."""
-    path: Sequence[StoredMessage]
-    """The same messages as stored: path[i] is messages[i], with its token count."""
-    entry: ModelEntry
-    encoding: str
-    budget: int
-    preserve_recent: int
-    allowance: Allowance | None = None
-    """The summarizer work this request may still wait for, shared by its compactions (a healed call compacts
-    again); None gives this compaction a fresh `Compactor.allowance()`."""
-
-
-class Allowance:
-    """The summarizer work one request may still wait for: a number of calls and a span of wall time, counted
-    from its first summary."""
-
-    def __init__(self, calls: int, seconds: float) -> None:
-        self.calls = calls
-        self.seconds = seconds
-        self.made = 0
-        self.started: float | None = None
-        self.reported = False
-        """Whether running out was logged (once per request)."""
-
-    def next_call(self, now: float) -> float | None:
-        """The seconds the next summarizer call may take, counted as made; None when the allowance is used up."""
-        if self.started is None:
-            self.started = now
-        left = self.started + self.seconds - now
-        if self.made >= self.calls or left <= 0:
-            return None
-        self.made += 1
-        return left
-
-    def elapsed(self, now: float) -> float:
-        return 0.0 if self.started is None else now - self.started
+    items: list[Item]
+    stubs: Mapping[int, str]
 
 
 class Compactor:
@@ -107,16 +84,31 @@ class Compactor:
         summaries: Summaries,
         summarizer: Summarizer,
         clock: Clock = time.monotonic,
+        *,
+        events: CompactionEvents | None = None,
+        pins: Pins | None = None,
+        recall: Recall | None = None,
     ) -> None:
         self._config = config
         self._summaries = summaries
         self._summarizer = summarizer
         self._clock = clock
-        self._running: dict[SummaryKey, asyncio.Future[StoredSummary]] = {}
-        """Summaries being written now, by range: what a second request needing one waits for."""
+        self._pins = pins
+        self._recall = recall
+        self._writer = SpanWriter(config, summaries, summarizer, events, clock)
+        self._stubs: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+        """(message id, encoding) → the tool output's stub and what its message costs."""
+        self._background: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Pre-compactions running, by (tenant, session)."""
+        self._slots = asyncio.Semaphore(config.precompact_concurrency)
 
     def policy(
-        self, budget: int, preserve_recent: int, summarizer_input: int | None = None, encoding: str = DEFAULT_ENCODING
+        self,
+        budget: int,
+        preserve_recent: int,
+        summarizer_input: int | None = None,
+        encoding: str = DEFAULT_ENCODING,
+        strategies: tuple[str, ...] | None = None,
     ) -> Policy:
         """The builder's policy; `summarizer_input` caps what one summarization may read (None: no cap)."""
         return Policy(
@@ -127,6 +119,8 @@ class Compactor:
             target_ratio=self._config.target_ratio,
             max_summary_input=summarizer_input,
             acknowledgement_tokens=count_message(acknowledgement_message(), encoding),
+            strategies=strategies or self._config.strategies,
+            keep_turns=self._config.tool_results_keep_turns,
         )
 
     def allowance(self) -> Allowance:
@@ -139,17 +133,19 @@ class Compactor:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
             return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
-        items = [builder_item(stored) for stored in request.path]
+        allowance = request.allowance or self.allowance()
+        await self._settled(request, allowance)
+        state = await self._state(request)
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
         policy = self._request_policy(request)
-        allowance = request.allowance or self.allowance()
         for written in range(MAX_ROUNDS):
-            result = build(items, [s.span() for s in stored.values()], policy, compacting=written > 0)
+            result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
             if isinstance(result, WorkingContext):
-                return self._render(request, result, stored, written)
+                return await self._recalled(request, result, self._render(request, result, stored, state, written))
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
-            summary = await self._summarize(request, result, stored, allowance)
+            render = functools.partial(self._read, request, state)
+            summary = await self._writer.write(request, result, stored, allowance, render)
             stored = {key: value for key, value in stored.items() if key not in result.replaces}
             stored[summary.id] = summary
         raise ContextTooLarge(
@@ -163,159 +159,160 @@ class Compactor:
         The builder is asked as if any context were too large, so it names the oldest unsummarized range older
         than the recent messages (or, once all of that is summarized, the oldest summaries to merge).
         """
-        items = [builder_item(stored) for stored in request.path]
+        state = await self._state(request)
         stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
-        policy = replace(self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO)
-        result = build(items, [s.span() for s in stored.values()], policy, compacting=True)
+        policy = replace(
+            self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO, strategies=(SUMMARIZE,)
+        )
+        result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True)
         if not isinstance(result, NeedsSummary):
             return None
-        return await self._summarize(request, result, stored, request.allowance or self.allowance())
+        render = functools.partial(self._read, request, state)
+        return await self._writer.write(request, result, stored, request.allowance or self.allowance(), render)
+
+    def precompact(self, request: CompactionRequest, prepared: Prepared) -> None:
+        """Start writing, in the background, the spans the session's next crossing of the budget will need, when
+        this request leaves it past `context.precompact_ratio` (at most one task per session)."""
+        ratio = self._config.precompact_ratio
+        key = (request.tenant, request.session_id)
+        if ratio is None or prepared.tokens <= ratio * request.budget or key in self._background:
+            return
+        task = asyncio.create_task(self._precompact(request, prepared.tokens, ratio))
+        self._background[key] = task
+        task.add_done_callback(functools.partial(self._precompacted, key))
+
+    async def close(self) -> None:
+        """Stop the pre-compactions still running (shutdown): what they wrote is kept, the rest is redone later."""
+        tasks = list(self._background.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _precompacted(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._background.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("pre-compaction of session %s failed: %s", key[1], task.exception())
+
+    async def _precompact(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
+        """Compact as the crossing will, ahead of it: to `compact_to` less the room still left before the
+        trigger (the turns until the crossing fill it), or to `compact_to` itself once spans are in use (the
+        next request uses what is written at once). A summarizer allowance of its own; when it is used up the
+        task stops, and the crossing request writes what is missing."""
+        async with self._slots:
+            state = await self._state(request)
+            stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+            trigger = self._config.trigger_ratio
+            compacted = count_prompt(m.tokens for m in request.path) > trigger * request.budget
+            headroom = 0.0 if compacted else max(0.0, trigger - tokens / request.budget)
+            policy = replace(
+                self._request_policy(request),
+                trigger_ratio=min(trigger, ratio),
+                compact_to=max(MIN_COMPACT_TO, self._config.compact_to - headroom),
+            )
+            allowance = self.allowance()
+            render = functools.partial(self._read, request, state)
+            for _ in range(MAX_ROUNDS):
+                spans = [s.span() for s in stored.values()]
+                result = build(state.items, spans, policy, compacting=True)
+                if not isinstance(result, NeedsSummary):
+                    return
+                if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
+                    return
+                summary = await self._writer.write(request, result, stored, allowance, render, background=True)
+                stored = {key: value for key, value in stored.items() if key not in result.replaces}
+                stored[summary.id] = summary
+
+    async def _settled(self, request: CompactionRequest, allowance: Allowance) -> None:
+        """Wait for the session's pre-compaction, within the request's summarizer allowance: the spans it writes
+        are the ones this request would otherwise pay for. If it is still running at the deadline, this request
+        writes what it lacks without the summarizer (extractive), never a second call for the same work."""
+        task = self._background.get((request.tenant, request.session_id))
+        if task is None:
+            return
+        left = allowance.left(self._clock())
+        try:
+            async with asyncio.timeout(max(0.0, left)):
+                await asyncio.shield(task)
+        except TimeoutError:
+            allowance.exhaust()
+            log.warning(
+                "compaction session=%s: the session's pre-compaction is still running after %.1f s; this request's "
+                "summaries are extractive",
+                request.session_id,
+                left,
+            )
+        except Exception:  # logged by `_precompacted`; the request compacts on its own
+            pass
 
     def _request_policy(self, request: CompactionRequest) -> Policy:
         capacity = self._summarizer.input_capacity(request.entry)
-        return self.policy(request.budget, request.preserve_recent, capacity, request.encoding)
+        return self.policy(request.budget, request.preserve_recent, capacity, request.encoding, request.strategies)
 
-    async def _summarize(
-        self,
-        request: CompactionRequest,
-        need: NeedsSummary,
-        stored: Mapping[int, StoredSummary],
-        allowance: Allowance,
-    ) -> StoredSummary:
-        """The summary `need` names, written once however many requests need it at the same moment.
-
-        Two sessions can be one chain (the same conversation sent under two ids, or two clients in step): their
-        session locks do not order them, so the second waits for the first one's summary instead of paying the
-        summarizer for the same range. The work is shielded: a request that goes away does not waste it for
-        the others.
-        """
-        key = (
-            request.tenant,
-            request.path[need.start].depth,
-            request.path[need.end - 1].id,
-            need.replaces,
-            request.encoding,
-        )
-        running = self._running.get(key)
-        if running is None:
-            running = asyncio.ensure_future(self._summarize_once(request, need, stored, allowance))
-            self._running[key] = running
-            running.add_done_callback(functools.partial(self._finished, key))
-        return await asyncio.shield(running)
-
-    def _finished(self, key: SummaryKey, task: asyncio.Future[StoredSummary]) -> None:
-        del self._running[key]
-        if not task.cancelled():
-            task.exception()  # retrieved here: every waiter may have gone away
-
-    async def _summarize_once(
-        self,
-        request: CompactionRequest,
-        need: NeedsSummary,
-        stored: Mapping[int, StoredSummary],
-        allowance: Allowance,
-    ) -> StoredSummary:
-        written_since = [
-            summary
-            for summary in await self._summaries.on_path(request.tenant, request.path)
-            if summary.orphaned_at is None
-            and summary.id not in stored
-            and (summary.start_depth, summary.end_id) == (request.path[need.start].depth, request.path[need.end - 1].id)
+    async def _state(self, request: CompactionRequest) -> _State:
+        pinned = await self._pinned(request)
+        strategies = request.strategies or self._config.strategies
+        stubs = await self._stub_costs(request) if TOOL_RESULTS in strategies else {}
+        items = [
+            builder_item(
+                stored, pinned=position in pinned, stub_tokens=stubs[position][1] if position in stubs else None
+            )
+            for position, stored in enumerate(request.path)
         ]
-        if written_since:  # another request wrote it after this one read the summaries
-            return written_since[-1]
-        started = self._clock()
-        rendered = [
-            summary_message(stored[part.id].content) if isinstance(part, Span) else dict(request.path[part].message)
+        return _State(items, {position: stub for position, (stub, _) in stubs.items()})
+
+    async def _pinned(self, request: CompactionRequest) -> frozenset[int]:
+        """Positions the session pinned by the API, or whose text matches `context.pin_patterns`."""
+        ids = await self._pins.on_session(request.tenant, request.session_id) if self._pins is not None else frozenset()
+        by_api = {position for position, stored in enumerate(request.path) if stored.id in ids}
+        patterns = self._config.pin_patterns
+        if not patterns:
+            return frozenset(by_api)
+        size = sum(map(rough_size, request.messages))
+        return frozenset(by_api | await compute(size, pattern_pinned, patterns, request.messages))
+
+    async def _stub_costs(self, request: CompactionRequest) -> dict[int, tuple[str, int]]:
+        """Position → (stub, what its message costs) for every tool output of the path; each computed once."""
+        found: dict[int, tuple[str, int]] = {}
+        missing: set[int] = set()
+        for position, stored in enumerate(request.path):
+            if stored.role == "tool":
+                cached = self._stubs.get((stored.id, request.encoding))
+                if cached is None:
+                    missing.add(position)
+                else:
+                    self._stubs.move_to_end((stored.id, request.encoding))
+                    found[position] = cached
+        if missing:
+            size = sum(rough_size(request.path[p].message) for p in missing)
+            fresh = await compute(size, _stubs_with_costs, request.path, missing, request.encoding)
+            for position, stub in fresh.items():
+                found[position] = stub
+                self._stubs[(request.path[position].id, request.encoding)] = stub
+            while len(self._stubs) > STUB_CACHE_ENTRIES:
+                self._stubs.popitem(last=False)
+        return found
+
+    @staticmethod
+    def _read(
+        request: CompactionRequest, state: _State, need: NeedsSummary, stored: Mapping[int, StoredSummary]
+    ) -> list[Message]:
+        """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
+        return [
+            _span_message(stored[part.id])
+            if isinstance(part, Span)
+            else stubbed_message(request.path[part].message, state.stubs[part])
+            if part in need.stubbed
+            else dict(request.path[part].message)
             for part in need.parts
         ]
-        original = sum(message.tokens for message in request.path[need.start : need.end])
-        replaced = sum(part.tokens if isinstance(part, Span) else request.path[part].tokens for part in need.parts)
-        written = await self._write(request, need, rendered, replaced, allowance, started)
-        tokens = count_message(summary_message(written.content), request.encoding)
-        summary = await self._summaries.add(
-            request.tenant,
-            start_depth=request.path[need.start].depth,
-            end=request.path[need.end - 1],
-            content=written.content,
-            tokens=tokens,
-            original_tokens=original,
-            model=written.model,
-            generated_by=written.generated_by,
-            replaces=need.replaces,
-        )
-        log.info(
-            "compaction session=%s strategy=%s range=[%d,%d) replaces=%s tokens=%d->%d duration_ms=%.0f model=%s",
-            request.session_id,
-            ("hierarchical-" if need.replaces else "") + written.generated_by,
-            need.start,
-            need.end,
-            list(need.replaces),
-            original,
-            tokens,
-            (self._clock() - started) * 1000,
-            written.model,
-        )
-        return summary
-
-    async def _write(
-        self,
-        request: CompactionRequest,
-        need: NeedsSummary,
-        rendered: Sequence[Mapping[str, Any]],
-        replaced: int,
-        allowance: Allowance,
-        now: float,
-    ) -> WrittenSummary:
-        """The summary of `rendered`: by the summarizer model while the request's allowance lasts, provided that it
-        costs fewer than the `replaced` tokens it stands for; else the extractive fallback, cut until it does."""
-        wait = allowance.next_call(now)
-        if wait is None:
-            if not allowance.reported:
-                allowance.reported = True
-                log.warning(
-                    "compaction session=%s: this request's summarizer allowance is used up after %d summarizer "
-                    "calls and %.1f s (context.max_summarizer_calls=%d, summarizer_deadline_s=%.1f); its remaining "
-                    "summaries are extractive",
-                    request.session_id,
-                    allowance.made,
-                    allowance.elapsed(now),
-                    allowance.calls,
-                    allowance.seconds,
-                )
-        else:
-            try:
-                async with asyncio.timeout(wait):
-                    written = await self._summarizer.summarize(rendered, need.target, request.entry)
-            except TimeoutError:
-                log.warning(
-                    "compaction session=%s: summarizer %s did not answer within the %.1f s left to this request; "
-                    "using the extractive fallback",
-                    request.session_id,
-                    self._summarizer.entry_for(request.entry).name,
-                    wait,
-                )
-            else:
-                tokens = count_message(summary_message(written.content), request.encoding)
-                if tokens < replaced:
-                    return written
-                log.warning(
-                    "compaction session=%s: the summary of [%d,%d) by %s has %d tokens and does not shrink the %d it "
-                    "replaces; using the extractive fallback",
-                    request.session_id,
-                    need.start,
-                    need.end,
-                    written.model,
-                    tokens,
-                    replaced,
-                )
-        size = sum(map(rough_size, rendered))
-        content = await compute(size, fallback_summary, rendered, need.target, replaced, request.encoding)
-        return WrittenSummary(content, "fallback", FALLBACK_MODEL)
 
     @staticmethod
     def _render(
-        request: CompactionRequest, context: WorkingContext, stored: Mapping[int, StoredSummary], written: int
+        request: CompactionRequest,
+        context: WorkingContext,
+        stored: Mapping[int, StoredSummary],
+        state: _State,
+        written: int,
     ) -> Prepared:
         messages: list[Message] = []
         summaries = 0
@@ -323,14 +320,48 @@ class Compactor:
             if index in context.acknowledgements:
                 messages.append(acknowledgement_message())
             if isinstance(part, Span):
-                messages.append(summary_message(stored[part.id].content))
+                messages.append(_span_message(stored[part.id]))
                 summaries += 1
+            elif part in context.stubbed:
+                messages.append(stubbed_message(request.messages[part], state.stubs[part]))
             else:
                 messages.append(dict(request.messages[part]))
         return Prepared(messages, context.tokens, summaries, written)
 
+    async def _recalled(self, request: CompactionRequest, context: WorkingContext, prepared: Prepared) -> Prepared:
+        """The working context with the archived passages the latest user message refers to, placed just before
+        that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
+        the budget leaves. Nothing is recalled while every original is sent."""
+        if self._recall is None or self._config.recall_tokens <= 0 or (not prepared.summaries and not context.stubbed):
+            return prepared
+        latest = next((p for p in range(len(request.path) - 1, -1, -1) if request.path[p].role == "user"), None)
+        shown = {part for part in context.parts if isinstance(part, int) and part not in context.stubbed}
+        if latest is None or latest not in shown:
+            return prepared
+        hidden = [position for position in range(len(request.path)) if position not in shown]
+        acknowledgement = count_message(acknowledgement_message(), request.encoding)
+        room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
+        visible = "\n".join(content_text(message.get("content")) for message in prepared.messages)
+        query = content_text(request.path[latest].message.get("content"))
+        passages = await self._recall.passages(
+            request.tenant, request.path, hidden, visible, query, room, request.encoding
+        )
+        if not passages:
+            return prepared
+        at = _message_index(context, latest)
+        recalled = recall_message(passages)
+        before = prepared.messages[:at]
+        previous = next((m for m in reversed(before) if m.get("role") not in ("system", "developer")), None)
+        inserted = [recalled, acknowledgement_message()]
+        if previous is not None and previous.get("role") == "user":
+            inserted.insert(0, acknowledgement_message())
+        tokens = prepared.tokens + count_message(recalled, request.encoding) + (len(inserted) - 1) * acknowledgement
+        return replace(
+            prepared, messages=[*before, *inserted, *prepared.messages[at:]], tokens=tokens, recalled=len(passages)
+        )
 
-def builder_item(stored: StoredMessage) -> Item:
+
+def builder_item(stored: StoredMessage, *, pinned: bool = False, stub_tokens: int | None = None) -> Item:
     message = stored.message
     calls = message.get("tool_calls") or ()
     call_ids = tuple(str(call.get("id")) for call in calls if isinstance(call, Mapping) and call.get("id"))
@@ -340,10 +371,41 @@ def builder_item(stored: StoredMessage) -> Item:
         tokens=stored.tokens,
         tool_call_ids=call_ids,
         tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,
+        pinned=pinned,
+        stub_tokens=stub_tokens,
     )
 
 
+def _span_message(summary: StoredSummary) -> Message:
+    return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
+
+
+def _stubs_with_costs(path: Sequence[StoredMessage], wanted: set[int], encoding: str) -> dict[int, tuple[str, int]]:
+    messages = [stored.message for stored in path]
+    return {
+        position: (stub, count_message(stubbed_message(messages[position], stub), encoding))
+        for position, stub in tool_stubs(messages, wanted)
+    }
+
+
+def _message_index(context: WorkingContext, position: int) -> int:
+    """Where item `position` is in the rendered messages (acknowledgements included)."""
+    index = context.parts.index(position)
+    return index + sum(1 for acknowledged in context.acknowledgements if acknowledged <= index)
+
+
 def _too_large(result: RecentTooLarge, request: CompactionRequest) -> ContextTooLarge:
+    if result.pinned:
+        ids = [request.path[position].id for position in result.pinned]
+        named = ", ".join(ids[:NAMED_PINS]) + (f" and {len(ids) - NAMED_PINS} more" if len(ids) > NAMED_PINS else "")
+        return ContextTooLarge(
+            f"The session's pinned messages ({named}: {result.pinned_tokens} tokens), the system messages and the "
+            f"{request.preserve_recent} most recent messages need {result.needed} tokens, but the input budget for "
+            f"model '{request.entry.name}' is {result.budget} tokens. Unpin some (DELETE /sessions/"
+            f"{request.session_id}/pins) or use a model with a larger context window.",
+            param="messages",
+            code="pins_too_large",
+        )
     return ContextTooLarge(
         f"The system messages and the {request.preserve_recent} most recent messages need {result.needed} tokens, "
         f"but the input budget for model '{request.entry.name}' is {result.budget} tokens. Shorten the latest "

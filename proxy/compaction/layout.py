@@ -29,6 +29,8 @@ DEFAULT_ACKNOWLEDGEMENT_TOKENS = 7
 DEFAULT_MARKER_TOKENS = 40
 """What a sliding-window marker costs as sent, at most: one line naming how many messages and which turns."""
 DEFAULT_KEEP_TURNS = 2
+MIN_COMPACT_TO = 0.05
+"""The lowest target a compaction aims at (`context.compact_to`'s own lower bound)."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ from proxy.compaction.layout import (
     View,
 )
 
+STRATEGY_SETTING = "strategies"
+"""The session setting X-Context-Strategy attaches (`context_settings`), like X-Context-Budget."""
+
 
 class Strategy(Protocol):
     @property
@@ -65,7 +68,7 @@ class ToolResults:
     def _boundary(view: View) -> int:
         """The first position of the last `keep_turns` model turns (each assistant message starts one), or of
         the recent block if that comes first."""
-        turns = [p for p, item in enumerate(view.items[: view.recent]) if item.role == "assistant"]
+        turns = [p for p, item in enumerate(view.items) if item.role == "assistant"]
         keep = view.policy.keep_turns
         return min(view.recent, turns[-keep]) if len(turns) >= keep else 0
 

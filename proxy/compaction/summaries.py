@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.compaction.builder import Span
+from proxy.compaction.layout import SUMMARIZE, TOOL_RESULTS, Span
 from proxy.history.messages import StoredMessage
 from proxy.store.database import Database
 from proxy.types import Clock
 
 _SELECT = (
     "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "
-    "replaces, orphaned_at, created_at FROM summaries"
+    "replaces, orphaned_at, created_at, strategy FROM summaries"
 )
 
 
@@ -43,9 +43,13 @@ class StoredSummary:
     replaces: tuple[int, ...]
     orphaned_at: float | None
     created_at: float
+    strategy: str = SUMMARIZE
+    """The compaction strategy that wrote it (`proxy.compaction.strategies`): a `tool-results` row is a mask."""
 
     def span(self) -> Span:
-        return Span(id=self.id, start=self.start_depth, end=self.end_depth + 1, tokens=self.tokens)
+        return Span(
+            id=self.id, start=self.start_depth, end=self.end_depth + 1, tokens=self.tokens, strategy=self.strategy
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +60,7 @@ class StoredSummary:
             "ratio": round(self.tokens / self.original_tokens, 3) if self.original_tokens else None,
             "model": self.model,
             "generated_by": self.generated_by,
+            "strategy": self.strategy,
             "replaces": list(self.replaces),
             "orphaned": self.orphaned_at is not None,
             "created_at": self.created_at,
@@ -96,6 +101,7 @@ class Summaries:
         model: str,
         generated_by: str,
         replaces: Sequence[int] = (),
+        strategy: str = SUMMARIZE,
     ) -> StoredSummary:
         summary = StoredSummary(
             id=0,  # known once inserted
@@ -110,12 +116,13 @@ class Summaries:
             replaces=tuple(replaces),
             orphaned_at=None,
             created_at=self._clock(),
+            strategy=strategy,
         )
 
         def write(connection: sqlite3.Connection) -> int:
             cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
-                "model, generated_by, replaces, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "model, generated_by, replaces, created_at, strategy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (tenant, *_columns(summary)),
             )
             new_id = cursor.lastrowid
@@ -145,14 +152,16 @@ def _columns(summary: StoredSummary) -> tuple[Any, ...]:
         summary.generated_by,
         json.dumps(list(summary.replaces)),
         summary.created_at,
+        summary.strategy,
     )
 
 
 def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:
-    """One summary per range (the newest: an LLM rewrite of a fallback wins), for the builder to choose from."""
-    newest: dict[tuple[int, str], StoredSummary] = {}
+    """One summary per range (the newest: an LLM rewrite of a fallback wins), and one mask per range, for the
+    builder to choose from."""
+    newest: dict[tuple[int, str, bool], StoredSummary] = {}
     for summary in summaries:
-        key = (summary.start_depth, summary.end_id)
+        key = (summary.start_depth, summary.end_id, summary.strategy == TOOL_RESULTS)
         if key not in newest or summary.id > newest[key].id:
             newest[key] = summary
     return sorted(newest.values(), key=lambda s: (s.start_depth, s.end_depth))
@@ -172,4 +181,5 @@ def _summary(row: sqlite3.Row) -> StoredSummary:
         replaces=tuple(json.loads(row["replaces"])),
         orphaned_at=row["orphaned_at"],
         created_at=row["created_at"],
+        strategy=row["strategy"],
     )

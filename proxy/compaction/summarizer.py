@@ -30,6 +30,15 @@ OUTPUT_ALLOWANCE = 2
 MIN_OUTPUT_TOKENS = 256
 PROMPT_OVERHEAD = 256
 """Tokens of the summarizer's instruction and transcript labels, beyond the messages it reads."""
+EPISODE_INSTRUCTION = """\
+You summarize completed earlier episodes of a conversation between a user and an AI assistant (with tool \
+calls) so that the assistant can continue from the summary alone. An episode is one user goal and everything \
+done for it until the next user message.
+For each episode, in order, in at most about {target} tokens in all: the goal; what was done (files, commands, \
+identifiers, exact values); the outcome and any decision with its reason; what was left open. Keep every \
+key=value fact, path, number and error message exactly. Earlier summaries in the transcript are episodes \
+already summarized: merge them in order. No preamble, do not address the user, do not invent anything."""
+"""The `goal-batch` strategy's instruction: ranges of whole user turns, each summarized as one episode."""
 
 
 @dataclass(frozen=True)
@@ -68,13 +77,20 @@ class Summarizer:
         return max(1, min(math.floor(room / per_token_read), room - MIN_OUTPUT_TOKENS))
 
     async def summarize(
-        self, messages: Sequence[Mapping[str, Any]], target: int, request_entry: ModelEntry
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        target: int,
+        request_entry: ModelEntry,
+        instruction: str | None = None,
     ) -> WrittenSummary:
+        """`instruction` (with a `{target}` field) replaces the default one: a strategy's own way to summarize."""
         entry = self.entry_for(request_entry)
         max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._budgets.limits(entry).max_output)
         params = {"max_tokens": max_tokens, "temperature": 0}
         size = sum(map(rough_size, messages))  # the prompt and the fallback count and cut every line of the range
         prompt = await compute(size, summarizer_messages, messages, target)
+        if instruction is not None:
+            prompt[0] = {"role": "system", "content": instruction.format(target=target)}
         try:
             response = await self._upstream.complete(entry, prompt, params)
             content = _answer_text(response)

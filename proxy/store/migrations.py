@@ -15,6 +15,7 @@ can open the file with `sqlite3` and read their conversations:
 - `summaries.strategy`: which compaction strategy wrote a span, see `m006_strategies`.
 - `pins`: messages a session keeps verbatim, see `m007_pins`.
 - `compaction_events`: what each compaction did, see `m008_compaction_events`.
+- `recall_messages` / `recall_index`: the full-text index of hidden messages, see `m009_recall`.
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
@@ -285,6 +286,30 @@ def m008_compaction_events(connection: sqlite3.Connection) -> None:
     )
 
 
+def m009_recall(connection: sqlite3.Connection) -> None:
+    """The full-text index recall searches (`proxy.compaction.recall`), filled as messages become hidden.
+
+    - `recall_messages`: which messages of a tenant are indexed; its `id` is the message's rowid in the index.
+    - `recall_index`: an FTS5 table over each message's text and tool calls. It is contentless (the text is in
+      `messages`), so it answers MATCH and bm25() but shows no text: `SELECT message_id FROM recall_messages
+      WHERE id IN (SELECT rowid FROM recall_index WHERE recall_index MATCH 'word')`.
+    """
+    _script(
+        connection,
+        """
+        CREATE TABLE recall_messages (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            message_id TEXT NOT NULL REFERENCES messages(id),
+            UNIQUE (tenant, message_id)
+        );
+        CREATE VIRTUAL TABLE recall_index USING fts5(
+            text, content = '', tokenize = 'unicode61 remove_diacritics 2'
+        )
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -294,4 +319,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m006_strategies,
     m007_pins,
     m008_compaction_events,
+    m009_recall,
 )

@@ -122,6 +122,7 @@ def report_headers(report: ContextReport) -> dict[str, str]:
         "X-Context-Budget": str(report.budget),
         "X-Context-History-Tokens": str(report.history_tokens),
         "X-Context-Summaries": str(report.summaries),
+        "X-Context-Recalled": str(report.recalled),
         "X-Context-Usage": usage_text(report.prompt_tokens, report.budget, report.summaries),
     }
 

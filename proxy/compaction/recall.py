@@ -1,0 +1,367 @@
+"""Recall: original passages of compacted history, brought back when the latest user message refers to them.
+
+A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
+original. The significant terms of the latest user message that the working context does not already show are
+looked up in a full-text index (SQLite FTS5, `m009_recall`) over the session's hidden messages — summarized,
+omitted or stubbed — and the best-ranked (bm25) are sent as one user message, within `context.recall_tokens`.
+
+The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
+since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
+the path at hand), so it stores no second copy of anything; excerpts of long messages are cut here, a window
+of lines around the place where the most query terms meet. Recall only ever adds context, so it never fails a
+request: odd input gives no passages, and a failed index write is logged and leaves the index as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import islice
+from typing import Any
+
+from proxy.errors import StorageFull
+from proxy.history.messages import StoredMessage
+from proxy.offload import compute
+from proxy.store.database import Database
+from proxy.tokens import content_text, count_message, count_text, rough_size
+
+log = logging.getLogger(__name__)
+
+Term = tuple[str, ...]
+"""One query term as the lowercase tokens FTS5's unicode61 tokenizer makes of it: `DEPLOY_REGION` is
+("deploy", "region"), matched as a phrase."""
+
+RECALL_HEADER = "[Recalled from earlier in this conversation]"
+MAX_PASSAGES = 8
+MAX_PASSAGE_CHARS = 1600
+"""A passage longer than this is an excerpt around its best match (about 400 tokens of prose)."""
+MIN_PASSAGE_CHARS = 160
+"""An excerpt is shrunk to fit what is left of the limit, but not below this: a shorter one says nothing."""
+CHARS_PER_TOKEN = 4
+"""A first guess of an excerpt's size from the tokens left; the count decides."""
+MIN_RELATIVE_SCORE = 0.25
+"""A match scoring below this share of the best one is noise (a common word), not a reference."""
+MAX_CANDIDATES = 32
+MAX_QUERY_TERMS = 32
+MAX_SCANNED_TERMS = 256
+"""Terms of a huge query looked up in the visible text at most (identifier-like terms first)."""
+MAX_TERM_TOKENS = 16
+MAX_HITS_PER_TERM = 64
+MAX_INDEX_CHARS = 8 * 1024 * 1024
+"""Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
+
+_TOKEN = re.compile(r"[^\W_]+")
+"""What unicode61 keeps as a token: letters and digits; everything else separates."""
+_CHUNK = re.compile(r"[^\s\"'`()\[\]{}<>,;!?=|*]+")
+"""A word of the query as written, identifiers, paths and versions whole."""
+_EDGE = ".:-/\\#@~^+&%$"
+_STOPWORD_TEXT = """
+    a about above after again against all also am an and any are as at be because been before being below
+    between both but by can could did do does doing done down during each either else etc even ever every
+    few for from further get gets got had has have having he her here hers him his how however i if in into is
+    it its itself just know let like made make many may me might mine more most much must my myself need no nor
+    not now of off on once one only or other our ours out over own please really right said same say see she
+    should show since so some still such sure tell than thank thanks that the their theirs them then there
+    these they thing things this those though through to too under until up upon us use used using very want
+    was way we well were what when where whether which while who whom whose why will with within without would
+    yes yet you your yours yourself back earlier previous previously told mentioned remember recall agreed
+    discussed decided don didn doesn isn aren wasn weren won wouldn couldn shouldn haven hasn hadn
+"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+"""Words that refer to nothing in particular, the meta words of a question about the past among them."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    position: int
+    """Index of the message in the path."""
+    message_id: str
+    role: str
+    text: str
+    """The excerpt shown: the whole message text when it is short."""
+    tokens: int
+    """What `text` costs (`count_text` in the request's encoding)."""
+
+
+class Recall:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def passages(
+        self,
+        tenant: str,
+        path: Sequence[StoredMessage],
+        hidden: Sequence[int],
+        visible_text: str,
+        query: str,
+        limit_tokens: int,
+        encoding: str,
+    ) -> list[Passage]:
+        """Best-matching passages among `path[i]` for `i` in `hidden` (the messages the working context does not
+        send verbatim: summarized, omitted or stubbed) for the latest user message `query`, in path order.
+
+        `visible_text` is the text the working context shows: a term found there is not looked up (the query's
+        own text is not counted as shown). The result, sent as `recall_message`, costs at most `limit_tokens`
+        (`count_message`); [] when the query refers to nothing found only in hidden history.
+        """
+        if limit_tokens <= 0 or not query:
+            return []
+        positions = sorted({i for i in hidden if 0 <= i < len(path)})
+        if not positions:
+            return []
+        terms = await compute(len(query) + len(visible_text), unseen_terms, query, visible_text)
+        if not terms:
+            return []
+        at = {path[i].id: i for i in positions}
+        await self._index(tenant, [path[i] for i in positions])
+        ranked = await self._rank(tenant, list(at), match_expression(terms))
+        chosen: list[tuple[int, Passage]] = []
+        used = count_message(recall_message([]), encoding)
+        for rank, message_id in enumerate(ranked):
+            if len(chosen) == MAX_PASSAGES:
+                break
+            stored = path[at[message_id]]
+            room = limit_tokens - used - count_text(_label(at[message_id], stored.role), encoding)
+            if room <= 0:
+                break
+            passage = await self._passage(at[message_id], stored, terms, room, encoding)
+            if passage is not None:
+                chosen.append((rank, passage))
+                used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
+        # The sum of the parts is a close estimate; the whole message is what the working context pays.
+        while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
+            chosen.remove(max(chosen, key=lambda item: item[0]))
+        return _in_order(chosen)
+
+    async def _index(self, tenant: str, messages: Sequence[StoredMessage]) -> None:
+        rows = await self._db.fetchall(
+            "SELECT message_id FROM recall_messages WHERE tenant = ? "
+            "AND message_id IN (SELECT value FROM json_each(?))",
+            (tenant, json.dumps([message.id for message in messages])),
+        )
+        indexed = {row[0] for row in rows}
+        batch: list[StoredMessage] = []
+        size = 0
+        # Newest first: what was hidden last is what a question most likely reaches back for.
+        for message in reversed(messages):
+            if message.id in indexed:
+                continue
+            if batch and size + rough_size(message.message) > MAX_INDEX_CHARS:
+                break
+            batch.append(message)
+            size += rough_size(message.message)
+        if not batch:
+            return
+        documents = await compute(size, _documents, batch)
+
+        def write(connection: sqlite3.Connection) -> None:
+            for message_id, text in documents:
+                cursor = connection.execute(
+                    "INSERT OR IGNORE INTO recall_messages (tenant, message_id) VALUES (?, ?)", (tenant, message_id)
+                )
+                if cursor.rowcount == 1:  # not indexed meanwhile by a concurrent request
+                    connection.execute("INSERT INTO recall_index (rowid, text) VALUES (?, ?)", (cursor.lastrowid, text))
+
+        try:
+            await self._db.write(write, bulk=True)
+        except (sqlite3.Error, StorageFull) as exc:
+            log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
+
+    async def _rank(self, tenant: str, message_ids: list[str], expression: str) -> list[str]:
+        """The matching messages' ids, best first, without the noise far below the best."""
+        try:
+            rows = await self._db.fetchall(
+                "SELECT d.message_id AS message_id, bm25(recall_index) AS score "
+                "FROM recall_index JOIN recall_messages AS d ON d.id = recall_index.rowid "
+                "WHERE recall_index MATCH ? AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
+                "ORDER BY score, d.id LIMIT ?",
+                (expression, tenant, json.dumps(message_ids), MAX_CANDIDATES),
+            )
+        except sqlite3.OperationalError as exc:
+            log.warning("recall: the index refused the query %r: %s", expression[:200], exc)
+            return []
+        if not rows:
+            return []
+        best = float(rows[0]["score"])  # bm25 is negative: lower is better
+        return [row["message_id"] for row in rows if float(row["score"]) <= best * MIN_RELATIVE_SCORE]
+
+    async def _passage(
+        self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str
+    ) -> Passage | None:
+        size = rough_size(stored.message)
+        max_chars = max(MIN_PASSAGE_CHARS, min(MAX_PASSAGE_CHARS, room * CHARS_PER_TOKEN))
+        while True:
+            text = await compute(size, message_excerpt, stored.message, terms, max_chars)
+            tokens = count_text(text, encoding)
+            if tokens <= room or max_chars <= MIN_PASSAGE_CHARS:
+                break
+            max_chars = max(MIN_PASSAGE_CHARS, max_chars * room // tokens)
+        if not text or tokens > room:
+            return None
+        return Passage(position=position, message_id=stored.id, role=stored.role, text=text, tokens=tokens)
+
+
+def recall_message(passages: Sequence[Passage]) -> dict[str, Any]:
+    """The user message the passages are sent as: a header line, then each passage under a label with its place
+    in the conversation and its role. The same passages always give the same bytes."""
+    parts = [RECALL_HEADER]
+    parts.extend(_label(passage.position, passage.role) + passage.text for passage in passages)
+    return {"role": "user", "content": "\n\n".join(parts)}
+
+
+def _label(position: int, role: str) -> str:
+    return f"Message {position} ({role}):\n"
+
+
+def _in_order(chosen: Sequence[tuple[int, Passage]]) -> list[Passage]:
+    return sorted((passage for _, passage in chosen), key=lambda passage: passage.position)
+
+
+# --- the pure parts ---------------------------------------------------------------------------------------------
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """What a message is indexed and excerpted by: its text, then each tool call's name and arguments."""
+    parts = [content_text(message.get("content"))]
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
+    return "\n".join(part for part in parts if part)
+
+
+def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
+    return [(message.id, message_text(message.message)) for message in messages]
+
+
+def query_terms(query: str) -> list[Term]:
+    """The significant terms of a query, identifier-like ones (several tokens, digits) first: no stopwords, no
+    short words, no punctuation; each once."""
+    identifiers: dict[Term, None] = {}
+    words: dict[Term, None] = {}
+    chunks: set[str] = set()
+    for match in _CHUNK.finditer(query):
+        if match.group() in chunks:
+            continue
+        chunks.add(match.group())
+        tokens = tuple(_TOKEN.findall(match.group().strip(_EDGE).lower()))[:MAX_TERM_TOKENS]
+        if not any(_significant(token) for token in tokens):
+            continue
+        if len(tokens) > 1 or any(token.isdigit() for token in tokens):
+            identifiers.setdefault(tokens)
+        else:
+            words.setdefault(tokens)
+        if len(identifiers) >= MAX_SCANNED_TERMS:
+            break
+    return [*identifiers, *words][:MAX_SCANNED_TERMS]
+
+
+def _significant(token: str) -> bool:
+    if token.isdigit():
+        return len(token) >= 2
+    return len(token) >= 3 and token not in STOPWORDS
+
+
+def unseen_terms(query: str, visible_text: str) -> list[Term]:
+    """The query's terms that `visible_text` does not show (the query's own text aside), at most
+    `MAX_QUERY_TERMS`."""
+    terms = query_terms(query)
+    if query:
+        visible_text = visible_text.replace(query, " ")
+    vocabulary = set(_TOKEN.findall(visible_text.lower()))
+    unseen = [
+        term
+        for term in terms
+        if not all(token in vocabulary for token in term) or (len(term) > 1 and not _pattern(term).search(visible_text))
+    ]
+    return unseen[:MAX_QUERY_TERMS]
+
+
+def match_expression(terms: Sequence[Term]) -> str:
+    """An FTS5 MATCH expression: each term a quoted phrase, ORed. Tokens are letters and digits only, so nothing
+    in a query (`"`, `*`, `NEAR`, `:`, `-`) can become FTS5 syntax."""
+    return " OR ".join('"' + " ".join(term) + '"' for term in terms)
+
+
+@lru_cache(maxsize=1024)
+def _pattern(term: Term) -> re.Pattern[str]:
+    """The term as a phrase between token boundaries, as FTS5 matches it (case aside)."""
+    return re.compile(r"(?<![^\W_])" + r"[\W_]+".join(map(re.escape, term)) + r"(?![^\W_])", re.IGNORECASE)
+
+
+def message_excerpt(message: Mapping[str, Any], terms: Sequence[Term], max_chars: int) -> str:
+    return excerpt(message_text(message), terms, max_chars)
+
+
+def excerpt(text: str, terms: Sequence[Term], max_chars: int) -> str:
+    """`text` when it is short; else at most `max_chars` of it (plus "…" marks where it was cut), whole lines
+    where it can, around the place where most of the terms occur together."""
+    text = text.strip()
+    if len(text) <= max_chars:
+        return text
+    width = max(1, max_chars)
+    lead = width // 4
+    hit = _best_hit(text, terms, width, lead)
+    hit_start, hit_end = hit if hit is not None else (0, 0)
+    start = max(0, hit_start - lead)
+    end = min(len(text), start + width)
+    start = max(0, end - width)
+    if start > 0:
+        start = _cut_after(text, start, hit_start)
+    if end < len(text):
+        end = _cut_before(text, max(hit_end, start), end)
+    body = text[start:end].strip()
+    return ("… " if start > 0 else "") + body + (" …" if end < len(text) else "")
+
+
+def _best_hit(text: str, terms: Sequence[Term], width: int, lead: int) -> tuple[int, int] | None:
+    """The hit that begins the window (`lead` before it, `width` wide) holding the most distinct terms."""
+    hits = sorted(_hits(text, terms))
+    best: tuple[int, int] | None = None
+    best_count = 0
+    inside: Counter[int] = Counter()
+    right = 0
+    for left, (start, end, _) in enumerate(hits):
+        while right < len(hits) and hits[right][1] <= start - lead + width:
+            inside[hits[right][2]] += 1
+            right += 1
+        if len(inside) > best_count:
+            best, best_count = (start, end), len(inside)
+        if right > left:
+            inside[hits[left][2]] -= 1
+            if not inside[hits[left][2]]:
+                del inside[hits[left][2]]
+        else:
+            right = left + 1
+    return best if best is not None else (hits[0][:2] if hits else None)
+
+
+def _hits(text: str, terms: Sequence[Term]) -> Iterator[tuple[int, int, int]]:
+    for index, term in enumerate(terms):
+        for match in islice(_pattern(term).finditer(text), MAX_HITS_PER_TERM):
+            yield match.start(), match.end(), index
+
+
+def _cut_after(text: str, start: int, limit: int) -> int:
+    """`start` moved past the next line break (else space) before `limit`, so the excerpt begins whole."""
+    for separator in ("\n", " "):
+        cut = text.find(separator, start, limit)
+        if cut != -1:
+            return cut + 1
+    return start
+
+
+def _cut_before(text: str, floor: int, end: int) -> int:
+    """`end` moved back to the last line break (else space) after `floor`, so the excerpt ends whole."""
+    for separator in ("\n", " "):
+        cut = text.rfind(separator, floor, end)
+        if cut != -1:
+            return cut
+    return end

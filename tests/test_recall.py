@@ -1,0 +1,304 @@
+"""Recall (`proxy.compaction.recall`): query terms, excerpts and the recall message as pure functions; the FTS5
+index and ranking on a real SQLite file, with messages stored through `History`."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.compaction.recall import (
+    MAX_PASSAGE_CHARS,
+    RECALL_HEADER,
+    Passage,
+    Recall,
+    excerpt,
+    match_expression,
+    message_text,
+    query_terms,
+    recall_message,
+    unseen_terms,
+)
+from proxy.history.messages import StoredMessage
+from proxy.history.store import History
+from proxy.store.database import Database
+from proxy.store.migrations import m001_history, m009_recall
+from proxy.tokens import content_text, count_message, count_text
+
+ENCODING = "cl100k_base"
+MODEL = "gpt-4"
+QUESTION = "what was the DEPLOY_REGION we agreed on?"
+FACT = "DEPLOY_REGION=eu-west-3"
+FILLER = "the proxy keeps every message and sends a working context that fits the model window"
+NASTY_QUERIES = [
+    'say "hello',
+    "DEPLOY_REGION*",
+    "NEAR(deploy region, 2)",
+    "text:DEPLOY_REGION",
+    "-DEPLOY_REGION",
+    "deploy AND OR NOT region",
+    '"" ^ * : - + ( ) { } NEAR/3',
+    "\x00\ufffd\U0001f600 ☃ ß İ",
+    "x" * 10_000,
+]
+
+
+def conversation(turns: int, fact_turn: int = 3, fact: str = FACT) -> list[dict[str, Any]]:
+    """A system message, then `turns` user/assistant turns; the user message of `fact_turn` plants `fact`."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for turn in range(turns):
+        planted = f" Let's settle it: {fact} for the staging cluster." if turn == fact_turn else ""
+        messages.append({"role": "user", "content": f"question {turn}: {FILLER}.{planted}"})
+        messages.append({"role": "assistant", "content": f"answer {turn}: {FILLER}."})
+    return messages
+
+
+def visible(path: Sequence[StoredMessage], hidden: Sequence[int]) -> str:
+    return "\n".join(content_text(m.message.get("content")) for i, m in enumerate(path) if i not in set(hidden))
+
+
+def user_position(turn: int) -> int:
+    return 1 + 2 * turn
+
+
+@pytest.fixture
+def history(db: Database) -> History:
+    return History(db)
+
+
+@pytest.fixture
+def recall(db: Database) -> Recall:
+    return Recall(db)
+
+
+async def stored(history: History, messages: list[dict[str, Any]], tenant: str = "t") -> list[StoredMessage]:
+    return (await history.reconcile(tenant, "s", messages, MODEL, ENCODING)).path
+
+
+async def count(db: Database, sql: str) -> int:
+    row = await db.fetchone(sql)
+    assert row is not None
+    return int(row[0])
+
+
+# --- the pure parts ----------------------------------------------------------------------------------------------
+
+
+def test_query_terms_keep_identifiers_numbers_and_paths_and_drop_the_rest() -> None:
+    terms = query_terms("What was the DEPLOY_REGION we agreed on? See src/proxy/app.py, port 8080, a 3 on it.")
+    assert ("deploy", "region") in terms
+    assert ("src", "proxy", "app", "py") in terms
+    assert ("8080",) in terms
+    assert ("port",) in terms
+    flat = {token for term in terms for token in term}
+    assert not flat & {"what", "was", "the", "we", "agreed", "on", "a", "3", "it", "see"}
+    assert query_terms("") == []
+    assert query_terms("?! ... -- the of and") == []
+
+
+def test_terms_the_working_context_shows_are_not_looked_up() -> None:
+    assert unseen_terms(QUESTION, "nothing relevant here") == [("deploy", "region")]
+    assert unseen_terms(QUESTION, f"earlier: {FACT}") == []
+    assert unseen_terms(QUESTION, "we deploy to the region") == [("deploy", "region")], "a phrase, not two words"
+    # The latest user message is part of what is sent: its own words do not count as already shown.
+    assert unseen_terms(QUESTION, f"be brief\n{QUESTION}") == [("deploy", "region")]
+
+
+@given(st.text())
+def test_no_query_becomes_fts_syntax(query: str) -> None:
+    connection = sqlite3.connect(":memory:")
+    try:
+        m001_history(connection)
+        m009_recall(connection)
+        connection.execute("INSERT INTO recall_index (rowid, text) VALUES (1, ?)", (f"{FACT} {query}",))
+        for text in [query, *NASTY_QUERIES]:
+            expression = match_expression(unseen_terms(text, ""))
+            if expression:
+                connection.execute("SELECT rowid FROM recall_index WHERE recall_index MATCH ?", (expression,))
+    finally:
+        connection.close()
+
+
+def test_a_long_text_gives_an_excerpt_of_whole_lines_around_the_best_match() -> None:
+    lines = [f"line {n}: {FILLER}" for n in range(2000)]
+    lines[1200] = f"line 1200: here it is, {FACT}, and the deploy target"
+    lines[300] = "line 300: region only"
+    text = "\n".join(lines)
+    cut = excerpt(text, [("deploy", "region"), ("eu", "west", "3"), ("region",)], 600)
+    assert FACT in cut
+    assert len(cut) <= 600 + 4
+    assert cut.startswith("… line ")
+    assert cut.endswith(" …")
+    assert excerpt("short text", [("deploy",)], 600) == "short text"
+    assert excerpt(text, [("absent",)], 600).startswith("line 0:")
+
+
+def test_message_text_holds_tool_calls_and_ignores_non_text_parts() -> None:
+    message = {
+        "role": "assistant",
+        "content": [{"type": "image_url", "image_url": {"url": "data:x"}}, {"type": "text", "text": "checking"}],
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
+    }
+    assert message_text(message) == 'checking\nshell {"cmd": "ls"}'
+    assert message_text({"role": "user", "content": None, "tool_calls": "odd"}) == ""
+
+
+def test_recall_message_is_deterministic() -> None:
+    passages = [
+        Passage(position=3, message_id="a", role="user", text=FACT, tokens=count_text(FACT, ENCODING)),
+        Passage(position=9, message_id="b", role="tool", text="… output …", tokens=3),
+    ]
+    message = recall_message(passages)
+    assert message == recall_message(list(passages))
+    assert message["role"] == "user"
+    content = message["content"]
+    assert content.startswith(RECALL_HEADER + "\n\n")
+    assert "Message 3 (user):\n" + FACT in content
+    assert content.index("Message 3") < content.index("Message 9 (tool):")
+
+
+# --- the index, on a real file -----------------------------------------------------------------------------------
+
+
+async def test_a_fact_only_in_hidden_history_is_recalled(history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    hidden = list(range(1, 12))
+    passages = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    assert [p.position for p in passages] == [user_position(3)]
+    (passage,) = passages
+    assert FACT in passage.text
+    assert passage.message_id == path[user_position(3)].id
+    assert passage.role == "user"
+    assert passage.tokens == count_text(passage.text, ENCODING)
+
+
+async def test_a_fact_the_working_context_shows_is_not_recalled(history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    hidden = [i for i in range(1, 12) if i != user_position(3)]
+    assert await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING) == []
+
+
+async def test_a_message_that_is_not_hidden_is_never_returned(history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    hidden = [i for i in range(1, 12) if i != user_position(3)]
+    # Even when the caller's visible text misses it (here: empty), only hidden messages are searched.
+    assert await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING) == []
+    # Indexed once as hidden, a message is still not returned once it is shown again.
+    await recall.passages("t", path, [user_position(3)], "", QUESTION, 500, ENCODING)
+    assert await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING) == []
+
+
+async def test_tenants_are_separated(history: History, recall: Recall) -> None:
+    ours = await stored(history, conversation(8), tenant="a")
+    theirs = await stored(history, conversation(8, fact="nothing planted"), tenant="b")
+    hidden = list(range(1, 12))
+    assert await recall.passages("a", ours, hidden, "", QUESTION, 500, ENCODING)
+    assert await recall.passages("b", theirs, hidden, "", QUESTION, 500, ENCODING) == []
+    # Another tenant's ids are not found under this tenant's name, indexed or not.
+    assert await recall.passages("b", ours, [], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("c", theirs, hidden, "", QUESTION, 500, ENCODING) == []
+
+
+async def test_fts_syntax_in_the_query_does_not_raise(history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    for query in NASTY_QUERIES:
+        passages = await recall.passages("t", path, list(range(1, 12)), "", query, 500, ENCODING)
+        assert all(isinstance(p, Passage) for p in passages)
+
+
+async def test_odd_input_gives_no_passages(db: Database, history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    assert await recall.passages("t", path, [], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", path, [-1, 99, len(path)], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", [], [0, 1], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", path, [1, 2], "", "", 500, ENCODING) == []
+    assert await recall.passages("t", path, [1, 2], "", "? the and ...", 500, ENCODING) == []
+    assert await recall.passages("nobody", path, [1, 2], "", QUESTION, 500, ENCODING) == []
+    # A message that is not in the store (a caller's mistake) cannot be indexed: no passages, no exception.
+    ghost = StoredMessage("f" * 64, None, 0, "user", {"role": "user", "content": FACT}, 5, 0.0)
+    assert await recall.passages("t", [ghost], [0], "", QUESTION, 500, ENCODING) == []
+    parts = await stored(history, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    assert await recall.passages("t", parts, [0], "", QUESTION, 500, ENCODING) == []
+
+
+async def test_no_limit_does_not_touch_the_database(history: History) -> None:
+    path = await stored(history, conversation(8))
+    untouchable = Recall(cast(Database, object()))
+    for limit in (0, -5):
+        assert await untouchable.passages("t", path, list(range(1, 12)), "", QUESTION, limit, ENCODING) == []
+
+
+async def test_the_limit_is_respected(history: History, recall: Recall) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"turn {turn}: {FILLER}. {FACT} is set on host{turn}."})
+        messages.append({"role": "assistant", "content": f"noted {turn}"})
+    path = await stored(history, messages)
+    hidden = list(range(1, 55))
+    everything = await recall.passages("t", path, hidden, "", QUESTION, 100_000, ENCODING)
+    assert 1 < len(everything) <= 8
+    for limit in (1, 20, 60, 90, 200):
+        passages = await recall.passages("t", path, hidden, "", QUESTION, limit, ENCODING)
+        assert sum(p.tokens for p in passages) <= limit
+        assert not passages or count_message(recall_message(passages), ENCODING) <= limit
+        assert [p.position for p in passages] == sorted(p.position for p in passages)
+    assert await recall.passages("t", path, hidden, "", QUESTION, 200, ENCODING)
+
+
+async def test_a_huge_tool_output_gives_a_bounded_excerpt_holding_the_match(history: History, recall: Recall) -> None:
+    line = "INFO worker ok: " + FILLER
+    lines = [line] * 25_000
+    lines[17_000] = f"INFO config loaded: {FACT} (from environment)"
+    output = "\n".join(lines)
+    assert len(output) > 2_000_000
+    call = {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "deploy --dry"}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "run the dry deploy"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": QUESTION},
+    ]
+    path = await stored(history, messages)
+    hidden = [1, 2, 3, 4]
+    passages = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 2_000, ENCODING)
+    assert [p.position for p in passages] == [3]
+    (passage,) = passages
+    assert FACT in passage.text
+    assert len(passage.text) <= MAX_PASSAGE_CHARS + 4
+    assert passage.text.startswith("… ")
+    assert passage.text.endswith(" …")
+
+
+async def test_indexing_twice_does_not_duplicate_rows(db: Database, history: History, recall: Recall) -> None:
+    path = await stored(history, conversation(8))
+    hidden = list(range(1, 12))
+    await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING)
+    assert await count(db, "SELECT COUNT(*) FROM recall_messages") == len(hidden)
+    await asyncio.gather(
+        *(recall.passages("t", path, [*hidden, 12, 13], "", QUESTION, 500, ENCODING) for _ in range(3)),
+        Recall(db).passages("t", path, hidden, "", "staging cluster", 500, ENCODING),
+    )
+    assert await count(db, "SELECT COUNT(*) FROM recall_messages") == len(hidden) + 2
+    assert await count(db, "SELECT COUNT(*) FROM recall_index") == len(hidden) + 2
+
+
+async def test_a_term_only_in_tool_call_arguments_is_found(history: History, recall: Recall) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "kubectl rollout"}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "restart it"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": "which kubectl command did you run?"},
+    ]
+    path = await stored(history, messages)
+    passages = await recall.passages("t", path, [1, 2, 3], "", "which kubectl command did you run?", 500, ENCODING)
+    assert [p.position for p in passages] == [2]
+    assert "kubectl rollout" in passages[0].text
