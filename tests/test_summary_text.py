@@ -223,6 +223,57 @@ def test_fallback_of_nothing_is_empty_and_targets_are_at_least_one_token() -> No
     assert 1 <= count_text(extractive_summary(PLANTED, 0)) <= 1
 
 
+@pytest.mark.parametrize(
+    ("sentence", "facts"),
+    [
+        ("We use DEPLOY_REGION=eu-west-3, then deploy.", ["DEPLOY_REGION=eu-west-3"]),
+        ("Set (retry_limit = 7) for now.", ["retry_limit = 7"]),
+        ("The limit is api_timeout_ms: 4500 on mobile.", ["api_timeout_ms: 4500"]),
+        ('Set `LOG_LEVEL=debug` and name = "two words" here.', ["LOG_LEVEL=debug", 'name = "two words"']),
+        ("Error: 404 came back.", ["Error: 404"]),
+        ("Note: the thing is slow.", []),
+        ("See https://x.test/search?q=foo&page=2 for it.", []),
+        ("It fails if a == b or a => b.", []),
+        ("Then x = compute(y) runs.", []),
+    ],
+)
+def test_fallback_lists_facts_as_they_were_written(sentence: str, facts: list[str]) -> None:
+    listed = "facts: " + "; ".join(facts)
+    summary = extractive_summary([{"role": "user", "content": sentence}], count_text(listed) + 2)
+    assert summary.splitlines()[0] == listed if facts else not summary.startswith("facts:")
+
+
+def test_facts_of_an_earlier_summary_are_read_back_and_its_lines_keep_their_labels() -> None:
+    earlier = summary_message("facts: A_KEY=1; b_key = two\nuser: We decided to use httpx.\nsummary: user: Old line.")
+    messages = [earlier, {"role": "user", "content": "Also set C_KEY=3 please."}]
+    merged = extractive_summary(messages, 64)
+    assert merged.splitlines() == [
+        "facts: A_KEY=1; b_key = two",
+        "user: We decided to use httpx.",
+        "summary: user: Old line.",
+        "user: Also set C_KEY=3 please.",
+    ]
+    listed = "facts: A_KEY=1; b_key = two; C_KEY=3"
+    tight = extractive_summary(
+        [earlier, {"role": "user", "content": "Also set C_KEY=3 please."}], count_text(listed) + 2
+    )
+    assert tight == listed
+
+
+def test_new_facts_leave_room_for_an_error_and_tool_outputs_are_not_read_for_facts() -> None:
+    settings = " ".join(f"SETTING_{i}=value{i}." for i in range(40))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": settings},
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "run", command="make")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "OUT_DIR=build\nerror: linker failed"},
+    ]
+    summary = extractive_summary(messages, 100)
+    assert count_text(summary) <= 100
+    assert summary.startswith("facts: SETTING_0=value0; SETTING_1=value1;")
+    assert "tool run: error: linker failed" in summary
+    assert "OUT_DIR=build" not in summary.splitlines()[0]
+
+
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=400)
 
 

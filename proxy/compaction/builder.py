@@ -37,7 +37,9 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import pairwise
 
 from proxy.compaction.layout import (
@@ -112,26 +114,26 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     if everything <= trigger:
         return WorkingContext(parts=tuple(range(count)), tokens=everything)
 
-    stubbed = stubbed_positions(items, spans, recent, kept)
-    shown = [0]
-    for position, item in enumerate(items):
-        cost = item.stub_tokens if position in stubbed and item.stub_tokens is not None else item.tokens
-        shown.append(shown[-1] + cost)
-    layout = _layout(items, usable_spans(items, spans, recent, cuts, kept), recent, shown, cuts, kept)
-    parts = _parts(layout, recent, count)
-    acknowledged = acknowledgements(items, parts)
-    total = (
-        fixed
-        + sum(entry.cost for entry in layout if isinstance(entry, Block))
-        + len(acknowledged) * policy.acknowledgement_tokens
-    )
-    shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
-    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
+    arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
+    if compacting:
+        active = list(spans)
+    else:
+        # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the
+        # prompt changes at the crossing, as it would have without pre-compaction (invariant 6). A batch (one
+        # pre-compaction's spans) joins whole, so the crossing is one big step; batches join in the order they
+        # were written, so a later request's choice includes an earlier one's.
+        active = [span for span in spans if not span.held]
+        for batch in sorted({span.held for span in spans if span.held}):
+            if arrange(active)[0].tokens <= trigger:
+                break
+            active += [span for span in spans if span.held == batch]
+    context, layout, stubbed = arrange(active)
+    total = context.tokens
     if total <= (policy.compact_to * budget if compacting else trigger):
-        return context
+        return replace(context, held_back=len(active) < len(spans))
     view = View(
         items=items,
-        spans=spans,
+        spans=active,
         policy=policy,
         cuts=cuts,
         recent=recent,
@@ -146,6 +148,34 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     if total <= budget:
         return context
     return RecentTooLarge(needed=total, budget=budget)
+
+
+def _arrange(
+    items: Sequence[Item],
+    policy: Policy,
+    recent: int,
+    kept: frozenset[int],
+    cuts: Sequence[bool],
+    fixed: int,
+    spans: Sequence[Span],
+) -> tuple[WorkingContext, Layout, frozenset[int]]:
+    """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
+    stubbed = stubbed_positions(items, spans, recent, kept)
+    shown = [0]
+    for position, item in enumerate(items):
+        cost = item.stub_tokens if position in stubbed and item.stub_tokens is not None else item.tokens
+        shown.append(shown[-1] + cost)
+    layout = _layout(items, usable_spans(items, spans, recent, cuts, kept), recent, shown, cuts, kept)
+    parts = _parts(layout, recent, len(items))
+    acknowledged = acknowledgements(items, parts)
+    total = (
+        fixed
+        + sum(entry.cost for entry in layout if isinstance(entry, Block))
+        + len(acknowledged) * policy.acknowledgement_tokens
+    )
+    shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
+    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
+    return context, layout, stubbed
 
 
 def kept_positions(items: Sequence[Item], cuts: Sequence[bool], recent: int) -> frozenset[int]:

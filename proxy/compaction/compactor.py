@@ -67,6 +67,8 @@ class Prepared:
     """Spans written by this request."""
     recalled: int = 0
     """Archived passages recalled into the working context."""
+    ahead: bool = False
+    """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
 
 
 @dataclass(frozen=True)
@@ -175,11 +177,16 @@ class Compactor:
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         ratio = self._config.precompact_ratio
         key = (request.tenant, request.session_id)
-        if ratio is None or prepared.tokens <= ratio * request.budget or key in self._background:
+        if ratio is None or prepared.ahead or prepared.tokens <= ratio * request.budget or key in self._background:
             return
         task = asyncio.create_task(self._precompact(request, prepared.tokens, ratio))
         self._background[key] = task
         task.add_done_callback(functools.partial(self._precompacted, key))
+
+    async def settled(self) -> None:
+        """Until no pre-compaction is running (what a test or a benchmark waits for)."""
+        while self._background:
+            await asyncio.gather(*self._background.values(), return_exceptions=True)
 
     async def close(self) -> None:
         """Stop the pre-compactions still running (shutdown): what they wrote is kept, the rest is redone later."""
@@ -195,15 +202,14 @@ class Compactor:
 
     async def _precompact(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
         """Compact as the crossing will, ahead of it: to `compact_to` less the room still left before the
-        trigger (the turns until the crossing fill it), or to `compact_to` itself once spans are in use (the
-        next request uses what is written at once). A summarizer allowance of its own; when it is used up the
-        task stops, and the crossing request writes what is missing."""
+        trigger (the turns until the crossing fill it). What it writes is held back until the crossing
+        (`Span.held`). A summarizer allowance of its own; when it is used up the task stops, and the crossing
+        request writes what is missing."""
         async with self._slots:
             state = await self._state(request)
             stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
             trigger = self._config.trigger_ratio
-            compacted = count_prompt(m.tokens for m in request.path) > trigger * request.budget
-            headroom = 0.0 if compacted else max(0.0, trigger - tokens / request.budget)
+            headroom = max(0.0, trigger - tokens / request.budget)
             policy = replace(
                 self._request_policy(request),
                 trigger_ratio=min(trigger, ratio),
@@ -211,6 +217,7 @@ class Compactor:
             )
             allowance = self.allowance()
             render = functools.partial(self._read, request, state)
+            batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
             for _ in range(MAX_ROUNDS):
                 spans = [s.span() for s in stored.values()]
                 result = build(state.items, spans, policy, compacting=True)
@@ -218,7 +225,7 @@ class Compactor:
                     return
                 if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
                     return
-                summary = await self._writer.write(request, result, stored, allowance, render, background=True)
+                summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
                 stored = {key: value for key, value in stored.items() if key not in result.replaces}
                 stored[summary.id] = summary
 
@@ -326,7 +333,7 @@ class Compactor:
                 messages.append(stubbed_message(request.messages[part], state.stubs[part]))
             else:
                 messages.append(dict(request.messages[part]))
-        return Prepared(messages, context.tokens, summaries, written)
+        return Prepared(messages, context.tokens, summaries, written, ahead=context.held_back)
 
     async def _recalled(self, request: CompactionRequest, context: WorkingContext, prepared: Prepared) -> Prepared:
         """The working context with the archived passages the latest user message refers to, placed just before

@@ -61,6 +61,9 @@ class Span:
     strategy: str = SUMMARIZE
     """Who wrote it. A `tool-results` span is a mask: its tool outputs are sent as stubs where they stand;
     every other span is replaced by one message (a summary, or a sliding-window marker)."""
+    held: int = 0
+    """Written ahead of need by the pre-compaction run with this (increasing) number: used only once the context
+    does not fit without it; 0 for a span written when it was needed."""
 
     @property
     def is_mask(self) -> bool:
@@ -111,6 +114,8 @@ class WorkingContext:
     """Indices into `parts` before which an assistant acknowledgement is sent (rule 6)."""
     stubbed: frozenset[int] = frozenset()
     """Item indices sent as their tool-output stub."""
+    held_back: bool = False
+    """Spans written ahead of need are not in use yet: the next crossing's compaction is already written."""
 
 
 @dataclass(frozen=True)

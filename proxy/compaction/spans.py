@@ -122,7 +122,7 @@ class SpanWriter:
         allowance: Allowance,
         render: Render,
         *,
-        background: bool = False,
+        held: int = 0,
     ) -> StoredSummary:
         """The span `need` names, written once however many requests need it at the same moment.
 
@@ -141,7 +141,7 @@ class SpanWriter:
         )
         running = self._running.get(key)
         if running is None:
-            running = asyncio.ensure_future(self._write_once(request, need, stored, allowance, render, background))
+            running = asyncio.ensure_future(self._write_once(request, need, stored, allowance, render, held))
             self._running[key] = running
             running.add_done_callback(functools.partial(self._finished, key))
         return await asyncio.shield(running)
@@ -158,7 +158,7 @@ class SpanWriter:
         stored: Mapping[int, StoredSummary],
         allowance: Allowance,
         render: Render,
-        background: bool,
+        held: int,
     ) -> StoredSummary:
         mask = need.strategy == TOOL_RESULTS
         written_since = [
@@ -180,7 +180,7 @@ class SpanWriter:
             range_start=need.start,
             range_end=need.end,
             tokens_before=original,
-            background=background,
+            background=held > 0,
         )
         await self._record(request.tenant, event)
         try:
@@ -205,6 +205,7 @@ class SpanWriter:
                 generated_by=written.generated_by,
                 replaces=need.replaces,
                 strategy=need.strategy,
+                held=held,
             )
         except Exception as exc:
             detail = f"{type(exc).__name__}: {exc}"[:500]
@@ -224,7 +225,7 @@ class SpanWriter:
             tokens,
             duration * 1000,
             written.model,
-            background,
+            held > 0,
         )
         await self._record(request.tenant, _ended(event, "complete", duration, summary=summary))
         return summary

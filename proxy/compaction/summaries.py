@@ -23,7 +23,7 @@ from proxy.types import Clock
 
 _SELECT = (
     "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "
-    "replaces, orphaned_at, created_at, strategy FROM summaries"
+    "replaces, orphaned_at, created_at, strategy, held FROM summaries"
 )
 
 
@@ -45,10 +45,17 @@ class StoredSummary:
     created_at: float
     strategy: str = SUMMARIZE
     """The compaction strategy that wrote it (`proxy.compaction.strategies`): a `tool-results` row is a mask."""
+    held: int = 0
+    """Written ahead of need, by the pre-compaction run with this number (`Span.held`); 0: when it was needed."""
 
     def span(self) -> Span:
         return Span(
-            id=self.id, start=self.start_depth, end=self.end_depth + 1, tokens=self.tokens, strategy=self.strategy
+            id=self.id,
+            start=self.start_depth,
+            end=self.end_depth + 1,
+            tokens=self.tokens,
+            strategy=self.strategy,
+            held=self.held,
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -61,6 +68,7 @@ class StoredSummary:
             "model": self.model,
             "generated_by": self.generated_by,
             "strategy": self.strategy,
+            "held": self.held,
             "replaces": list(self.replaces),
             "orphaned": self.orphaned_at is not None,
             "created_at": self.created_at,
@@ -102,6 +110,7 @@ class Summaries:
         generated_by: str,
         replaces: Sequence[int] = (),
         strategy: str = SUMMARIZE,
+        held: int = 0,
     ) -> StoredSummary:
         summary = StoredSummary(
             id=0,  # known once inserted
@@ -117,12 +126,14 @@ class Summaries:
             orphaned_at=None,
             created_at=self._clock(),
             strategy=strategy,
+            held=held,
         )
 
         def write(connection: sqlite3.Connection) -> int:
             cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
-                "model, generated_by, replaces, created_at, strategy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "model, generated_by, replaces, created_at, strategy, held) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (tenant, *_columns(summary)),
             )
             new_id = cursor.lastrowid
@@ -153,6 +164,7 @@ def _columns(summary: StoredSummary) -> tuple[Any, ...]:
         json.dumps(list(summary.replaces)),
         summary.created_at,
         summary.strategy,
+        summary.held,
     )
 
 
@@ -182,4 +194,5 @@ def _summary(row: sqlite3.Row) -> StoredSummary:
         orphaned_at=row["orphaned_at"],
         created_at=row["created_at"],
         strategy=row["strategy"],
+        held=row["held"],
     )

@@ -205,8 +205,9 @@ def m006_strategies(connection: sqlite3.Connection) -> None:
 
     `strategy` names the writer: `summarize` (every summary before this migration), `goal-batch` (episodes),
     `sliding-window` (an omission marker: `generated_by` 'rule', no model) or `tool-results` (a mask: tool
-    outputs in the range are sent as stubs; `content` is empty). SQLite cannot relax a CHECK in place, so the
-    table is rebuilt with its rows and ids.
+    outputs in the range are sent as stubs; `content` is empty). `held`: written ahead of need by pre-compaction,
+    used only once the context no longer fits without it. SQLite cannot relax a CHECK in place, so the table is
+    rebuilt with its rows and ids.
     """
     _script(
         connection,
@@ -226,7 +227,8 @@ def m006_strategies(connection: sqlite3.Connection) -> None:
             orphaned_at REAL,
             created_at REAL NOT NULL,
             strategy TEXT NOT NULL DEFAULT 'summarize'
-                CHECK (strategy IN ('summarize', 'goal-batch', 'sliding-window', 'tool-results'))
+                CHECK (strategy IN ('summarize', 'goal-batch', 'sliding-window', 'tool-results')),
+            held INTEGER NOT NULL DEFAULT 0
         );
         INSERT INTO summaries_new (id, tenant, start_depth, end_depth, end_id, content, tokens, original_tokens,
             model, generated_by, replaces, orphaned_at, created_at)
