@@ -302,6 +302,16 @@ def prefix_breaks(turns: Sequence[TurnRecord]) -> list[int]:
     return breaks
 
 
+def shrinking(turns: Sequence[TurnRecord]) -> list[int]:
+    """Turns whose working context is smaller than the one before: where a compaction took effect (a summary
+    written in the background is used at the crossing, with no summarizer call of its own)."""
+    return [
+        turn.number
+        for previous, turn in itertools.pairwise(turns)
+        if int(turn.headers["x-context-tokens"]) < int(previous.headers["x-context-tokens"])
+    ]
+
+
 def without_nulls(value: Any) -> Any:
     """A JSON value without its null fields: `"content": null` and an absent content are the same request."""
     if isinstance(value, Mapping):

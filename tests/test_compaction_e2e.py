@@ -37,6 +37,7 @@ from tests.scripted_session import (
     is_summary_message,
     prefix_breaks,
     seeded,
+    shrinking,
 )
 
 SMALL_WINDOW = 4096
@@ -140,16 +141,6 @@ def check_headers(turn: TurnRecord, budget: int) -> int:
     assert int(usage.group(3)) == round(100 * tokens / budget)
     assert int(usage.group(4) or 0) == summaries
     return summaries
-
-
-def shrinking(turns: Sequence[TurnRecord]) -> list[int]:
-    """Turns whose working context is smaller than the one before: where a compaction took effect (a summary
-    written in the background is used at the crossing, with no summarizer call of its own)."""
-    return [
-        turn.number
-        for previous, turn in itertools.pairwise(turns)
-        if int(turn.headers["x-context-tokens"]) < int(previous.headers["x-context-tokens"])
-    ]
 
 
 def summary_text(messages: Sequence[Mapping[str, Any]]) -> str:

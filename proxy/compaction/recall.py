@@ -242,8 +242,8 @@ def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
 
 
 def query_terms(query: str) -> list[Term]:
-    """The significant terms of a query, identifier-like ones (several tokens, digits) first: no stopwords, no
-    short words, no punctuation; each once."""
+    """The significant terms of a query, identifier-like ones (several tokens, digits) first, then names: no
+    stopwords, no short or plain words, no punctuation; each once."""
     identifiers: dict[Term, None] = {}
     words: dict[Term, None] = {}
     chunks: set[str] = set()
@@ -256,11 +256,21 @@ def query_terms(query: str) -> list[Term]:
             continue
         if len(tokens) > 1 or any(token.isdigit() for token in tokens):
             identifiers.setdefault(tokens)
-        else:
+        elif _named(query, match.start(), match.group().strip(_EDGE)):
             words.setdefault(tokens)
         if len(identifiers) >= MAX_SCANNED_TERMS:
             break
     return [*identifiers, *words][:MAX_SCANNED_TERMS]
+
+
+def _named(query: str, start: int, word: str) -> bool:
+    """Whether a one-word term names something: `camelCase`, `ALLCAPS`, a quoted word, or a capitalized word
+    inside a sentence (`Paris`, `Postgres`). Plain words are left out: prose shares its vocabulary from turn to turn,
+    and recalling passages for them costs tokens and the prompt's prefix for nothing."""
+    if any(character.isupper() for character in word[1:]) or query[start - 1 : start] in ("`", '"', "'"):
+        return True  # camelCase, ALLCAPS, or quoted as a name
+    before = query[:start].rstrip()
+    return word[:1].isupper() and bool(before) and before[-1] not in ".!?:\n"
 
 
 def _significant(token: str) -> bool:
