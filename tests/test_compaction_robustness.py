@@ -33,13 +33,13 @@ from proxy.compaction.builder import (
     recent_start,
 )
 from proxy.compaction.compactor import Compactor
+from proxy.compaction.extractive import fallback_summary
 from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import (
     ACKNOWLEDGEMENT,
     SUMMARY_HEADER,
     acknowledgement_message,
-    fallback_summary,
     summarizer_messages,
     summary_message,
 )

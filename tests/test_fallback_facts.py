@@ -16,14 +16,10 @@ import pytest
 
 from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.extractive import extractive_summary, fallback_summary
 from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
-from proxy.compaction.summary_text import (
-    SUMMARY_HEADER,
-    extractive_summary,
-    fallback_summary,
-    summary_message,
-)
+from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
 from proxy.config import ContextConfig, ModelEntry
 from proxy.history.store import History
 from proxy.store.database import Database

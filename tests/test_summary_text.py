@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.summary_text import (
     SUMMARY_HEADER,
-    extractive_summary,
     key_inputs,
     reduce_tool_output,
     summarizer_messages,

@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
+from proxy.compaction.extractive import fallback_summary
 from proxy.compaction.layout import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, NeedsSummary, Span
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
-from proxy.compaction.summary_text import fallback_summary, summary_message
+from proxy.compaction.summary_text import summary_message
 from proxy.config import ContextConfig, ModelEntry
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute

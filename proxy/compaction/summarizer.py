@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.summary_text import extractive_summary, summarizer_messages
+from proxy.compaction.extractive import extractive_summary
+from proxy.compaction.summary_text import summarizer_messages
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.offload import compute

@@ -1,0 +1,279 @@
+"""The deterministic extractive summary: the no-LLM fallback that keeps a request alive when the summarizer model
+fails (or is not waited for), and keeps a conversation's facts through later merges.
+
+It keeps the lines most likely to matter later (identifiers, paths, numbers, key=value facts, decisions, errors,
+open tasks). Facts stated in the conversation (`KEY=value`, `key = value`, `key: 42`) come first, as their exact
+strings on one `facts:` line, so that many fit a small target; then whole sentences by what they are worth, earlier
+summaries' lines first among equals. A later fallback that merges earlier summaries reads their facts back and
+keeps them before anything new, so facts survive being merged again and again. Pure and deterministic: the same
+messages always give the same summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.summary_text import (
+    ERROR,
+    EXIT,
+    SUMMARY_LABEL,
+    TEXT,
+    clip,
+    labelled_texts,
+    summary_message,
+    truncate,
+)
+from proxy.tokens import count_message, count_text
+
+MAX_SEGMENT_CHARS = 400
+FALLBACK_SENTENCE_CHARS = 160
+FACTS_LABEL = "facts"
+"""Starts the fallback's line of facts, so that a later fallback merging this summary reads them back as facts."""
+FACT_SEPARATOR = "; "
+FACT_CONTEXT_SCORE = 1
+"""A sentence whose facts are on the facts line still says what they are for: kept when there is room."""
+FACT_SHARE = 0.75
+"""New facts may fill this much of a fallback summary before its best sentences (errors, decisions, tasks) are
+chosen; an earlier summary's facts are kept whatever room they take."""
+
+_PATH = re.compile(r"(?:[\w.~-]*/[\w.-]+)+|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|c|h|cpp|md|json|ya?ml|toml|sql|sh)\b")
+_IDENTIFIER = re.compile(
+    r"\b(?:[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*|[A-Za-z0-9]+_[A-Za-z0-9_]+|[A-Za-z_]\w*\.[A-Za-z_][\w.]*|\w+\(\))"
+)
+_NUMBER = re.compile(r"\d")
+_FACT = re.compile(r"\b[\w.-]+ ?(?:=|:) ?\S")
+_DECISION = re.compile(r"\b(?:decided|decide|we will|we'll|agreed|chose|choose|use |switch to|instead)", re.I)
+_TASK = re.compile(r"\b(?:TODO|FIXME|next|need to|needs to|should|must|remaining|open question)\b", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(\[])")
+_ASSIGNMENT = re.compile(
+    r"(?<![\w.\-/?&%])[A-Za-z_][\w.-]*(?: ?=(?![=>]) ?|(?P<colon>: +))"
+    r"(?P<value>\"[^\"\n;]*\"|'[^'\n;]*'|`[^`\n;]*`|[^\s,;\"'`]+)"
+)
+"""`KEY=value`, `key = value`, `key: value` as written in a sentence; a value ends at a space, comma or semicolon."""
+_VALUE_END = ".,:!?)]}"
+_NAMED_KEY = re.compile(r"[_\d.]|[a-z][A-Z]")
+"""A key that is clearly a name (`retry_limit`, `apiTimeout`, `v2`): `key: value` is a fact whatever the value."""
+_VALUE_LIKE = re.compile(r"\d|[_/]|[a-z][A-Z]")
+"""A value that is clearly data (a number, a path, an identifier), which makes `Word: value` a fact too."""
+_ROLES = frozenset(("summary", "user", "assistant", "system", "developer", "tool", "facts"))
+_CLOSING = {")": "(", "]": "[", "}": "{"}
+_LABEL = re.compile(r"^(?:(?:summary|user|assistant|system|developer|tool(?: [\w.-]+)?): )+")
+"""Role labels the fallback puts before its lines; facts are read from what follows them."""
+
+_SCORES: tuple[tuple[re.Pattern[str], int], ...] = (
+    (ERROR, 5),
+    (EXIT, 4),
+    (_DECISION, 4),
+    (_TASK, 4),
+    (_FACT, 3),
+    (_PATH, 3),
+    (_IDENTIFIER, 2),
+    (_NUMBER, 1),
+)
+"""What makes a line worth keeping in the fallback, by how costly it is to lose."""
+SUMMARY_BONUS = 3
+"""Lines of an earlier summary were already chosen as worth keeping once."""
+
+
+def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> str:
+    """The deterministic fallback summary within `target` tokens: the facts stated in `messages` first, on one
+    `facts:` line (an earlier summary's before new ones), then the best-scoring sentences in chronological order.
+    New facts take at most `FACT_SHARE` of the target before the sentences have their turn, then what is left;
+    a chosen sentence that shows a fact takes it off the facts line."""
+    target = max(1, target)
+    facts, sentences = _candidates(messages)
+    chosen = _Choice(target)
+    chosen.add_facts(facts, FACT_SHARE * target)
+    chosen.add_sentences(sentences)
+    chosen.add_facts(facts, target)
+    text = chosen.trimmed()
+    if text:
+        return text
+    fallback = truncate(_first_sentences(messages), target)
+    return fallback or truncate(f"{len(messages)} earlier messages", target)
+
+
+def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str) -> str:
+    """The extractive summary within `target` tokens, cut further until its summary message costs fewer than the
+    `replaced` tokens of what it stands for: a summary that does not shrink its range is of no use.
+
+    When even the shortest summary cannot shrink the range (`replaced` below a bare summary message, which the
+    builder never asks for), the shortest is returned and the builder keeps showing the originals.
+    """
+    limit = max(1, min(target, replaced - count_message(summary_message(""), encoding) - 1))
+    while True:
+        content = extractive_summary(messages, limit)
+        excess = count_message(summary_message(content), encoding) - replaced + 1
+        if excess <= 0 or limit == 1:
+            return content
+        limit = max(1, limit - excess)
+
+
+@dataclass(frozen=True)
+class _Fact:
+    position: int
+    text: str
+    """As it was written: `DEPLOY_REGION=eu-west-3`, `retry_limit = 7`."""
+    score: int
+
+
+@dataclass(frozen=True)
+class _Segment:
+    position: int
+    text: str
+    """The sentence with its label: `user: …`."""
+    score: int
+    facts: tuple[str, ...]
+    """The facts it shows."""
+
+
+class _Choice:
+    """What a fallback summary keeps, and its estimated cost: each piece counted alone, plus its separator."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.facts: list[_Fact] = []
+        self.sentences: list[_Segment] = []
+        self.listed: dict[str, int] = {}
+        """The kept facts no kept sentence shows (the facts line), with their costs."""
+        self.used = 0
+
+    def add_facts(self, facts: Sequence[_Fact], limit: float) -> None:
+        """Facts in their order while they fit: new ones within `limit`, an earlier summary's within the target."""
+        taken = {fact.text for fact in self.facts}.union(*(sentence.facts for sentence in self.sentences))
+        for fact in facts:
+            cost = count_text(fact.text) + 1 + (0 if self.listed else count_text(FACTS_LABEL + ":") + 1)
+            room = self.target if fact.score >= SUMMARY_BONUS else limit
+            if fact.text not in taken and self.used + cost <= room:
+                self.facts.append(fact)
+                self.listed[fact.text] = cost
+                self.used += cost
+
+    def add_sentences(self, sentences: Sequence[_Segment]) -> None:
+        """The best sentences that fit; one that shows a listed fact costs that much less."""
+        for sentence in sorted(sentences, key=lambda s: (-s.score, s.position)):
+            shown = [fact for fact in sentence.facts if fact in self.listed]
+            cost = count_text(sentence.text) + 1 - sum(self.listed[fact] for fact in shown)
+            if self.used + cost <= self.target:
+                self.sentences.append(sentence)
+                for fact in shown:
+                    del self.listed[fact]
+                self.used += cost
+
+    def trimmed(self) -> str:
+        """The summary, its least valuable pieces dropped while the estimate fell short of the exact count."""
+        text = self.text()
+        while text and count_text(text) > self.target:
+            if self.sentences:
+                self.sentences.remove(min(self.sentences, key=lambda s: (s.score, -s.position)))
+            else:
+                self.facts.pop()
+            text = self.text()
+        return text
+
+    def text(self) -> str:
+        shown = {fact for sentence in self.sentences for fact in sentence.facts}
+        listed = [fact.text for fact in sorted(self.facts, key=lambda f: f.position) if fact.text not in shown]
+        lines = [f"{FACTS_LABEL}: " + FACT_SEPARATOR.join(listed)] if listed else []
+        return "\n".join(lines + [s.text for s in sorted(self.sentences, key=lambda s: s.position)])
+
+
+def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], list[_Segment]]:
+    """The facts of `messages` (first seen first, an earlier summary's before any new one) and their sentences
+    (each once), scored by what the sentence says besides its facts."""
+    facts: dict[str, _Fact] = {}
+    sentences: dict[str, _Segment] = {}
+    position = 0
+    for label, text, kind in labelled_texts(messages):
+        bonus = SUMMARY_BONUS if kind == SUMMARY_LABEL else 0
+        for line in text.splitlines():
+            listed = _fact_line(line) if kind == SUMMARY_LABEL else None
+            if listed is not None:
+                for fact in listed:
+                    facts.setdefault(fact, _Fact(position, fact, bonus))
+                    position += 1
+                continue
+            prefix, line = _label_of(line, label, kind)
+            for sentence in _SENTENCE_END.split(line.strip()):
+                sentence = sentence.strip()
+                if not sentence or not any(ch.isalnum() for ch in sentence) or sentence in sentences:
+                    continue
+                found = _facts_in(sentence) if kind in (SUMMARY_LABEL, TEXT) else []
+                written = [sentence[start:end] for start, end in found]
+                for fact in written:
+                    facts.setdefault(fact, _Fact(position, fact, bonus))
+                score = max(_score(_remove(sentence, found)), FACT_CONTEXT_SCORE if found else 0) + bonus
+                shown = clip(sentence, MAX_SEGMENT_CHARS)
+                if score > 0:
+                    shows = tuple(fact for fact in written if fact in shown)
+                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows)
+                position += 1
+    return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values())
+
+
+def _label_of(line: str, label: str, kind: str) -> tuple[str, str]:
+    """(label, text) of one line: an earlier summary's line keeps the label it has (`user: …`, not `summary: user:
+    …`, however often it is merged again)."""
+    if kind == SUMMARY_LABEL:
+        labelled = _LABEL.match(line)
+        if labelled:
+            return labelled.group()[:-2], line[labelled.end() :]
+    return label, line
+
+
+def _fact_line(line: str) -> list[str] | None:
+    """The facts of a `facts:` line an earlier fallback wrote, or None if `line` is not one."""
+    if not line.startswith(FACTS_LABEL + ": "):
+        return None
+    listed = line[len(FACTS_LABEL) + 2 :].split(FACT_SEPARATOR)
+    if all(_facts_in(fact) == [(0, len(fact))] for fact in listed):
+        return listed
+    return None
+
+
+def _facts_in(sentence: str) -> list[tuple[int, int]]:
+    """Where facts are written in a sentence: `KEY=value`, `key = value`, and `key: value` where the key is a name
+    or the value is data (`Note: the` is prose). Trailing punctuation is the sentence's, not the value's."""
+    found = []
+    for match in _ASSIGNMENT.finditer(sentence):
+        value, end = match.group("value"), match.end()
+        if value[0] not in "\"'`":
+            while value and (value[-1] in _VALUE_END or (value[-1] in _CLOSING and _unbalanced(value))):
+                value, end = value[:-1], end - 1
+            if not value or "(" in value or value[0] in "[{<":
+                continue
+        key = sentence[match.start() : match.start("value")].rstrip(" =:")
+        if match.group("colon") and (
+            key.lower() in _ROLES or not (_NAMED_KEY.search(key) or _VALUE_LIKE.search(value))
+        ):
+            continue
+        found.append((match.start(), end))
+    return found
+
+
+def _unbalanced(value: str) -> bool:
+    closing = value[-1]
+    return value.count(closing) > value.count(_CLOSING[closing])
+
+
+def _remove(sentence: str, found: Sequence[tuple[int, int]]) -> str:
+    for start, end in reversed(found):
+        sentence = sentence[:start] + " " + sentence[end:]
+    return sentence
+
+
+def _score(text: str) -> int:
+    return sum(weight for pattern, weight in _SCORES if pattern.search(text))
+
+
+def _first_sentences(messages: Sequence[Mapping[str, Any]]) -> str:
+    firsts = []
+    for role, text, _ in labelled_texts(messages):
+        stripped = text.strip()
+        if stripped:
+            first = _SENTENCE_END.split(stripped.splitlines()[0])[0]
+            firsts.append(f"{role}: {clip(first, FALLBACK_SENTENCE_CHARS)}")
+    return "\n".join(firsts)
