@@ -20,7 +20,7 @@ from proxy.compaction.builder import (
     recent_block,
 )
 from proxy.compaction.layout import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, BuildResult
-from tests.test_builder import PRIMING, assistant, check_context, system, tool_pairs, user
+from tests.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
 STUB = 30
 MARKER = 25
@@ -98,19 +98,29 @@ def rendering(context: WorkingContext) -> list[object]:
 
 
 def check(items: Sequence[Item], policy: Policy, context: WorkingContext) -> None:
-    """The builder's invariants, with stubs counted at their cost."""
+    """The builder's invariants, with stubs counted at their cost: the budget, every item shown once and in
+    order, system, pinned and recent messages verbatim (a stub only for an older tool output), tool pairs whole."""
     acknowledgements = len(context.acknowledgements) * policy.acknowledgement_tokens
     assert context.tokens == shown_tokens(items, context.parts, context.stubbed) + acknowledgements + PRIMING
     assert context.tokens <= policy.budget
-    unstubbed = [
-        Item(item.role, item.stub_tokens if p in context.stubbed and item.stub_tokens is not None else item.tokens,
-             item.tool_call_ids, item.tool_call_id)
-        for p, item in enumerate(items)
-    ]  # fmt: skip
-    check_context(unstubbed, policy, context)
+    where: dict[int, int | Span] = {}
+    for part in context.parts:
+        for position in [part] if isinstance(part, int) else range(part.start, part.end):
+            assert position not in where
+            where[position] = part
+    assert sorted(where) == list(range(len(items)))
+    order = [p if isinstance(p, int) else p.start for p in context.parts]
+    assert order == sorted(order)
+    recent, _ = pinned_and_recent(items, policy)
+    for position, item in enumerate(items):
+        if item.role == "system" or item.pinned or position >= recent:
+            assert where[position] == position
+            assert position not in context.stubbed
     for position in context.stubbed:
         assert items[position].role == "tool"
-        assert position in context.parts
+        assert where[position] == position
+    for call, answer in tool_pairs(items):
+        assert where[call] == where[answer] or (where[call] == call and where[answer] == answer)
 
 
 # --- tool-results ---------------------------------------------------------------------------------------------
