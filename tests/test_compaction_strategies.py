@@ -373,5 +373,5 @@ async def test_close_stops_the_background_work(history: History, summaries: Summ
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
     engine.precompact(request(path, int(total(path) / 0.85)), Prepared([], total(path), 0, 0))
     await asyncio.sleep(0.05)
-    await asyncio.wait_for(engine.close(), 5)
+    await asyncio.wait_for(engine.close(grace_s=0.1), 5)
     assert await summaries.on_path(TENANT, path) == []

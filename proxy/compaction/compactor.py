@@ -51,6 +51,8 @@ MAX_ROUNDS = 32
 """Spans one request may write; each round shrinks the context, so this is never reached in practice."""
 STUB_CACHE_ENTRIES = 20_000
 """Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
+CLOSE_GRACE_S = 5.0
+"""How long shutdown lets running pre-compactions finish before it cancels them."""
 NAMED_PINS = 10
 """Pinned message ids an error names before it says how many more there are."""
 
@@ -188,9 +190,12 @@ class Compactor:
         while self._background:
             await asyncio.gather(*self._background.values(), return_exceptions=True)
 
-    async def close(self) -> None:
-        """Stop the pre-compactions still running (shutdown): what they wrote is kept, the rest is redone later."""
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop the pre-compactions (shutdown): a summarizer call under way may finish within `grace_s`, so its
+        connection is closed cleanly and its summary kept; the rest is cancelled and redone when next needed."""
         tasks = list(self._background.values())
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
