@@ -16,8 +16,9 @@ from typing import Any
 
 from proxy.budget.budgets import Budgets
 from proxy.compaction.builder import Span, WorkingContext, build, cut_points
-from proxy.compaction.compactor import CompactionRequest, Compactor, builder_item
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.events import CompactionEvents
+from proxy.compaction.path_items import builder_item
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound

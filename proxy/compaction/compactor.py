@@ -20,28 +20,26 @@ import asyncio
 import functools
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from proxy.compaction.builder import Item, NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
+from proxy.compaction.builder import NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.layout import MIN_COMPACT_TO, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
-from proxy.compaction.stubs import marker_message, stubbed_message, tool_stubs
+from proxy.compaction.stubs import marker_message, stubbed_message
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
 from proxy.config import ContextConfig
 from proxy.errors import ContextTooLarge
-from proxy.history.messages import StoredMessage
-from proxy.history.pins import Pins, pattern_pinned
-from proxy.offload import compute
-from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt, rough_size
+from proxy.history.pins import Pins
+from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 from proxy.types import Clock, Message
 
-__all__ = ["Allowance", "CompactionRequest", "Compactor", "Prepared", "builder_item"]
+__all__ = ["Allowance", "CompactionRequest", "Compactor", "Prepared"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +47,6 @@ FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
 MAX_ROUNDS = 32
 """Spans one request may write; each round shrinks the context, so this is never reached in practice."""
-STUB_CACHE_ENTRIES = 20_000
-"""Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
 CLOSE_GRACE_S = 5.0
 """How long shutdown lets running pre-compactions finish before it cancels them."""
 NAMED_PINS = 10
@@ -73,14 +69,6 @@ class Prepared:
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
 
 
-@dataclass(frozen=True)
-class _State:
-    """What one request's builds read: its items (pins and stub costs known) and the stubs' texts."""
-
-    items: list[Item]
-    stubs: Mapping[int, str]
-
-
 class Compactor:
     def __init__(
         self,
@@ -97,11 +85,9 @@ class Compactor:
         self._summaries = summaries
         self._summarizer = summarizer
         self._clock = clock
-        self._pins = pins
         self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock)
-        self._stubs: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
-        """(message id, encoding) → the tool output's stub and what its message costs."""
+        self._paths = PathReader(config, pins)
         self._background: dict[tuple[str, str], asyncio.Task[None]] = {}
         """Pre-compactions running, by (tenant, session)."""
         self._slots = asyncio.Semaphore(config.precompact_concurrency)
@@ -139,8 +125,8 @@ class Compactor:
             return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
         allowance = request.allowance or self.allowance()
         await self._settled(request, allowance)
-        state = await self._state(request)
-        stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+        state = await self._paths.read(request)
+        stored = await self._in_force(request)
         policy = self._request_policy(request)
         for written in range(MAX_ROUNDS):
             result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
@@ -150,8 +136,7 @@ class Compactor:
                 raise _too_large(result, request)
             render = functools.partial(self._read, request, state)
             summary = await self._writer.write(request, result, stored, allowance, render)
-            stored = {key: value for key, value in stored.items() if key not in result.replaces}
-            stored[summary.id] = summary
+            stored = _superseded(stored, result, summary)
         raise ContextTooLarge(
             f"The conversation could not be compacted to fit {request.budget} tokens in {MAX_ROUNDS} rounds.",
             param="messages",
@@ -163,8 +148,8 @@ class Compactor:
         The builder is asked as if any context were too large, so it names the oldest unsummarized range older
         than the recent messages (or, once all of that is summarized, the oldest summaries to merge).
         """
-        state = await self._state(request)
-        stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+        state = await self._paths.read(request)
+        stored = await self._in_force(request)
         policy = replace(
             self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO, strategies=(SUMMARIZE,)
         )
@@ -211,8 +196,8 @@ class Compactor:
         (`Span.held`). A summarizer allowance of its own; when it is used up the task stops, and the crossing
         request writes what is missing."""
         async with self._slots:
-            state = await self._state(request)
-            stored = {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+            state = await self._paths.read(request)
+            stored = await self._in_force(request)
             trigger = self._config.trigger_ratio
             headroom = max(0.0, trigger - tokens / request.budget)
             policy = replace(
@@ -231,8 +216,7 @@ class Compactor:
                 if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
                     return
                 summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
-                stored = {key: value for key, value in stored.items() if key not in result.replaces}
-                stored[summary.id] = summary
+                stored = _superseded(stored, result, summary)
 
     async def _settled(self, request: CompactionRequest, allowance: Allowance) -> None:
         """Wait for the session's pre-compaction, within the request's summarizer allowance: the spans it writes
@@ -256,57 +240,16 @@ class Compactor:
         except Exception:  # logged by `_precompacted`; the request compacts on its own
             pass
 
+    async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSummary]:
+        return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+
     def _request_policy(self, request: CompactionRequest) -> Policy:
         capacity = self._summarizer.input_capacity(request.entry)
         return self.policy(request.budget, request.preserve_recent, capacity, request.encoding, request.strategies)
 
-    async def _state(self, request: CompactionRequest) -> _State:
-        pinned = await self._pinned(request)
-        strategies = request.strategies or self._config.strategies
-        stubs = await self._stub_costs(request) if TOOL_RESULTS in strategies else {}
-        items = [
-            builder_item(
-                stored, pinned=position in pinned, stub_tokens=stubs[position][1] if position in stubs else None
-            )
-            for position, stored in enumerate(request.path)
-        ]
-        return _State(items, {position: stub for position, (stub, _) in stubs.items()})
-
-    async def _pinned(self, request: CompactionRequest) -> frozenset[int]:
-        """Positions the session pinned by the API, or whose text matches `context.pin_patterns`."""
-        ids = await self._pins.on_session(request.tenant, request.session_id) if self._pins is not None else frozenset()
-        by_api = {position for position, stored in enumerate(request.path) if stored.id in ids}
-        patterns = self._config.pin_patterns
-        if not patterns:
-            return frozenset(by_api)
-        size = sum(map(rough_size, request.messages))
-        return frozenset(by_api | await compute(size, pattern_pinned, patterns, request.messages))
-
-    async def _stub_costs(self, request: CompactionRequest) -> dict[int, tuple[str, int]]:
-        """Position → (stub, what its message costs) for every tool output of the path; each computed once."""
-        found: dict[int, tuple[str, int]] = {}
-        missing: set[int] = set()
-        for position, stored in enumerate(request.path):
-            if stored.role == "tool":
-                cached = self._stubs.get((stored.id, request.encoding))
-                if cached is None:
-                    missing.add(position)
-                else:
-                    self._stubs.move_to_end((stored.id, request.encoding))
-                    found[position] = cached
-        if missing:
-            size = sum(rough_size(request.path[p].message) for p in missing)
-            fresh = await compute(size, _stubs_with_costs, request.path, missing, request.encoding)
-            for position, stub in fresh.items():
-                found[position] = stub
-                self._stubs[(request.path[position].id, request.encoding)] = stub
-            while len(self._stubs) > STUB_CACHE_ENTRIES:
-                self._stubs.popitem(last=False)
-        return found
-
     @staticmethod
     def _read(
-        request: CompactionRequest, state: _State, need: NeedsSummary, stored: Mapping[int, StoredSummary]
+        request: CompactionRequest, state: PathState, need: NeedsSummary, stored: Mapping[int, StoredSummary]
     ) -> list[Message]:
         """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
         return [
@@ -323,7 +266,7 @@ class Compactor:
         request: CompactionRequest,
         context: WorkingContext,
         stored: Mapping[int, StoredSummary],
-        state: _State,
+        state: PathState,
         written: int,
     ) -> Prepared:
         messages: list[Message] = []
@@ -373,31 +316,15 @@ class Compactor:
         )
 
 
-def builder_item(stored: StoredMessage, *, pinned: bool = False, stub_tokens: int | None = None) -> Item:
-    message = stored.message
-    calls = message.get("tool_calls") or ()
-    call_ids = tuple(str(call.get("id")) for call in calls if isinstance(call, Mapping) and call.get("id"))
-    tool_call_id = message.get("tool_call_id")
-    return Item(
-        role=stored.role,
-        tokens=stored.tokens,
-        tool_call_ids=call_ids,
-        tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,
-        pinned=pinned,
-        stub_tokens=stub_tokens,
-    )
+def _superseded(
+    stored: Mapping[int, StoredSummary], need: NeedsSummary, summary: StoredSummary
+) -> dict[int, StoredSummary]:
+    """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
+    return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
 
 
 def _span_message(summary: StoredSummary) -> Message:
     return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
-
-
-def _stubs_with_costs(path: Sequence[StoredMessage], wanted: set[int], encoding: str) -> dict[int, tuple[str, int]]:
-    messages = [stored.message for stored in path]
-    return {
-        position: (stub, count_message(stubbed_message(messages[position], stub), encoding))
-        for position, stub in tool_stubs(messages, wanted)
-    }
 
 
 def _message_index(context: WorkingContext, position: int) -> int:
