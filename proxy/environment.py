@@ -13,8 +13,10 @@ the upstream are built), and `litellm()` is the one place LiteLLM is imported an
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -66,3 +68,27 @@ def litellm() -> ModuleType:
     for transport in LAZY_TRANSPORT_MODULES:
         importlib.import_module(transport)
     return module
+
+
+async def close_loop_clients(module: ModuleType) -> int:
+    """Close the HTTP clients LiteLLM cached for the running event loop; how many were cached.
+
+    LiteLLM keys its client cache by event loop and closes a client only once it is evicted, on whatever loop
+    evicts it: a process that serves on one loop and then another (a restart in place, every test's proxy)
+    leaves the first loop's connections open until then. Called while the loop still runs, at shutdown.
+    """
+    cache: Any = getattr(module, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return 0
+    suffix = f"-{id(asyncio.get_running_loop())}"
+    keys = [key for key in list(entries) if isinstance(key, str) and key.endswith(suffix)]
+    for key in keys:
+        close = getattr(entries.get(key), "close", None)
+        if close is not None and inspect.iscoroutinefunction(close):
+            try:
+                await close()
+            except Exception as exc:  # a client already closed, or broken: shutdown goes on
+                logging.getLogger(__name__).debug("closing a cached LiteLLM client failed: %s", exc)
+        cache.delete_cache(key)
+    return len(keys)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.config import ModelEntry, UpstreamConfig
@@ -205,6 +206,25 @@ RICH_MESSAGES: list[dict[str, Any]] = [
     {"role": "assistant", "content": "It is 21 °C at noon — ☀️.", "name": "bot"},
     {"role": "user", "content": "thanks"},
 ]
+
+
+async def test_closing_closes_the_clients_litellm_cached_for_this_event_loop(entry: ModelEntry) -> None:
+    """LiteLLM keeps a client per event loop and closes it only once evicted, on whatever loop evicts it: a
+    process that served on this loop would keep its connections open (every test's proxy is one such loop)."""
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
+    await upstream.complete(entry, [{"role": "user", "content": "hi"}], {})
+    cache = upstream._litellm.in_memory_llm_clients_cache.cache_dict
+    suffix = f"-{id(asyncio.get_running_loop())}"
+    mine = [client for key, client in cache.items() if key.endswith(suffix)]
+    assert mine
+
+    await upstream.aclose()
+
+    assert not [key for key in cache if key.endswith(suffix)]
+    # `_client`: the handler's `client` property would open a new one in place of a closed one.
+    http_clients = [getattr(client, "_client", None) for client in mine]
+    assert http_clients
+    assert all(isinstance(client, httpx.AsyncClient) and client.is_closed for client in http_clients)
 
 
 def without_null_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

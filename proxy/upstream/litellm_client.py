@@ -117,6 +117,7 @@ class LiteLLMUpstream:
     async def aclose(self) -> None:
         await self._responses.aclose()
         await self._anthropic.aclose()
+        await environment.close_loop_clients(self._litellm)
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
