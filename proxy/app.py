@@ -14,35 +14,40 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
 from proxy.inspection import checked_ids
-from proxy.journal.reader import DEFAULT_PAGE
+from proxy.observability.metrics import CONTENT_TYPE, Metrics
+from proxy.observability.requests import ObservedRequests
 from proxy.services import Services, open_services
+from proxy.ui.routes import ui_routes
 from proxy.wire.body import parse_json_object, parse_off_loop, read_body
 from proxy.wire.chat import ChatCompletions
 from proxy.wire.context_headers import whole_number
 from proxy.wire.messages import Messages
+from proxy.wire.paging import page_params
 from proxy.wire.responses import Responses
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
-MAX_PAGE = 500
 MAX_PINS_BODY_BYTES = 256 * 1024
 """A pin request names at most `inspection.MAX_PIN_IDS` ids: far below this."""
 
 
 def create_app(config: Config) -> Starlette:
+    metrics = Metrics(entry.name for entry in config.models)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with open_services(config) as services:
+        async with open_services(config, metrics=metrics) as services:
             app.state.services = services
             app.state.chat = ChatCompletions(config, services.pipeline)
             app.state.responses = Responses(config, services.pipeline)
@@ -52,7 +57,7 @@ def create_app(config: Config) -> Starlette:
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
             yield
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/v1/chat/completions", _chat, methods=["POST"]),
         Route("/v1/responses", _responses, methods=["POST"]),
         Route("/v1/messages", _messages, methods=["POST"]),
@@ -73,9 +78,14 @@ def create_app(config: Config) -> Starlette:
         Route("/journal", _journal, methods=["GET"]),
         Route("/journal/{step_id}", _journal_step, methods=["GET"]),
     ]
+    if config.observability.metrics:
+        routes.append(Route("/metrics", _metrics, methods=["GET"]))
+    if config.observability.ui:
+        routes.extend(ui_routes())
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ObservedRequests, metrics=metrics)],
         exception_handlers={
             ProxyError: _proxy_error,
             HTTPException: _http_error,
@@ -162,6 +172,16 @@ async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok", "models": len(services.config.models)})
 
 
+async def _metrics(request: Request) -> Response:
+    """Prometheus's text format; with auth on, a proxy key is needed unless `metrics.require_key` is false."""
+    services = _services(request)
+    if services.config.observability.metrics_require_key:
+        authenticate(request.headers, services.config.auth)
+    row = await services.db.fetchone("SELECT COUNT(*) FROM sessions")
+    services.metrics.sessions.set(row[0] if row is not None else 0)
+    return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
 async def _sessions(request: Request) -> Response:
     services = _services(request)
     caller = authenticate(request.headers, services.config.auth)
@@ -234,24 +254,6 @@ async def _journal_step(request: Request) -> Response:
     if step_id is None:  # past SQLite's integers: no step can have it
         raise NotFound(f"No journal step {text[:40]}….", code="step_not_found")
     return JSONResponse(await services.inspector.step(caller.tenant, step_id))
-
-
-def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
-    """`limit` and `offset` query parameters, checked: a bad one is a 400 naming it."""
-    values = []
-    for name, text, default, maximum in (
-        ("limit", limit, DEFAULT_PAGE, MAX_PAGE),
-        ("offset", offset, 0, None),
-    ):
-        if text is None:
-            values.append(default)
-            continue
-        number = whole_number(text)
-        if number is None or (maximum is not None and not 1 <= number <= maximum):
-            bound = f" between 1 and {maximum}" if maximum else " below 2^63"
-            raise InvalidRequest(f"Query parameter '{name}' must be a whole number{bound}.", param=name)
-        values.append(number)
-    return values[0], values[1]
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

@@ -54,6 +54,8 @@ DEFAULT_TOOL_RESULTS_KEEP_TURNS = 2
 DEFAULT_PRECOMPACT_RATIO = 0.8
 DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024
+LOG_FORMATS = ("TEXT", "JSON")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,19 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    metrics: bool = True
+    """Serve `GET /metrics`."""
+    metrics_require_key: bool = True
+    """With `auth.keys` set, a scrape needs a proxy key like every other route; false lets any scraper in."""
+    ui: bool = True
+    """Serve the dashboard at `/ui`."""
+    log_format: str = "text"
+    """`text`: one line per record; `json`: one JSON object per line, with the same fields."""
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = ServerConfig()
     store: StoreConfig = StoreConfig()
@@ -165,6 +180,7 @@ class Config:
     request_limits: RequestLimits = RequestLimits()
     upstream: UpstreamConfig = UpstreamConfig()
     auth: AuthConfig = AuthConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     def model(self, name: str) -> ModelEntry | None:
         for entry in self.models:
@@ -200,7 +216,12 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     limits = root.section("limits")
     upstream = root.section("upstream")
     auth = root.section("auth")
-    root.reject_unknown({"server", "store", "models", "context", "journal", "limits", "upstream", "auth"})
+    metrics = root.section("metrics")
+    ui = root.section("ui")
+    logs = root.section("logging")
+    root.reject_unknown(
+        {"server", "store", "models", "context", "journal", "limits", "upstream", "auth", "metrics", "ui", "logging"}
+    )
 
     store_path = Path(store.string("path", DEFAULT_STORE_PATH))
     if not store_path.is_absolute():
@@ -259,6 +280,13 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             stream_deadline_s=upstream.number("stream_deadline_s", DEFAULT_STREAM_DEADLINE_S, low=0.001, high=86400.0),
         ),
         auth=AuthConfig(keys=auth.string_list("keys")),
+        observability=ObservabilityConfig(
+            metrics=metrics.boolean("enabled", True),
+            metrics_require_key=metrics.boolean("require_key", True),
+            ui=ui.boolean("enabled", True),
+            log_format=logs.choice("format", "text", LOG_FORMATS).lower(),
+            log_level=logs.choice("level", "INFO", LOG_LEVELS).upper(),
+        ),
     )
     for section, known in (
         (server, {f.name for f in ServerConfig.__dataclass_fields__.values()}),
@@ -268,6 +296,9 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         (limits, {f.name for f in RequestLimits.__dataclass_fields__.values()}),
         (upstream, {"timeout_s", "num_retries", "first_byte_timeout_s", "stream_deadline_s"}),
         (auth, {"keys"}),
+        (metrics, {"enabled", "require_key"}),
+        (ui, {"enabled"}),
+        (logs, {"format", "level"}),
     ):
         section.reject_unknown(known)
     if config.context.compact_to > config.context.trigger_ratio:

@@ -15,11 +15,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.builder import Span, WorkingContext, build, cut_points
-from proxy.compaction.compactor import CompactionRequest, Compactor
+from proxy.budget.limits import ModelLimits
+from proxy.compaction.builder import cut_points
+from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import builder_item
-from proxy.compaction.summaries import StoredSummary, Summaries, in_force
+from proxy.compaction.strategies import STRATEGY_SETTING
+from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.chain import SYSTEM_ROLES
@@ -39,6 +41,37 @@ MAX_PIN_IDS = 1_000
 NAMED_IDS = 20
 """Ids an error lists before it says how many more there are."""
 SHOWN_ID_CHARS = 100
+
+
+@dataclass(frozen=True)
+class SessionState:
+    session: Session
+    settings: Mapping[str, Any]
+    limits: ModelLimits
+    usage: dict[str, Any]
+    path: list[StoredMessage]
+    summaries: list[StoredSummary]
+    """Every span on the path, orphaned ones included."""
+    view: ContextView
+    pinned: dict[int, str]
+    """Position → how it is pinned ('api' or 'pattern')."""
+
+    def header(self) -> dict[str, Any]:
+        """What the session's JSON views open with."""
+        return {
+            "id": self.session.id,
+            "object": "session",
+            "model": self.session.model,
+            "created_at": self.session.created_at,
+            "updated_at": self.session.updated_at,
+            "settings": dict(self.settings),
+            "limits": {
+                "context_window": self.limits.context_window,
+                "max_output": self.limits.max_output,
+                "source": self.limits.source,
+            },
+            "usage": self.usage,
+        }
 
 
 def severity(percent: float) -> str:
@@ -62,6 +95,7 @@ class Inspector:
 
     async def sessions(self, tenant: str, limit: int = DEFAULT_PAGE, offset: int = 0) -> dict[str, Any]:
         infos, has_more = await self.history.sessions(tenant, limit, offset)
+        contexts = await self.journal.last_contexts(tenant, [info.id for info in infos])
         data = [
             {
                 "id": info.id,
@@ -72,50 +106,20 @@ class Inspector:
                 "summaries": info.summaries,
                 "created_at": info.created_at,
                 "updated_at": info.updated_at,
+                "usage": _last_usage(contexts.get(info.id)),
             }
             for info in infos
         ]
         return {"object": "list", "data": data, "has_more": has_more}
 
     async def session(self, tenant: str, session_id: str) -> dict[str, Any]:
-        session, entry, encoding = await self._model_of(tenant, session_id)
-        path = await self.history.path(tenant, session_id, encoding) or []
-        summaries = await self.summaries.on_path(tenant, path)
-        settings = await self.history.settings_on(tenant, path)
-        limits = self.budgets.limits(entry)
-        budget = self.budgets.budget(entry, None, settings).input_budget
-        context_tokens, used = self._dry_run(path, in_force(summaries), budget)
-        in_context, source = len(used), "estimate"
-        last = await self.journal.last_context(tenant, session_id)
-        if last is not None:
-            context_tokens, budget, in_context = last["prompt_tokens"], last["budget"], last["summaries"]
-            source = "last_request"
-            path = await self._as_sent(path, last.get("pinned") or {})
-        percent = round(100 * context_tokens / budget, 1) if budget > 0 else 100.0
-        covered_by = {position: span.id for span in used for position in range(span.start, span.end)}
-        pinned = self._pinned(path, await self.pins.on_session(tenant, session_id))
+        state = await self.state(tenant, session_id)
+        path = state.path
+        covered_by = {
+            position: span.id for span in state.view.spans for position in range(span.start_depth, span.end_depth + 1)
+        }
         return {
-            "id": session.id,
-            "object": "session",
-            "model": session.model,
-            "created_at": session.created_at,
-            "updated_at": session.updated_at,
-            "settings": settings,
-            "limits": {
-                "context_window": limits.context_window,
-                "max_output": limits.max_output,
-                "source": limits.source,
-            },
-            "usage": {
-                "context_tokens": context_tokens,
-                "budget": budget,
-                "percent": percent,
-                "severity": severity(percent),
-                "text": usage_text(context_tokens, budget, in_context),
-                "history_tokens": count_prompt(m.tokens for m in path),
-                "summaries_in_context": in_context,
-                "source": source,
-            },
+            **state.header(),
             "messages": [
                 {
                     "id": stored.id,
@@ -125,7 +129,7 @@ class Inspector:
                     "tokens": stored.tokens,
                     "created_at": stored.created_at,
                     "summary_id": covered_by.get(position),
-                    "pinned": position in pinned,
+                    "pinned": position in state.pinned,
                 }
                 for position, stored in enumerate(path)
             ],
@@ -134,9 +138,42 @@ class Inspector:
                     **summary.as_json(),
                     "covers": [m.id for m in path[summary.start_depth : summary.end_depth + 1]],
                 }
-                for summary in summaries
+                for summary in state.summaries
             ],
         }
+
+    async def state(self, tenant: str, session_id: str) -> SessionState:
+        """A session as its next request would find it: path (with the system prompts it last sent), budget,
+        pins, and the working context worked out from what is stored (no write, no summarizer call)."""
+        session, entry, encoding = await self._model_of(tenant, session_id)
+        path = await self.history.path(tenant, session_id, encoding) or []
+        summaries = await self.summaries.on_path(tenant, path)
+        settings = await self.history.settings_on(tenant, path)
+        budget = self.budgets.budget(entry, None, settings).input_budget
+        strategies = settings.get(STRATEGY_SETTING)
+        view = await self.compactor.view(
+            CompactionRequest(
+                tenant=tenant,
+                session_id=session_id,
+                messages=[m.message for m in path],
+                path=path,
+                entry=entry,
+                encoding=encoding,
+                budget=budget,
+                preserve_recent=self.config.context.preserve_recent,
+                strategies=tuple(strategies) if isinstance(strategies, list) else None,
+            )
+        )
+        last = await self.journal.last_context(tenant, session_id)
+        if last is None:
+            usage = usage_view(view.tokens, budget, len(view.spans), "estimate")
+        else:
+            usage = usage_view(last["prompt_tokens"], last["budget"], last["summaries"], "last_request")
+            path = await self._as_sent(path, last.get("pinned") or {})
+        usage["history_tokens"] = count_prompt(m.tokens for m in path)
+        pinned = self._pinned(path, await self.pins.on_session(tenant, session_id))
+        limits = self.budgets.limits(entry)
+        return SessionState(session, settings, limits, usage, path, summaries, view, pinned)
 
     async def summarize(self, tenant: str, session_id: str) -> dict[str, Any]:
         _session, entry, encoding = await self._model_of(tenant, session_id)
@@ -295,16 +332,26 @@ class Inspector:
         forms = await self.history.forms(pinned)
         return [replace(m, message=forms[m.id]) if m.id in forms else m for m in path]
 
-    def _dry_run(
-        self, path: Sequence[StoredMessage], summaries: Sequence[StoredSummary], budget: int
-    ) -> tuple[int, list[Span]]:
-        """The next request's context size without writing anything: a fitting build, or the whole history."""
-        items = [builder_item(stored) for stored in path]
-        policy = self.compactor.policy(budget, self.config.context.preserve_recent)
-        result = build(items, [s.span() for s in summaries], policy)
-        if isinstance(result, WorkingContext):
-            return result.tokens, [part for part in result.parts if isinstance(part, Span)]
-        return count_prompt(item.tokens for item in items), []
+
+def usage_view(context_tokens: int, budget: int, in_context: int, source: str) -> dict[str, Any]:
+    """How full a working context is: tokens against the budget, with the severity a gauge is coloured by."""
+    percent = round(100 * context_tokens / budget, 1) if budget > 0 else 100.0
+    return {
+        "context_tokens": context_tokens,
+        "budget": budget,
+        "percent": percent,
+        "severity": severity(percent),
+        "text": usage_text(context_tokens, budget, in_context),
+        "summaries_in_context": in_context,
+        "source": source,
+    }
+
+
+def _last_usage(context: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A session list line's usage: what its last request sent; None before its first."""
+    if context is None:
+        return None
+    return usage_view(context["prompt_tokens"], context["budget"], context["summaries"], "last_request")
 
 
 def checked_ids(message_ids: Any) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -110,6 +111,7 @@ class Pipeline:
     """Streams still being relayed: shutdown lets them seal (`proxy.services`)."""
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
+        received = time.monotonic()
         entry = self.config.model(conversation.model)
         if entry is None:
             raise NotFound(
@@ -145,8 +147,8 @@ class Pipeline:
             await step_begun  # a conflicting key must be refused before the upstream is paid
         try:
             if conversation.stream:
-                return await self._stream(conversation, options, plan, step_begun)
-            return await self._complete(conversation, options, plan, step_begun)
+                return await self._stream(conversation, options, plan, step_begun, received)
+            return await self._complete(conversation, options, plan, step_begun, received)
         except asyncio.CancelledError:
             # Until a stream's relay owns the step, any ending ends it here, so no step is left open (an open
             # step would hold its Idempotency-Key until the next restart).
@@ -242,6 +244,7 @@ class Pipeline:
         options: ContextOptions,
         plan: Plan,
         call: Callable[[Plan], Awaitable[T]],
+        received: float,
     ) -> tuple[Plan, T]:
         """Call the upstream with the plan; heal once if it counted more tokens than we did.
 
@@ -250,8 +253,10 @@ class Pipeline:
         configured: what it reported is learned for the model, the context compacted to the smaller budget, and
         the call made once more.
         """
+        metrics = self.journal.metrics
+        metrics.added_seconds.labels(metrics.model(plan.entry.name)).observe(time.monotonic() - received)
         try:
-            return plan, await call(plan)
+            return plan, await self._timed(conversation, plan, call)
         except UpstreamError as exc:
             if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
@@ -263,10 +268,28 @@ class Pipeline:
                 factor,
             )
             plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry, plan.allowance)
-            return plan, await call(plan)
+            return plan, await self._timed(conversation, plan, call)
+
+    async def _timed(self, conversation: Conversation, plan: Plan, call: Callable[[Plan], Awaitable[T]]) -> T:
+        """One upstream call, for the metrics: its latency and the context it carried, whatever the answer."""
+        metrics = self.journal.metrics
+        model = metrics.model(plan.entry.name)
+        started = time.monotonic()
+        try:
+            return await call(plan)
+        finally:
+            metrics.upstream_seconds.labels(model, str(conversation.stream).lower()).observe(time.monotonic() - started)
+            report = plan.report()
+            metrics.context_tokens.labels(model).inc(report.prompt_tokens)
+            metrics.saved_tokens.labels(model).inc(max(0, report.history_tokens - report.prompt_tokens))
 
     async def _complete(
-        self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
+        self,
+        conversation: Conversation,
+        options: ContextOptions,
+        plan: Plan,
+        step_begun: asyncio.Task[Step],
+        received: float,
     ) -> Answer:
         async def complete(plan: Plan) -> Chunk:
             # The stream's total deadline bounds a whole call too: an upstream can drip a JSON body as slowly.
@@ -284,7 +307,7 @@ class Pipeline:
                     f"The upstream did not answer within the proxy's deadline (upstream.stream_deadline_s={total_s})."
                 ) from exc
 
-        sent, response = await self._forward(conversation, options, plan, complete)
+        sent, response = await self._forward(conversation, options, plan, complete, received)
         step = await step_begun
         limit = self.config.request_limits.max_answer_chars
         assembly = assemble([response])
@@ -297,7 +320,12 @@ class Pipeline:
         return Completed(response, sent.report(), StepRef(step.id, step.created_at))
 
     async def _stream(
-        self, conversation: Conversation, options: ContextOptions, plan: Plan, step_begun: asyncio.Task[Step]
+        self,
+        conversation: Conversation,
+        options: ContextOptions,
+        plan: Plan,
+        step_begun: asyncio.Task[Step],
+        received: float,
     ) -> Answer:
         async def open_stream(plan: Plan) -> tuple[AsyncIterator[Chunk], StreamDeadlines]:
             # Each attempt has its own deadlines; the first chunk's also bounds the wait for the stream to open.
@@ -317,7 +345,7 @@ class Pipeline:
                 raise deadlines.exceeded(first_chunk_seen=False) from exc
             return chunks, deadlines
 
-        sent, (chunks, deadlines) = await self._forward(conversation, options, plan, open_stream)
+        sent, (chunks, deadlines) = await self._forward(conversation, options, plan, open_stream, received)
         step = await step_begun
         if sent is not plan:
             await self.journal.recontext(step, sent.context())

@@ -31,6 +31,7 @@ from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
+from proxy.observability.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.store.database import Database
 from proxy.upstream.litellm_client import LiteLLMUpstream
@@ -52,11 +53,16 @@ class Services:
     upstream: LiteLLMUpstream
     pins: Pins
     events: CompactionEvents
+    metrics: Metrics
 
 
 @asynccontextmanager
-async def open_services(config: Config, *, recover: bool = True) -> AsyncIterator[Services]:
+async def open_services(
+    config: Config, *, recover: bool = True, metrics: Metrics | None = None
+) -> AsyncIterator[Services]:
+    """`metrics`: the app's (its middleware records into them too); a look-up's are its own and go unread."""
     environment.prepare()
+    metrics = Metrics(entry.name for entry in config.models) if metrics is None else metrics
     db = await Database.open(config.store.path, config.journal.synchronous)
     background: set[asyncio.Task[None]] = set()
     """Detached streams (the pipeline adds them), given a grace at shutdown."""
@@ -66,7 +72,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
     compactor: Compactor | None = None
     try:
         history = History(db)
-        journal = Journal(db, Answers(history), config.journal)
+        journal = Journal(db, Answers(history), config.journal, metrics=metrics)
         owners = Owners(db, journal.clock) if recover else None
         recovery = Recovery(db, journal, owners)
         if owners is not None:
@@ -78,8 +84,8 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         name = config.context.summarizer_model
         summaries = Summaries(db)
         pins = Pins(db)
-        events = CompactionEvents(db)
-        summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context)
+        events = CompactionEvents(db, metrics=metrics)
+        summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context, metrics)
         compactor = Compactor(config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db))
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
@@ -87,7 +93,7 @@ async def open_services(config: Config, *, recover: bool = True) -> AsyncIterato
         if owners is not None:
             maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
-        yield Services(config, db, pipeline, inspector, upstream, pins, events)
+        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics)
     finally:
         await _finish(background, maintenance)
         if compactor is not None:

@@ -103,8 +103,10 @@ class ProxyServer:
 class ProxyProcess:
     """`python -m proxy serve` in a child process: the only way to test a real SIGKILL."""
 
-    def __init__(self, raw_config: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, raw_config: dict[str, Any], workdir: Path, log_level: str | None = "warning") -> None:
+        """`log_level` None: the config's `logging.level`."""
         self.port = free_port()
+        self.log_level = log_level
         self.config_path = workdir / "proxy-config.json"
         self.config_path.write_text(json.dumps(raw_config))
         self.log_path = workdir / "proxy.log"
@@ -128,8 +130,7 @@ class ProxyProcess:
                     HOST,
                     "--port",
                     str(self.port),
-                    "--log-level",
-                    "warning",
+                    *(["--log-level", self.log_level] if self.log_level else []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

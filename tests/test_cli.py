@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging.config
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.cli.commands import EXIT_CONFIG, main
+from proxy.observability.logs import TEXT_FORMAT
 from proxy.server import DeadlineProtocol
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream
@@ -46,6 +48,8 @@ def uvicorn_run(monkeypatch: pytest.MonkeyPatch) -> UvicornCalls:
     """`serve` must never really start a server in these tests: uvicorn.run only records its arguments."""
     calls = UvicornCalls()
     monkeypatch.setattr(uvicorn, "run", calls)
+    # Nor configure this process's logging: the config serve builds is checked in what uvicorn.run was given.
+    monkeypatch.setattr(logging.config, "dictConfig", lambda config: None)
     return calls
 
 
@@ -122,8 +126,26 @@ def test_serve_binds_beyond_loopback_when_asked_explicitly_or_with_keys(
         ("127.0.0.1", 8787),
     ]
     assert uvicorn_run.calls[1]["log_level"] == "warning"
+    assert uvicorn_run.calls[1]["log_config"]["root"]["level"] == "WARNING"
+    assert uvicorn_run.calls[2]["log_config"]["formatters"]["proxy"] == {"format": TEXT_FORMAT}
     assert uvicorn_run.calls[2]["timeout_keep_alive"] == 75.0
     assert issubclass(uvicorn_run.calls[2]["http"], DeadlineProtocol)
+
+
+def test_serve_logs_json_at_the_configured_level_unless_the_flag_says_otherwise(
+    tmp_path: Path, uvicorn_run: UvicornCalls
+) -> None:
+    config = write_config(tmp_path / "json.json", {"logging": {"format": "json", "level": "debug"}})
+
+    assert main(["serve", "--config", str(config)]) == 0
+    assert main(["serve", "--config", str(config), "--log-level", "error"]) == 0
+
+    first, second = uvicorn_run.calls
+    assert first["log_level"] == "debug"
+    assert first["log_config"]["formatters"]["proxy"] == {"()": "proxy.observability.logs.JsonFormatter"}
+    assert first["log_config"]["root"]["level"] == "DEBUG"
+    assert second["log_config"]["root"]["level"] == second["log_config"]["loggers"]["uvicorn.access"]["level"]
+    assert second["log_config"]["root"]["level"] == "ERROR"
 
 
 def test_sessions_and_journal_read_the_servers_store(

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import logging.config
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.inspection import Inspector
 from proxy.journal.steps import StepStatus
+from proxy.observability.logs import log_config
 from proxy.server import raise_file_limit, server_options
 from proxy.services import open_services
 from proxy.store.database import SchemaTooNew, check_schema
@@ -67,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="YAML or JSON config file")
     serve.add_argument("--host", help="interface to bind (default: server.host from the config)")
     serve.add_argument("--port", type=int, help="port to bind (default: server.port from the config)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="default: logging.level in the config"
+    )
     serve.set_defaults(run=_serve)
 
     sessions = commands.add_parser("sessions", help="list or show stored sessions")
@@ -133,10 +137,13 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     except SchemaTooNew as exc:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return EXIT_STORE
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = (args.log_level or config.observability.log_level).lower()
+    logs = log_config(config.observability.log_format, level)
+    logging.config.dictConfig(logs)
     raise_file_limit()
     options = server_options(config.server)
-    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, lifespan="on", **options)
+    app = create_app(config)
+    uvicorn.run(app, host=host, port=port, log_level=level, log_config=logs, lifespan="on", **options)
     return 0
 
 

@@ -69,6 +69,20 @@ class Prepared:
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
 
 
+@dataclass(frozen=True)
+class ContextView:
+    """What a session's next request would send, worked out without writing anything (the inspection views)."""
+
+    spans: tuple[StoredSummary, ...]
+    """The summaries and markers in the working context, in order (masks are `stubs`)."""
+    stubs: Mapping[int, str]
+    """Path position → the stub sent in place of that tool output."""
+    tokens: int
+    """The working context's size; with `compacts` the whole history's."""
+    compacts: bool = False
+    """It does not fit as the spans stand: the next request writes more (spans: those in force, not held)."""
+
+
 class Compactor:
     def __init__(
         self,
@@ -141,6 +155,21 @@ class Compactor:
             f"The conversation could not be compacted to fit {request.budget} tokens in {MAX_ROUNDS} rounds.",
             param="messages",
         )
+
+    async def view(self, request: CompactionRequest) -> ContextView:
+        """The working context `prepare` would build from what is stored now, with the same pins and stubs,
+        without a summarizer call, a write or a wait."""
+        everything = count_prompt(stored.tokens for stored in request.path)
+        if everything <= self._config.trigger_ratio * request.budget:
+            return ContextView((), {}, everything)
+        state = await self._paths.read(request)
+        stored = await self._in_force(request)
+        result = build(state.items, [s.span() for s in stored.values()], self._request_policy(request))
+        if not isinstance(result, WorkingContext):
+            waiting = tuple(s for s in stored.values() if not s.held and s.strategy != TOOL_RESULTS)
+            return ContextView(waiting, {}, everything, compacts=True)
+        spans = tuple(stored[part.id] for part in result.parts if isinstance(part, Span))
+        return ContextView(spans, {p: state.stubs[p] for p in result.stubbed}, result.tokens)
 
     async def force(self, request: CompactionRequest) -> StoredSummary | None:
         """Summarize the oldest eligible range now (`POST /sessions/{id}/summarize`); None if there is none.

@@ -16,6 +16,8 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
+from proxy.observability.logs import FIELDS_ATTRIBUTE
+from proxy.observability.metrics import Metrics
 from proxy.store.database import Database
 from proxy.types import Clock
 
@@ -58,13 +60,17 @@ class CompactionEvent:
 
 
 class CompactionEvents:
-    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+    def __init__(self, db: Database, clock: Clock = time.time, metrics: Metrics | None = None) -> None:
         self._db = db
         self._clock = clock
+        self._metrics = Metrics() if metrics is None else metrics
 
     async def record(self, tenant: str, event: CompactionEvent) -> None:
         """Log the event and store it; never raises for a store that cannot take it."""
-        log.info("%s", log_line(event))
+        log.info("%s", log_line(event), extra={FIELDS_ATTRIBUTE: log_fields(event)})
+        if event.event != "start":
+            outcome = "error" if event.event == "error" else event.generated_by or "rule"
+            self._metrics.compaction(event.strategy, outcome)
         row = (tenant, *astuple(event), self._clock())
 
         def write(connection: sqlite3.Connection) -> None:
@@ -92,24 +98,42 @@ class CompactionEvents:
         )
         return [_as_json(row) for row in rows[:limit]], len(rows) > limit
 
+    async def latest(self, tenant: str, session_id: str, limit: int) -> list[dict[str, Any]]:
+        """The session's latest `limit` events, newest first."""
+        rows = await self._db.fetchall(
+            f"SELECT id, {_COLUMNS}, created_at FROM compaction_events WHERE tenant = ? AND session_id = ? "
+            "ORDER BY id DESC LIMIT ?",
+            (tenant, session_id, limit),
+        )
+        return [_as_json(row) for row in rows]
+
 
 def log_line(event: CompactionEvent) -> str:
     """`compaction event=complete session=s1 strategy=llm range=[2,14) tokens=5120->410 ...`: one line, `-` for
     what the event does not know."""
-    fields = [
-        ("event", event.event),
-        ("session", event.session_id),
-        ("strategy", event.strategy),
-        ("range", None if event.range_start is None else f"[{event.range_start},{_text(event.range_end)})"),
-        ("tokens", None if event.tokens_before is None else f"{event.tokens_before}->{_text(event.tokens_after)}"),
-        ("duration_ms", None if event.duration_ms is None else f"{event.duration_ms:.0f}"),
-        ("summary", event.summary_id),
-        ("generated_by", event.generated_by),
-        ("model", event.model),
-        ("background", "true" if event.background else "false"),
-        ("detail", None if event.detail is None else json.dumps(event.detail[:DETAIL_LOG_CHARS])),
-    ]
-    return "compaction " + " ".join(f"{key}={_text(value)}" for key, value in fields)
+    fields = log_fields(event)
+    if event.detail is not None:
+        fields["detail"] = json.dumps(fields["detail"])
+    return "compaction " + " ".join(f"{key}={_text(value)}" for key, value in fields.items())
+
+
+def log_fields(event: CompactionEvent) -> dict[str, object]:
+    """The line's fields, which a JSON log record carries as keys (`proxy.observability.logs`)."""
+    return dict(
+        [
+            ("event", event.event),
+            ("session", event.session_id),
+            ("strategy", event.strategy),
+            ("range", None if event.range_start is None else f"[{event.range_start},{_text(event.range_end)})"),
+            ("tokens", None if event.tokens_before is None else f"{event.tokens_before}->{_text(event.tokens_after)}"),
+            ("duration_ms", None if event.duration_ms is None else f"{event.duration_ms:.0f}"),
+            ("summary", event.summary_id),
+            ("generated_by", event.generated_by),
+            ("model", event.model),
+            ("background", "true" if event.background else "false"),
+            ("detail", None if event.detail is None else event.detail[:DETAIL_LOG_CHARS]),
+        ]
+    )
 
 
 def _text(value: object) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.summary_text import summarizer_messages
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import UpstreamError
+from proxy.observability.metrics import Metrics
 from proxy.offload import compute
 from proxy.tokens import rough_size
 from proxy.upstream.protocol import Upstream
@@ -57,11 +59,13 @@ class Summarizer:
         entry: ModelEntry | None,
         budgets: Budgets,
         config: ContextConfig,
+        metrics: Metrics | None = None,
     ) -> None:
         self._upstream = upstream
         self._entry = entry
         self._budgets = budgets
         self._config = config
+        self._metrics = Metrics() if metrics is None else metrics
 
     def entry_for(self, request_entry: ModelEntry) -> ModelEntry:
         """The configured summarizer, or else the request's own model."""
@@ -92,14 +96,17 @@ class Summarizer:
         prompt = await compute(size, summarizer_messages, messages, target)
         if instruction is not None:
             prompt[0] = {"role": "system", "content": instruction.format(target=target)}
+        started = time.monotonic()
         try:
             response = await self._upstream.complete(entry, prompt, params)
             content = _answer_text(response)
             if content:
+                self._metrics.summarizer_seconds.labels("ok").observe(time.monotonic() - started)
                 return WrittenSummary(content, "llm", entry.name)
             reason = "it returned an empty answer"
         except UpstreamError as exc:
             reason = f"{exc.status} {exc.message}"
+        self._metrics.summarizer_seconds.labels("error").observe(time.monotonic() - started)
         log.warning("summarizer %s failed (%s); using the extractive fallback", entry.name, reason)
         return WrittenSummary(await compute(size, extractive_summary, messages, target), "fallback", FALLBACK_MODEL)
 

@@ -76,6 +76,39 @@ class JournalReader:
         context = None if row is None else json.loads(row[0])
         return context if isinstance(context, dict) else None
 
+    async def last_contexts(self, tenant: str, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """`last_context` of several sessions at once (a page of the session list)."""
+        if not session_ids:
+            return {}
+        rows = await self._db.fetchall(
+            "SELECT session_id, context FROM journal_steps WHERE id IN (SELECT MAX(id) FROM journal_steps "
+            "WHERE tenant = ? AND session_id IN (SELECT value FROM json_each(?)) AND context IS NOT NULL "
+            "GROUP BY session_id)",
+            (tenant, json.dumps(list(session_ids))),
+        )
+        contexts = {row["session_id"]: json.loads(row["context"]) for row in rows}
+        return {session_id: context for session_id, context in contexts.items() if isinstance(context, dict)}
+
+    async def contexts(self, tenant: str, session_id: str, limit: int) -> list[dict[str, Any]]:
+        """The session's latest `limit` steps, oldest first, with what each sent: a plot's points."""
+        rows = await self._db.fetchall(
+            "SELECT id, status, created_at, context FROM journal_steps WHERE tenant = ? AND session_id = ? "
+            "ORDER BY id DESC LIMIT ?",
+            (tenant, session_id, limit),
+        )
+        points = []
+        for row in reversed(rows):
+            context = json.loads(row["context"]) if row["context"] else {}
+            points.append(
+                {
+                    "step_id": row["id"],
+                    "status": row["status"],
+                    "created_at": row["created_at"],
+                    **{name: context.get(name) for name in ("prompt_tokens", "budget", "summaries")},
+                }
+            )
+        return points
+
     async def replay(
         self, tenant: str, idempotency_key: str, fingerprint: str
     ) -> tuple[StepRecord, list[Chunk]] | None:

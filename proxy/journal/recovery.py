@@ -108,6 +108,9 @@ class Recovery:
                 ended = await self._journal.close(step, StepStatus.INTERRUPTED)
                 (report.interrupted if ended is not None else report.skipped).append(step.id)
         report.owners_removed = await self._owners.forget(await self._owners.gone())
+        for outcome, count in report.counts().items():
+            if count:
+                self._journal.metrics.recoveries.labels(outcome).inc(count)
         if not report.empty():
             log.info(
                 "journal recovery: %s, %d ended elsewhere, %d gone owners removed",

@@ -86,6 +86,9 @@ class StreamRelay:
         self._pump = asyncio.create_task(self._run(), name=f"stream-step-{step.id}")
         background.add(self._pump)
         self._pump.add_done_callback(background.discard)
+        streams = journal.metrics.active_streams
+        streams.inc()
+        self._pump.add_done_callback(lambda _task: streams.dec())
 
     def events(self) -> JournaledGroups:
         """The consumer's side: groups of journaled chunks; ends when the step is sealed, or raises the failure

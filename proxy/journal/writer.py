@@ -35,6 +35,7 @@ from proxy.journal.steps import (
     dumps,
     event_type,
 )
+from proxy.observability.metrics import Metrics
 from proxy.offload import OFF_LOOP_CHARS
 from proxy.store.database import Database
 from proxy.types import Chunk, Clock
@@ -52,7 +53,14 @@ ClosingEvent = tuple[EventType, str]
 
 
 class Journal:
-    def __init__(self, db: Database, answers: Answers, config: JournalConfig, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        db: Database,
+        answers: Answers,
+        config: JournalConfig,
+        clock: Clock = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._db = db
         self._answers = answers
         self.config = config
@@ -62,6 +70,8 @@ class Journal:
         self.owner: str | None = None
         """This process's id in `journal_owners` (`proxy.journal.owners`), stamped on each step it opens; None
         for a process that does not register (its steps are anyone's to recover)."""
+        self.metrics = Metrics() if metrics is None else metrics
+        """The app's metrics; the relay, the pipeline and recovery record through the journal's."""
 
     async def begin(
         self,
@@ -166,6 +176,7 @@ class Journal:
             connection.executemany(INSERT_EVENT, rows)
 
         await self._db.write(write, atomic=False, bulk=len(rows) > 1)
+        self.metrics.journal_events.inc(len(rows))
         step.events += len(rows)
         for chunk in chunks:
             step.assembly.add(chunk)
@@ -275,12 +286,15 @@ class Journal:
             log.warning("journal step %d was no longer open; not marked %s", step.id, status)
             return None
         step.status = status
+        self.metrics.journal_steps.labels(status).inc()
+        self.metrics.usage(step.model, assembly.usage)
         if answer is not None and stored is not None:
             self._answers.committed(answer, stored)
         if prune:
             step.events = 0
         elif event is not None:
             step.events, step.next_seq = step.events + 1, step.next_seq + 1
+            self.metrics.journal_events.inc()
         return StepRecord(
             step.id,
             step.tenant,

@@ -23,6 +23,7 @@ from proxy.config import Config, RequestLimits
 from proxy.conversation import Answer, Completed, Conversation, Replayed
 from proxy.errors import InvalidRequest, openai_error
 from proxy.journal.relay import JournaledGroups
+from proxy.observability.requests import observe_model
 from proxy.pipeline import Pipeline
 from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
 from proxy.wire.context_headers import context_options, replay_headers, report_headers
@@ -58,6 +59,7 @@ class ChatCompletions:
         limits = self._config.request_limits
         conversation = await parse_off_loop(raw, lambda raw: parse_chat_request(raw, limits))
         options = context_options(request.headers)
+        observe_model(request.scope, conversation.model)
         return render(await self._pipeline.answer(caller.tenant, conversation, options), conversation.stream)
 
 

@@ -28,6 +28,7 @@ from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import NATIVE_HEADERS, Answer, Completed, ContextOptions, Replayed
 from proxy.errors import NotFound, ProxyError
+from proxy.observability.requests import observe_model
 from proxy.offload import compute
 from proxy.pipeline import Pipeline
 from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
@@ -59,6 +60,7 @@ class Messages:
             caller = authenticate(request.headers, self._config.auth, api_key_header=True)
             parsed = _with_betas(self._fit_output(await self._parse(request, counting=False)), request.headers)
             options = _session(context_options(request.headers), request.headers)
+            observe_model(request.scope, parsed.conversation.model)
             answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
         except ProxyError as exc:
             return _error_response(exc)
@@ -70,6 +72,7 @@ class Messages:
             authenticate(request.headers, self._config.auth, api_key_header=True)
             parsed = await self._parse(request, counting=True)
             conversation = parsed.conversation
+            observe_model(request.scope, conversation.model)
             entry = self._config.model(conversation.model)
             if entry is None:
                 raise NotFound(f"model: {conversation.model}", param="model", code="model_not_found")

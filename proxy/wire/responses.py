@@ -23,6 +23,7 @@ from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import Answer, Completed, ContextOptions, Replayed
 from proxy.errors import InvalidRequest
+from proxy.observability.requests import observe_model
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.upstream.native_client import NATIVE_RESPONSE
@@ -65,6 +66,7 @@ class Responses:
         if parsed.previous_response_id is not None:
             parsed, previous_session = await self._continue(caller.tenant, parsed)
         options = _session(options, request.headers, parsed, previous_session)
+        observe_model(request.scope, parsed.conversation.model)
         answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
         return render(answer, parsed)
 
