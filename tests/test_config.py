@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,35 @@ def test_unreadable_or_invalid_files_are_config_errors(tmp_path: Path) -> None:
     top_list.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="config: must be a mapping"):
         load_config(top_list, environ={})
+
+
+def test_observability_defaults_and_choices() -> None:
+    default = parse({}).observability
+    assert (default.metrics, default.metrics_require_key, default.ui) == (True, True, True)
+    assert (default.log_format, default.log_level) == ("text", "INFO")
+
+    chosen = parse(
+        {
+            "metrics": {"enabled": False, "require_key": False},
+            "ui": {"enabled": False},
+            "logging": {"format": "JSON", "level": "debug"},
+        }
+    ).observability
+    assert (chosen.metrics, chosen.metrics_require_key, chosen.ui) == (False, False, False)
+    assert (chosen.log_format, chosen.log_level) == ("json", "DEBUG")
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"logging": {"format": "xml"}}, "logging.format"),
+        ({"logging": {"level": "loud"}}, "logging.level"),
+        ({"logging": {"colour": True}}, "logging.colour"),
+        ({"metrics": {"enabled": "sometimes"}}, "metrics.enabled"),
+        ({"metrics": {"path": "/stats"}}, "metrics.path"),
+        ({"ui": {"theme": "dark"}}, "ui.theme"),
+    ],
+)
+def test_bad_observability_keys_are_named(raw: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(key)}"):
+        parse(raw)
