@@ -149,23 +149,10 @@ class Inspector:
         path = await self.history.path(tenant, session_id, encoding) or []
         summaries = await self.summaries.on_path(tenant, path)
         settings = await self.history.settings_on(tenant, path)
-        budget = self.budgets.budget(entry, None, settings).input_budget
-        strategies = settings.get(STRATEGY_SETTING)
-        view = await self.compactor.view(
-            CompactionRequest(
-                tenant=tenant,
-                session_id=session_id,
-                messages=[m.message for m in path],
-                path=path,
-                entry=entry,
-                encoding=encoding,
-                budget=budget,
-                preserve_recent=self.config.context.preserve_recent,
-                strategies=tuple(strategies) if isinstance(strategies, list) else None,
-            )
-        )
+        view = await self.compactor.view(self._request(tenant, session_id, path, entry, encoding, settings))
         last = await self.journal.last_context(tenant, session_id)
         if last is None:
+            budget = self.budgets.budget(entry, None, settings).input_budget
             usage = usage_view(view.tokens, budget, len(view.spans), "estimate")
         else:
             usage = usage_view(last["prompt_tokens"], last["budget"], last["summaries"], "last_request")
@@ -180,19 +167,7 @@ class Inspector:
         async with self.history.lock(tenant, session_id):
             path = await self.history.path(tenant, session_id, encoding) or []
             settings = await self.history.settings_on(tenant, path)
-            budget = self.budgets.budget(entry, None, settings).input_budget
-            summary = await self.compactor.force(
-                CompactionRequest(
-                    tenant=tenant,
-                    session_id=session_id,
-                    messages=[m.message for m in path],
-                    path=path,
-                    entry=entry,
-                    encoding=encoding,
-                    budget=budget,
-                    preserve_recent=self.config.context.preserve_recent,
-                )
-            )
+            summary = await self.compactor.force(self._request(tenant, session_id, path, entry, encoding, settings))
         if summary is None:
             raise InvalidRequest(
                 f"Session {session_id} has nothing to summarize: every message older than the "
@@ -294,6 +269,29 @@ class Inspector:
         if record is None:
             raise NotFound(f"No journal step {step_id}.", code="step_not_found")
         return record.as_json()
+
+    def _request(
+        self,
+        tenant: str,
+        session_id: str,
+        path: list[StoredMessage],
+        entry: ModelEntry,
+        encoding: str,
+        settings: Mapping[str, Any],
+    ) -> CompactionRequest:
+        """What the session's next request would ask of the compactor, with its remembered budget and strategies."""
+        strategies = settings.get(STRATEGY_SETTING)
+        return CompactionRequest(
+            tenant=tenant,
+            session_id=session_id,
+            messages=[m.message for m in path],
+            path=path,
+            entry=entry,
+            encoding=encoding,
+            budget=self.budgets.budget(entry, None, settings).input_budget,
+            preserve_recent=self.config.context.preserve_recent,
+            strategies=tuple(strategies) if isinstance(strategies, list) else None,
+        )
 
     async def _model_of(self, tenant: str, session_id: str) -> tuple[Session, ModelEntry, str]:
         """The session, the model entry it last used (a bare entry if that model left the config) and its encoding."""

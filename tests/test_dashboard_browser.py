@@ -20,7 +20,8 @@ from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.proxy_server import ProxyServer
 from tests.scripted_session import ScriptedSession, install_responder
-from tests.test_compaction_e2e import SMALL_WINDOW, model_entries
+from tests.test_compaction_e2e import SMALL_WINDOW
+from tests.test_dashboard_e2e import start, store_long_session
 
 KEY = "sk-dashboard-browser"
 CHROMIUM_FLAGS = [
@@ -61,33 +62,25 @@ def served(serve_proxy: ServeProxy, fake: FakeUpstream) -> dict[str, Any]:
     """A keyed proxy with a compacted agent session, a short chat and a session of 10,000 messages."""
     fake.context_window = SMALL_WINDOW
     install_responder(fake)
-    huge = {**model_entries(fake.url)[0], "name": "huge", "context_window": 1_000_000}
-    proxy = serve_proxy(
-        models=[*model_entries(fake.url), huge],
-        context={"summarizer_model": "summarizer", "precompact_ratio": "off"},
-        auth={"keys": [KEY]},
-    )
+    proxy = start(serve_proxy, fake, keys=[KEY])
     with openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0, timeout=30) as client:
         agent = ScriptedSession(client, fake, "agent-session", tool_every=3, stream_every=4)
         agent.run(24)
         ScriptedSession(client, fake, "short-chat").run(2)
-    fake.context_window = 1_000_000
-    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"message {n}"} for n in range(9_999)]
-    stored = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
-        json={"model": "huge", "messages": messages},
-        headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": "ten-thousand"},
-        timeout=120,
-    )
-    assert stored.status_code == 200, stored.text
+    store_long_session(proxy, fake, KEY, "ten-thousand")
     return {"proxy": proxy, "agent": agent}
 
 
-async def signed_in(browser: Browser, proxy: ProxyServer, viewport: dict[str, int]) -> Page:
+async def signed_in(
+    browser: Browser, proxy: ProxyServer, viewport: dict[str, int], screenshot: Path | None = None
+) -> Page:
+    """The page opened as a newcomer does: it asks for the key (`screenshot`: of that form), which is given."""
     page = await browser.new_page(viewport=viewport)  # type: ignore[arg-type]
     page.set_default_timeout(TIMEOUT_MS)
     await page.goto(f"{proxy.url}/ui")
     await expect(page.locator("#key-form")).to_be_visible()
+    if screenshot is not None:
+        await page.screenshot(path=screenshot)
     await page.fill("#key", KEY)
     await page.locator("#key-form button[type=submit]").click()
     await expect(page.locator("table#sessions tr.session-row").first).to_be_visible()
@@ -111,7 +104,7 @@ async def test_the_dashboard_shows_sessions_and_a_marker_expands_to_its_original
 ) -> None:
     proxy: ProxyServer = served["proxy"]
     agent: ScriptedSession = served["agent"]
-    page = await signed_in(browser, proxy, DESKTOP)
+    page = await signed_in(browser, proxy, DESKTOP, tmp_path / "key-desktop.png")
 
     rows = page.locator("table#sessions tr.session-row")
     assert sorted(await rows.evaluate_all("rows => rows.map(r => r.dataset.sessionId)")) == [
@@ -185,13 +178,20 @@ async def test_a_long_session_loads_in_pages_and_a_live_stream_shows_up(
     worker = threading.Thread(target=_stream, args=(proxy,))
     worker.start()
     try:
+        # Scrolled down the long session, the sticky header says a stream is running; it leads to the panel.
+        badge = page.locator("#nav-streams")
+        await expect(badge).to_have_text("1 in flight", timeout=TIMEOUT_MS)
+        await page.screenshot(path=tmp_path / "stream-badge-desktop.png")
+        await badge.click()
         stream = page.locator("#streams .stream").first
-        await expect(stream).to_contain_text("live-session", timeout=TIMEOUT_MS)
+        await expect(stream).to_be_in_viewport()
+        await expect(stream).to_contain_text("live-session")
         await expect(stream).to_contain_text("streaming into")
         await page.screenshot(path=tmp_path / "stream-desktop.png")
     finally:
         worker.join(60)
     await expect(page.locator("#streams .stream")).to_have_count(0, timeout=TIMEOUT_MS)
+    await expect(page.locator("#nav-streams")).to_be_hidden()
     await page.close()
 
 

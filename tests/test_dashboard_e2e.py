@@ -22,11 +22,28 @@ from tests.test_compaction_e2e import SMALL_BUDGET, SMALL_WINDOW, model_entries
 KEY, OTHER_KEY = "sk-dash-one", "sk-dash-two"
 
 
-def start(serve_proxy: ServeProxy, fake: FakeUpstream, **sections: Any) -> ProxyServer:
-    context = {"summarizer_model": "summarizer", "precompact_ratio": "off"}
+def start(serve_proxy: ServeProxy, fake: FakeUpstream, keys: list[str] | None = None) -> ProxyServer:
+    """The compaction tests' models and a "huge" one (a 1M window) on the fake; summaries on the request path."""
     huge = {**model_entries(fake.url)[0], "name": "huge", "context_window": 1_000_000}
-    models = [*model_entries(fake.url), huge]
-    return serve_proxy(models=models, context=context, auth={"keys": [KEY, OTHER_KEY]}, **sections)
+    return serve_proxy(
+        models=[*model_entries(fake.url), huge],
+        context={"summarizer_model": "summarizer", "precompact_ratio": "off"},
+        auth={"keys": keys or [KEY, OTHER_KEY]},
+    )
+
+
+def store_long_session(proxy: ProxyServer, fake: FakeUpstream, key: str, session_id: str) -> None:
+    """A session of 10,000 messages, sent in one request to the huge model."""
+    fake.context_window = 1_000_000
+    fake.responder = lambda body: Reply(content="ok")
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"message {n}"} for n in range(9_999)]
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "huge", "messages": messages},
+        headers={"Authorization": f"Bearer {key}", "X-Session-Id": session_id},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
 
 
 def get(proxy: ProxyServer, path: str, key: str | None = KEY, status: int = 200) -> Any:
@@ -119,17 +136,8 @@ def test_a_compacted_session_reads_as_rows_where_each_span_is_one_marker(
 
 
 def test_rows_page_through_a_ten_thousand_message_session(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
-    fake.context_window = 1_000_000
     proxy = start(serve_proxy, fake)
-    fake.responder = lambda body: Reply(content="ok")
-    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"message {n}"} for n in range(9_999)]
-    response = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
-        json={"model": "huge", "messages": messages},
-        headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": "long"},
-        timeout=120,
-    )
-    assert response.status_code == 200, response.text
+    store_long_session(proxy, fake, KEY, "long")
 
     first = get(proxy, "/ui/api/sessions/long/rows?limit=100")
     assert (first["total"], len(first["rows"]), first["has_more"]) == (10_000, 100, True)

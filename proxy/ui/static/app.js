@@ -93,6 +93,7 @@ function fail(err) {
 function askKey(message) {
   $("auth").hidden = false;
   $("streams-card").hidden = true; // its content is unknown without a key
+  $("nav-streams").hidden = true;
   $("auth-message").textContent = message + " Enter the proxy key; it stays in this tab's session storage.";
   $("main").replaceChildren();
   showError("");
@@ -112,6 +113,7 @@ function initAuth() {
     route();
     startPoll(true);
   });
+  $("nav-streams").addEventListener("click", () => $("streams-card").scrollIntoView({ block: "start" }));
   $("forget-key").addEventListener("click", (ev) => {
     ev.preventDefault();
     sessionStorage.removeItem(KEY_STORE);
@@ -307,7 +309,7 @@ function plot(turns, compactions, width) {
   // Budget may change between turns (model switch), so it is a step polyline.
   const bpts = [];
   turns.forEach((t, i) => { if (t.budget) bpts.push(`${x(i).toFixed(1)},${y(t.budget).toFixed(1)}`); });
-  if (bpts.length === 1) bpts.push(`${(W - R).toFixed(1)},${bpts[0].split(",")[1]}`);
+  if (bpts.length === 1) bpts.splice(0, 1, `${L},${bpts[0].split(",")[1]}`, `${(W - R).toFixed(1)},${bpts[0].split(",")[1]}`);
   if (bpts.length) g.append(svg("polyline", { class: "budget-line", points: bpts.join(" ") }, svg("title", {}, "budget")));
   for (const c of compactions) {
     const xx = (c.turn >= n ? W - R : c.turn <= 0 ? L : (x(c.turn - 1) + x(c.turn)) / 2).toFixed(1);
@@ -519,6 +521,10 @@ async function tick() {
 function renderStreams(streams) {
   const box = $("streams");
   $("streams-count").textContent = streams.length ? String(streams.length) : "";
+  // The header stays in view: while streams run, it says so wherever the page is scrolled.
+  const badge = $("nav-streams");
+  badge.hidden = !streams.length;
+  badge.textContent = streams.length + " in flight";
   const existing = new Map([...box.querySelectorAll(".stream")].map((n) => [n.dataset.stepId, n]));
   const empty = box.querySelector(".empty");
   if (!streams.length) {
