@@ -375,3 +375,50 @@ async def test_close_stops_the_background_work(history: History, summaries: Summ
     await asyncio.sleep(0.05)
     await asyncio.wait_for(engine.close(grace_s=0.1), 5)
     assert await summaries.on_path(TENANT, path) == []
+
+
+# --- the view of what the next request sends -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategies", [("tool-results", "summarize"), ("summarize",), ("sliding-window",)])
+async def test_the_view_is_what_prepare_sent_without_a_call_or_a_write(
+    history: History, summaries: Summaries, db: Database, strategies: tuple[str, ...]
+) -> None:
+    path = await stored_path(history, agent(8, output_lines=40))
+    pins = Pins(db)
+    await pins.add(TENANT, "s", [path[5].id])
+    engine = Compactor(ContextConfig(), summaries, FakeSummarizer(), pins=pins)
+    compacting = with_strategies(path, total(path) // 2, *strategies)
+    prepared = await engine.prepare(compacting)
+    stored = await summaries.on_path(TENANT, path)
+    watching = RecordingSummarizer()
+    looking = Compactor(ContextConfig(), summaries, watching, pins=pins)
+
+    view = await looking.view(compacting)
+
+    assert watching.calls == []
+    assert await summaries.on_path(TENANT, path) == stored
+    assert view.tokens == prepared.tokens
+    assert not view.compacts
+    assert len(view.spans) == prepared.summaries
+    covered = {p for span in view.spans for p in range(span.start_depth, span.end_depth + 1)}
+    assert 5 not in covered
+    sent_stubs = [m["content"] for m in prepared.messages if str(m.get("content")).startswith(STUB_PREFIX)]
+    assert [view.stubs[p] for p in sorted(view.stubs)] == sent_stubs
+    assert (len(sent_stubs) > 0) == ("tool-results" in strategies)
+
+
+async def test_a_conversation_that_fits_is_viewed_whole(history: History, summaries: Summaries) -> None:
+    path = await stored_path(history, conversation(4))
+    view = await compactor(summaries, FakeSummarizer()).view(request(path, total(path) * 2))
+    assert (view.spans, dict(view.stubs), view.tokens, view.compacts) == ((), {}, total(path), False)
+
+
+async def test_a_view_past_what_is_written_says_the_next_request_compacts(
+    history: History, summaries: Summaries
+) -> None:
+    path = await stored_path(history, conversation(20))
+    view = await compactor(summaries, FakeSummarizer(), strategies=("summarize",)).view(request(path, total(path) // 3))
+    assert view.compacts
+    assert view.spans == ()
+    assert view.tokens == total(path)
