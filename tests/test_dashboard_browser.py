@@ -21,7 +21,7 @@ from tests.fake_upstream import FakeUpstream, Reply
 from tests.proxy_server import ProxyServer
 from tests.scripted_session import ScriptedSession, install_responder
 from tests.test_compaction_e2e import SMALL_WINDOW
-from tests.test_dashboard_e2e import start, store_long_session
+from tests.test_dashboard_e2e import read_stream, start, store_long_session
 
 KEY = "sk-dashboard-browser"
 CHROMIUM_FLAGS = [
@@ -175,7 +175,7 @@ async def test_a_long_session_loads_in_pages_and_a_live_stream_shows_up(
 
     fake.responder = lambda body: Reply(content="streaming into the dashboard " * 12)
     fake.chunk_delay_s = 0.15
-    worker = threading.Thread(target=_stream, args=(proxy,))
+    worker = threading.Thread(target=read_stream, args=(proxy, KEY, "live-session"))
     worker.start()
     try:
         # Scrolled down the long session, the sticky header says a stream is running; it leads to the panel.
@@ -193,15 +193,3 @@ async def test_a_long_session_loads_in_pages_and_a_live_stream_shows_up(
     await expect(page.locator("#streams .stream")).to_have_count(0, timeout=TIMEOUT_MS)
     await expect(page.locator("#nav-streams")).to_be_hidden()
     await page.close()
-
-
-def _stream(proxy: ProxyServer) -> None:
-    with httpx.stream(
-        "POST",
-        f"{proxy.url}/v1/chat/completions",
-        json={"model": "small", "stream": True, "messages": [{"role": "user", "content": "go"}]},
-        headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": "live-session"},
-        timeout=60,
-    ) as response:
-        for _ in response.iter_bytes():
-            pass

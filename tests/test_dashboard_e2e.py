@@ -71,6 +71,20 @@ def store_snapshot(proxy: ProxyServer) -> str:
         return digest.hexdigest()
 
 
+def read_stream(proxy: ProxyServer, key: str, session_id: str) -> int:
+    """Ask for a streamed answer and read it to its end; its status."""
+    with httpx.stream(
+        "POST",
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "small", "stream": True, "messages": [{"role": "user", "content": "go"}]},
+        headers={"Authorization": f"Bearer {key}", "X-Session-Id": session_id},
+        timeout=60,
+    ) as response:
+        for _ in response.iter_bytes():
+            pass
+        return response.status_code
+
+
 def test_a_compacted_session_reads_as_rows_where_each_span_is_one_marker(
     serve_proxy: ServeProxy, fake: FakeUpstream
 ) -> None:
@@ -153,20 +167,7 @@ def test_a_stream_in_flight_is_listed_with_what_it_streamed_so_far(serve_proxy: 
     fake.responder = lambda body: Reply(content="partial answer " * 20)
     fake.chunk_delay_s = 0.1
     results: list[int] = []
-
-    def stream() -> None:
-        with httpx.stream(
-            "POST",
-            f"{proxy.url}/v1/chat/completions",
-            json={"model": "small", "stream": True, "messages": [{"role": "user", "content": "go"}]},
-            headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": "live"},
-            timeout=30,
-        ) as response:
-            results.append(response.status_code)
-            for _ in response.iter_bytes():
-                pass
-
-    worker = threading.Thread(target=stream)
+    worker = threading.Thread(target=lambda: results.append(read_stream(proxy, KEY, "live")))
     worker.start()
     try:
         for _ in range(100):
