@@ -241,7 +241,7 @@ class Inspector:
     async def session_events(
         self, tenant: str, session_id: str, limit: int = DEFAULT_PAGE, offset: int = 0
     ) -> dict[str, Any]:
-        await self._model_of(tenant, session_id)
+        await self.require(tenant, session_id)
         events, more = await self.events.for_session(tenant, session_id, limit, offset)
         return {"session_id": session_id, "events": events, "more": more}
 
@@ -292,6 +292,11 @@ class Inspector:
             preserve_recent=self.config.context.preserve_recent,
             strategies=tuple(strategies) if isinstance(strategies, list) else None,
         )
+
+    async def require(self, tenant: str, session_id: str) -> Session:
+        """The caller's session, or a 404: the one check views that read no path make."""
+        session, _entry, _encoding = await self._model_of(tenant, session_id)
+        return session
 
     async def _model_of(self, tenant: str, session_id: str) -> tuple[Session, ModelEntry, str]:
         """The session, the model entry it last used (a bare entry if that model left the config) and its encoding."""

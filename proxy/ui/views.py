@@ -80,7 +80,7 @@ class Dashboard:
 
     async def turns(self, tenant: str, session_id: str) -> dict[str, Any]:
         """Tokens sent against the budget for each of the latest turns, and where compactions fell among them."""
-        await self.inspector.state(tenant, session_id)  # the session exists and is the caller's
+        await self.inspector.require(tenant, session_id)
         turns = await self.journal.contexts(tenant, session_id, TURNS_SHOWN)
         times = [turn["created_at"] for turn in turns]
         events = await self.events.latest(tenant, session_id, EVENTS_SHOWN)
