@@ -54,7 +54,7 @@ def create_app(config: Config) -> Starlette:
             app.state.messages = Messages(config, services.pipeline)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
-            log.info("serving models %s from store %s", [m.name for m in config.models], config.store.path)
+            log.info("serving models %s from store %s", [m.name for m in config.models], config.store.location)
             yield
 
     routes: list[BaseRoute] = [

@@ -70,9 +70,32 @@ class ServerConfig:
     are busy). None: half of what the open-file limit leaves (`proxy.server.default_max_connections`)."""
 
 
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+def redacted_url(url: str) -> str:
+    """A database URL with its password replaced, for logs and errors."""
+    return _URL_PASSWORD.sub(r"\1***@", url)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     path: Path = Path(DEFAULT_STORE_PATH)
+    url: str | None = field(default=None, repr=False)
+    """`postgresql://…`: the shared store of several replicas instead of the SQLite file (it may hold a
+    password, so it is never shown: `location` is)."""
+    pool_size: int = 10
+    """PostgreSQL connections per process for reads, and as many for the locks held across replicas."""
+
+    @property
+    def target(self) -> Path | str:
+        """What `Database.open` opens: the URL if there is one, else the file."""
+        return self.url or self.path
+
+    @property
+    def location(self) -> str:
+        """The store as logs and errors may name it: the file, or the URL without its password."""
+        return str(self.path) if self.url is None else redacted_url(self.url)
 
 
 @dataclass(frozen=True)
@@ -226,6 +249,12 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     store_path = Path(store.string("path", DEFAULT_STORE_PATH))
     if not store_path.is_absolute():
         store_path = base_dir / store_path
+    store_url = store.optional_string("url")
+    if store_url is not None:
+        if store.optional_string("path") is not None:
+            raise ConfigError("store: give either path (SQLite) or url (PostgreSQL), not both")
+        if not store_url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"store.url: must be a postgresql:// URL, got {redacted_url(store_url)!r}")
 
     config = Config(
         server=ServerConfig(
@@ -236,7 +265,9 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
             keep_alive_s=server.number("keep_alive_s", DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0),
             max_connections=server.optional_integer("max_connections", minimum=1),
         ),
-        store=StoreConfig(path=store_path),
+        store=StoreConfig(
+            path=store_path, url=store_url, pool_size=store.integer("pool_size", 10, minimum=1, maximum=1000)
+        ),
         models=_models(root),
         context=ContextConfig(
             preserve_recent=context.integer("preserve_recent", 4, minimum=0),
@@ -290,7 +321,7 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     )
     for section, known in (
         (server, {f.name for f in ServerConfig.__dataclass_fields__.values()}),
-        (store, {"path"}),
+        (store, {"path", "url", "pool_size"}),
         (context, {f.name for f in ContextConfig.__dataclass_fields__.values()}),
         (journal, {"synchronous", "finish_on_disconnect", "keep_events"}),
         (limits, {f.name for f in RequestLimits.__dataclass_fields__.values()}),

@@ -63,7 +63,7 @@ async def open_services(
     """`metrics`: the app's (its middleware records into them too); a look-up's are its own and go unread."""
     environment.prepare()
     metrics = Metrics(entry.name for entry in config.models) if metrics is None else metrics
-    db = await Database.open(config.store.path, config.journal.synchronous)
+    db = await Database.open(config.store.target, config.journal.synchronous, pool_size=config.store.pool_size)
     background: set[asyncio.Task[None]] = set()
     """Detached streams (the pipeline adds them), given a grace at shutdown."""
     maintenance: list[asyncio.Task[None]] = []

@@ -12,6 +12,7 @@ import pytest
 from proxy import environment
 from proxy.store.database import Database
 from tests.fake_upstream import FakeUpstream
+from tests.postgres_server import PostgresServer
 from tests.proxy_server import ProxyServer, make_config
 
 ServeProxy = Callable[..., ProxyServer]
@@ -22,10 +23,27 @@ def pytest_configure(config: pytest.Config) -> None:
     environment.prepare()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the test session (on loopback, in a temp dir); a database per test."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a storage test's store lives, on each engine: a SQLite file in the test's own folder, or a fresh
+    database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return tmp_path / "store.sqlite"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.database()
+
+
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    """A real SQLite store in the test's own folder."""
-    database = await Database.open(tmp_path / "store.sqlite")
+async def db(store_target: Path | str) -> AsyncIterator[Database]:
+    """A real store, on each engine (the tests that use it run twice)."""
+    database = await Database.open(store_target)
     yield database
     await database.close()
 

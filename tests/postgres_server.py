@@ -44,6 +44,7 @@ class PostgresServer:
         self.root = Path(tempfile.mkdtemp(prefix="context-proxy-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
+        self._databases = 0
 
     @property
     def url(self) -> str:
@@ -79,6 +80,10 @@ class PostgresServer:
 
     def psql(self, sql: str) -> str:
         """Run SQL with the distribution's client: the server's own view, not the proxy's."""
+        return self.psql_in(DATABASE, sql)
+
+    def psql_in(self, database: str, sql: str) -> str:
+        """`psql` in another database (a name, or a URL from `database()`)."""
         done = self._run(
             str(self.bin / "psql"),
             "-h",
@@ -86,7 +91,7 @@ class PostgresServer:
             "-p",
             str(self.port),
             "-d",
-            DATABASE,
+            database.rsplit("/", 1)[-1],
             "-At",
             "-v",
             "ON_ERROR_STOP=1",
@@ -96,6 +101,13 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"psql failed: {done.stderr}")
         return done.stdout.strip()
+
+    def database(self) -> str:
+        """A new empty database on this server (one per test: no test sees another's rows); its URL."""
+        self._databases += 1
+        name = f"{DATABASE}_{self._databases}"
+        self.psql(f"CREATE DATABASE {name}")
+        return self.url.rsplit("/", 1)[0] + "/" + name
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,7 +109,7 @@ async def test_an_event_the_store_cannot_take_is_logged_not_raised(
     assert len(warnings) == 1
     assert "was not stored" in warnings[0].getMessage()
     assert any("event=complete" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(db.errors):
         await db.fetchall("SELECT * FROM compaction_events")
 
 

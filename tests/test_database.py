@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from proxy.store import database as database_module
 from proxy.store.database import Database
+from tests.raw_store import committed_rows
 
 TIMEOUT_S = 10
 
@@ -28,40 +28,46 @@ def create_table(connection: sqlite3.Connection) -> None:
 
 def insert(item_id: int, value: str = "v") -> Callable[[sqlite3.Connection], int]:
     def work(connection: sqlite3.Connection) -> int:
-        cursor = connection.execute("INSERT INTO items (id, value) VALUES (?, ?)", (item_id, value))
-        assert cursor.lastrowid is not None
-        return cursor.lastrowid
+        row = connection.execute(
+            "INSERT INTO items (id, value) VALUES (?, ?) RETURNING id", (item_id, value)
+        ).fetchone()
+        return int(row[0])
 
     return work
 
 
-def raw_ids(path: Path) -> list[int]:
+def raw_ids(db: Database | Path) -> list[int]:
     """The committed rows, read by a connection of our own, outside the Database."""
-    connection = sqlite3.connect(path)
-    try:
-        return [row[0] for row in connection.execute("SELECT id FROM items ORDER BY id")]
-    finally:
-        connection.close()
+    return [row[0] for row in committed_rows(db, "SELECT id FROM items ORDER BY id")]
 
 
 class Batches:
     """Records the size of every write group `_run_batch` is given (it is called once per transaction)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, db: Database) -> None:
         self.sizes: list[int] = []
-        real = database_module._run_batch
+        real = db.engine.run_batch
 
-        def counting(connection: sqlite3.Connection, works: list[Any]) -> Any:
+        def counting(works: list[Any]) -> Any:
             self.sizes.append(len(works))
-            return real(connection, works)
+            return real(works)
 
-        monkeypatch.setattr(database_module, "_run_batch", counting)
+        monkeypatch.setattr(db.engine, "run_batch", counting)
 
 
 @pytest.fixture
 async def items(db: Database) -> Database:
     await db.write(create_table)
     return db
+
+
+@pytest.fixture
+async def sqlite_items(tmp_path: Path) -> AsyncIterator[Database]:
+    """For what only SQLite has (WAL, groups run inline)."""
+    database = await Database.open(tmp_path / "store.sqlite")
+    await database.write(create_table)
+    yield database
+    await database.close()
 
 
 @pytest.fixture
@@ -77,9 +83,9 @@ async def full_db(tmp_path: Path) -> AsyncIterator[Database]:
 
 async def test_awaited_write_is_committed(items: Database) -> None:
     assert await items.write(insert(1)) == 1
-    assert raw_ids(items.path) == [1]
+    assert raw_ids(items) == [1]
     await items.write(insert(2))
-    assert raw_ids(items.path) == [1, 2]
+    assert raw_ids(items) == [1, 2]
 
 
 async def test_write_returns_the_jobs_result(items: Database) -> None:
@@ -117,11 +123,11 @@ async def test_data_survives_reopening(tmp_path: Path) -> None:
         await second.close()
 
 
-async def test_wal_mode_is_on(items: Database) -> None:
-    row = await items.fetchone("PRAGMA journal_mode")
+async def test_wal_mode_is_on(sqlite_items: Database) -> None:
+    row = await sqlite_items.fetchone("PRAGMA journal_mode")
     assert row is not None
     assert row[0] == "wal"
-    connection = sqlite3.connect(items.path)
+    connection = sqlite3.connect(sqlite_items.path)
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
@@ -135,7 +141,7 @@ async def test_foreign_keys_are_enforced_on_writes(db: Database) -> None:
             "'{}', 0)"
         )
 
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(db.errors):
         await db.write(orphan)
     assert await db.fetchall("SELECT id FROM messages") == []
 
@@ -144,25 +150,25 @@ async def test_foreign_keys_are_enforced_on_writes(db: Database) -> None:
 
 
 async def test_many_concurrent_writes_are_grouped(items: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = Batches(monkeypatch)
+    batches = Batches(monkeypatch, items)
     async with asyncio.timeout(TIMEOUT_S):
         results = await asyncio.gather(*(items.write(insert(i)) for i in range(1, 201)))
     assert results == list(range(1, 201))
-    assert raw_ids(items.path) == list(range(1, 201))
+    assert raw_ids(items) == list(range(1, 201))
     assert sum(batches.sizes) == 200
     assert len(batches.sizes) < 200
     assert max(batches.sizes) > 1
 
 
 async def test_sequential_writes_each_commit(items: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = Batches(monkeypatch)
+    batches = Batches(monkeypatch, items)
     for i in range(3):
         await items.write(insert(i))
     assert batches.sizes == [1, 1, 1]
 
 
 async def test_failing_job_rolls_back_alone(items: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = Batches(monkeypatch)
+    batches = Batches(monkeypatch, items)
     failure = JobFailed("job two failed")
 
     def two_statements_then_fail(connection: sqlite3.Connection) -> None:
@@ -181,7 +187,7 @@ async def test_failing_job_rolls_back_alone(items: Database, monkeypatch: pytest
     assert outcomes[0] == 1
     assert outcomes[1] is failure
     assert outcomes[2] == 3
-    assert raw_ids(items.path) == [1, 3]
+    assert raw_ids(items) == [1, 3]
 
 
 async def test_failing_job_exception_reaches_its_caller(items: Database) -> None:
@@ -191,10 +197,10 @@ async def test_failing_job_exception_reaches_its_caller(items: Database) -> None
 
     with pytest.raises(JobFailed, match="boom"):
         await items.write(fail)
-    assert raw_ids(items.path) == []
+    assert raw_ids(items) == []
     # The writer is still alive after a failed job.
     await items.write(insert(2))
-    assert raw_ids(items.path) == [2]
+    assert raw_ids(items) == [2]
 
 
 async def test_constraint_violation_fails_only_that_job(items: Database) -> None:
@@ -204,13 +210,13 @@ async def test_constraint_violation_fails_only_that_job(items: Database) -> None
             items.write(insert(2)), items.write(insert(1)), items.write(insert(3)), return_exceptions=True
         )
     assert outcomes[0] == 2
-    assert isinstance(outcomes[1], sqlite3.IntegrityError)
+    assert isinstance(outcomes[1], items.errors)
     assert outcomes[2] == 3
-    assert raw_ids(items.path) == [1, 2, 3]
+    assert raw_ids(items) == [1, 2, 3]
 
 
 async def test_non_atomic_single_statement(items: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = Batches(monkeypatch)
+    batches = Batches(monkeypatch, items)
     await items.write(insert(1))
     async with asyncio.timeout(TIMEOUT_S):
         outcomes = await asyncio.gather(
@@ -221,9 +227,9 @@ async def test_non_atomic_single_statement(items: Database, monkeypatch: pytest.
         )
     assert batches.sizes == [1, 3]
     assert outcomes[0] == 2
-    assert isinstance(outcomes[1], sqlite3.IntegrityError)
+    assert isinstance(outcomes[1], items.errors)
     assert outcomes[2] == 4
-    assert raw_ids(items.path) == [1, 2, 4]
+    assert raw_ids(items) == [1, 2, 4]
 
 
 async def test_bulk_jobs_run_on_the_writer_thread(items: Database) -> None:
@@ -238,12 +244,13 @@ async def test_bulk_jobs_run_on_the_writer_thread(items: Database) -> None:
         assert await items.write(many_rows, bulk=True) == 100
         results = await asyncio.gather(items.write(insert(1000), bulk=True), items.write(insert(1001)))
     assert results == [1000, 1001]
-    assert raw_ids(items.path) == [*range(100), 1000, 1001]
-    assert threads[0].startswith("sqlite-writer")
+    assert raw_ids(items) == [*range(100), 1000, 1001]
+    assert threads[0].startswith("store-writer")
 
 
-async def test_normal_mode_runs_small_groups_inline(items: Database) -> None:
-    assert items.inline
+async def test_normal_mode_runs_small_groups_inline(sqlite_items: Database) -> None:
+    items = sqlite_items
+    assert items.engine.inline
     threads: list[threading.Thread] = []
 
     def work(connection: sqlite3.Connection) -> None:
@@ -278,14 +285,14 @@ async def test_cancelled_write_is_not_run(full_db: Database) -> None:
             await second
         await full_db.write(insert(1))
     assert ran == ["blocking"]
-    assert raw_ids(full_db.path) == [1]
+    assert raw_ids(full_db) == [1]
 
 
 # --- synchronous=FULL ------------------------------------------------------------------------------------------
 
 
 async def test_full_synchronous_works(full_db: Database) -> None:
-    assert not full_db.inline
+    assert not full_db.engine.inline
     threads: list[str] = []
 
     def work(connection: sqlite3.Connection) -> int:
@@ -293,10 +300,10 @@ async def test_full_synchronous_works(full_db: Database) -> None:
         return insert(1)(connection)
 
     assert await full_db.write(work) == 1
-    assert threads[0].startswith("sqlite-writer")
+    assert threads[0].startswith("store-writer")
     async with asyncio.timeout(TIMEOUT_S):
         await asyncio.gather(*(full_db.write(insert(i)) for i in range(2, 51)))
-    assert raw_ids(full_db.path) == list(range(1, 51))
+    assert raw_ids(full_db) == list(range(1, 51))
     synchronous = await full_db.fetchone("PRAGMA synchronous")
     assert synchronous is not None
     assert synchronous[0] == 2  # FULL
@@ -314,7 +321,7 @@ async def test_full_synchronous_failing_job_rolls_back_alone(full_db: Database) 
         outcomes = await asyncio.gather(full_db.write(insert(1)), full_db.write(fail), return_exceptions=True)
     assert outcomes[0] == 1
     assert isinstance(outcomes[1], JobFailed)
-    assert raw_ids(full_db.path) == [1]
+    assert raw_ids(full_db) == [1]
 
 
 # --- close -----------------------------------------------------------------------------------------------------
@@ -336,7 +343,7 @@ async def test_close_waits_for_queued_writes(tmp_path: Path) -> None:
     async with asyncio.timeout(TIMEOUT_S):
         await database.close()
         assert await asyncio.gather(*pending) == list(range(20))
-    assert raw_ids(database.path) == list(range(20))
+    assert raw_ids(database) == list(range(20))
 
 
 async def test_open_creates_the_parent_folder(tmp_path: Path) -> None:

@@ -118,7 +118,8 @@ async def test_fifty_concurrent_sessions(db: Database, history: History) -> None
             messages.append({"role": "user", "content": f"turn {turn} of {index}"})
             async with history.lock("t", f"s{index}"):
                 result = await history.reconcile("t", f"s{index}", messages, MODEL, ENCODING)
-                assert result.stored_before == (len(messages) - 1 if turn else 0)
+                # A first turn finds the system prompt's node stored if another session stored it first.
+                assert result.stored_before == len(messages) - 1 if turn else result.stored_before <= 1
                 answer = {"role": "assistant", "content": f"reply {turn}"}
                 assert await link(db, history, "t", f"s{index}", result.path[-1].id, answer) is not None
             messages.append({**answer, "refusal": None, "annotations": []})
@@ -128,8 +129,9 @@ async def test_fifty_concurrent_sessions(db: Database, history: History) -> None
     assert await count(db, "messages") == 1 + 50 * 2 * turns
     assert await count(db, "message_variants") == 49
     assert await count(db, "sessions") == 50
-    row = await db.fetchone("PRAGMA integrity_check")
-    assert row is not None
-    assert row[0] == "ok"
+    if db.dialect == "sqlite":
+        row = await db.fetchone("PRAGMA integrity_check")
+        assert row is not None
+        assert row[0] == "ok"
     page, _ = await history.sessions("t", limit=100)
     assert {info.message_count for info in page} == {1 + 2 * turns}

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
 
-from proxy.store import database as database_module
-from proxy.store.database import Database, _migrate
+from proxy.store import sqlite as database_module
+from proxy.store.database import Database
 from proxy.store.migrations import MIGRATIONS, m001_history
+from proxy.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
+from proxy.store.sqlite import migrate as _migrate
+from tests.postgres_server import PostgresServer
 
 EXPECTED_TABLES = {
     "sessions",
@@ -81,8 +86,57 @@ async def test_fresh_file_gets_every_migration_in_order(tmp_path: Path) -> None:
 async def test_db_fixture_is_fully_migrated(db: Database) -> None:
     rows = await db.fetchall("SELECT name FROM migrations")
     assert {row["name"] for row in rows} == {migration.__name__ for migration in MIGRATIONS}
-    names = await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
-    assert {row["name"] for row in names} >= EXPECTED_TABLES
+    assert set(await columns(db)) >= EXPECTED_TABLES
+
+
+async def columns(db: Database) -> dict[str, set[str]]:
+    """Each table's columns, as the engine's own catalogue lists them."""
+    if db.dialect == "sqlite":
+        rows = await db.fetchall(
+            "SELECT m.name, c.name FROM sqlite_master AS m, pragma_table_info(m.name) AS c WHERE m.type = 'table'"
+        )
+    else:
+        rows = await db.fetchall(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public'"
+        )
+    found: dict[str, set[str]] = {}
+    for row in rows:
+        found.setdefault(row[0], set()).add(row[1])
+    return found
+
+
+async def test_both_engines_have_the_same_tables_and_columns(tmp_path: Path, postgres: PostgresServer) -> None:
+    on_sqlite = await Database.open(tmp_path / "store.sqlite")
+    on_postgres = await Database.open(postgres.database())
+    try:
+        lite, pg = await columns(on_sqlite), await columns(on_postgres)
+    finally:
+        await on_sqlite.close()
+        await on_postgres.close()
+    # Recall's full-text index is each engine's own (FTS5's shadow tables; a tsvector table): `m009_recall`.
+    lite = {table: names for table, names in lite.items() if not table.startswith("recall_index")}
+    assert pg.pop("recall_index") == {"id", "document"}
+    assert pg == lite
+
+
+def test_migrations_from_two_processes_at_once_apply_each_once(postgres: PostgresServer) -> None:
+    url = postgres.database()
+    script = (
+        "import asyncio, sys\n"
+        "from proxy.store.database import Database\n"
+        "async def main():\n"
+        "    db = await Database.open(sys.argv[1])\n"
+        "    await db.close()\n"
+        "asyncio.run(main())\n"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, url], stderr=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+    names = postgres.psql_in(url, "SELECT name FROM migrations ORDER BY applied_at").split()
+    assert names == [migration.__name__ for migration in PG_MIGRATIONS]
 
 
 async def test_reopening_applies_nothing_again(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
 from typing import Any
 
@@ -59,7 +58,7 @@ async def test_pins_belong_to_one_session_of_one_tenant(db: Database) -> None:
 async def test_a_pin_must_name_a_stored_message(db: Database) -> None:
     ids = await stored_ids(db)
     pins = Pins(db)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(db.errors):
         await pins.add(TENANT, "s1", [ids[1], "no-such-message"])
     assert await pins.on_session(TENANT, "s1") == frozenset()  # the whole job rolled back
 

@@ -7,9 +7,7 @@ what the journal and the history hold afterwards, and in which order the two hap
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +37,7 @@ from proxy.types import Chunk
 from proxy.upstream.protocol import Upstream
 from proxy.wire.chat import parse_chat_request
 from proxy.wire.context_headers import context_options
+from tests.raw_store import committed_rows
 from tests.scripted_upstream import (
     Call,
     ScriptedUpstream,
@@ -109,8 +108,7 @@ class Rig:
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Read through a fresh connection of its own: only what is committed is visible."""
-        with contextlib.closing(sqlite3.connect(self.db.path)) as connection:
-            return connection.execute(sql, params).fetchall()
+        return committed_rows(self.db, sql, params)
 
     def steps(self) -> list[tuple[Any, ...]]:
         """(status, content, error) of every journal step, oldest first."""

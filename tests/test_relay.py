@@ -7,7 +7,6 @@ completes, so every interleaving of reader, pump and consumer asserted here is r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +25,7 @@ from proxy.journal.writer import Journal
 from proxy.store.database import Database
 from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines
+from tests.raw_store import committed_rows
 from tests.scripted_upstream import Script, ScriptedUpstream, chunk, server_error
 
 TENANT = "tenant-a"
@@ -100,8 +100,7 @@ class Rig:
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Read through a fresh connection of its own: only what is committed is visible."""
-        with contextlib.closing(sqlite3.connect(self.db.path)) as connection:
-            return connection.execute(sql, params).fetchall()
+        return committed_rows(self.db, sql, params)
 
     def stored(self, step: Step) -> list[str]:
         """The content of the step's chunk events, in seq order."""

@@ -39,7 +39,7 @@ from proxy.journal.steps import StepStatus
 from proxy.observability.logs import log_config
 from proxy.server import raise_file_limit, server_options
 from proxy.services import open_services
-from proxy.store.database import SchemaTooNew, check_schema
+from proxy.store.database import SchemaTooNew, StoreUnavailable, check_schema
 
 EXIT_STORE = 1
 EXIT_CONFIG = 2
@@ -133,8 +133,8 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG
     try:
-        check_schema(config.store.path)
-    except SchemaTooNew as exc:
+        check_schema(config.store.target)
+    except (SchemaTooNew, StoreUnavailable) as exc:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return EXIT_STORE
     level = (args.log_level or config.observability.log_level).lower()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from proxy.observability.logs import FIELDS_ATTRIBUTE
 from proxy.observability.metrics import Metrics
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
 from proxy.types import Clock
 
@@ -73,7 +73,7 @@ class CompactionEvents:
             self._metrics.compaction(event.strategy, outcome)
         row = (tenant, *astuple(event), self._clock())
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 f"INSERT INTO compaction_events (tenant, {_COLUMNS}, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -140,7 +140,7 @@ def _text(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _as_json(row: sqlite3.Row) -> dict[str, Any]:
-    event = {key: row[key] for key in row.keys()}  # noqa: SIM118  # sqlite3.Row is not a mapping
+def _as_json(row: Row) -> dict[str, Any]:
+    event = {key: row[key] for key in row.keys()}  # noqa: SIM118  # Row is not a mapping
     event["background"] = bool(event["background"])
     return event

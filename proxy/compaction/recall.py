@@ -2,8 +2,9 @@
 
 A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
 original. The significant terms of the latest user message that the working context does not already show are
-looked up in a full-text index (SQLite FTS5, `m009_recall`) over the session's hidden messages — summarized,
-omitted or stubbed — and the best-ranked (bm25) are sent as one user message, within `context.recall_tokens`.
+looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over the session's hidden
+messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent as one user message,
+within `context.recall_tokens`.
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from typing import Any
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
+from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.tokens import content_text, count_message, count_text, rough_size
 
@@ -55,6 +56,23 @@ MAX_TERM_TOKENS = 16
 MAX_HITS_PER_TERM = 64
 MAX_INDEX_CHARS = 8 * 1024 * 1024
 """Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
+
+_INSERT_DOCUMENT = {
+    "sqlite": "INSERT INTO recall_index (rowid, text) VALUES (?, ?)",
+    "postgresql": "INSERT INTO recall_index (id, document) VALUES (?, to_tsvector('simple', ?))",
+}
+_RANK = {
+    # bm25 is negative and so is the rank below: lower is better on both, as `_rank` reads it.
+    "sqlite": "SELECT d.message_id AS message_id, bm25(recall_index) AS score "
+    "FROM recall_index JOIN recall_messages AS d ON d.id = recall_index.rowid "
+    "WHERE recall_index MATCH ? AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
+    "ORDER BY score, d.id LIMIT ?",
+    "postgresql": "SELECT d.message_id AS message_id, -ts_rank(i.document, q.query) AS score "
+    "FROM recall_index AS i JOIN recall_messages AS d ON d.id = i.id, to_tsquery('simple', ?) AS q(query) "
+    "WHERE i.document @@ q.query AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
+    "ORDER BY score, d.id LIMIT ?",
+}
+"""Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL."""
 
 _TOKEN = re.compile(r"[^\W_]+")
 """What unicode61 keeps as a token: letters and digits; everything else separates."""
@@ -120,7 +138,8 @@ class Recall:
             return []
         at = {path[i].id: i for i in positions}
         await self._index(tenant, [path[i] for i in positions])
-        ranked = await self._rank(tenant, list(at), match_expression(terms))
+        expression = match_expression(terms) if self._db.dialect == "sqlite" else tsquery(terms)
+        ranked = await self._rank(tenant, list(at), expression)
         chosen: list[tuple[int, Passage]] = []
         used = count_message(recall_message([]), encoding)
         for rank, message_id in enumerate(ranked):
@@ -160,30 +179,30 @@ class Recall:
             return
         documents = await compute(size, _documents, batch)
 
-        def write(connection: sqlite3.Connection) -> None:
-            for message_id, text in documents:
-                cursor = connection.execute(
-                    "INSERT OR IGNORE INTO recall_messages (tenant, message_id) VALUES (?, ?)", (tenant, message_id)
-                )
-                if cursor.rowcount == 1:  # not indexed meanwhile by a concurrent request
-                    connection.execute("INSERT INTO recall_index (rowid, text) VALUES (?, ?)", (cursor.lastrowid, text))
+        insert_document = _INSERT_DOCUMENT[self._db.dialect]
 
+        def write(connection: Connection) -> None:
+            for message_id, text in documents:
+                row = connection.execute(
+                    "INSERT OR IGNORE INTO recall_messages (tenant, message_id) VALUES (?, ?) RETURNING id",
+                    (tenant, message_id),
+                ).fetchone()
+                if row is not None:  # not indexed meanwhile by a concurrent request
+                    connection.execute(insert_document, (row[0], text))
+
+        failures: tuple[type[Exception], ...] = (*self._db.errors, StorageFull)
         try:
             await self._db.write(write, bulk=True)
-        except (sqlite3.Error, StorageFull) as exc:
+        except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
 
     async def _rank(self, tenant: str, message_ids: list[str], expression: str) -> list[str]:
         """The matching messages' ids, best first, without the noise far below the best."""
         try:
             rows = await self._db.fetchall(
-                "SELECT d.message_id AS message_id, bm25(recall_index) AS score "
-                "FROM recall_index JOIN recall_messages AS d ON d.id = recall_index.rowid "
-                "WHERE recall_index MATCH ? AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
-                "ORDER BY score, d.id LIMIT ?",
-                (expression, tenant, json.dumps(message_ids), MAX_CANDIDATES),
+                _RANK[self._db.dialect], (expression, tenant, json.dumps(message_ids), MAX_CANDIDATES)
             )
-        except sqlite3.OperationalError as exc:
+        except self._db.errors as exc:
             log.warning("recall: the index refused the query %r: %s", expression[:200], exc)
             return []
         if not rows:
@@ -292,6 +311,13 @@ def unseen_terms(query: str, visible_text: str) -> list[Term]:
         if not all(token in vocabulary for token in term) or (len(term) > 1 and not _pattern(term).search(visible_text))
     ]
     return unseen[:MAX_QUERY_TERMS]
+
+
+def tsquery(terms: Sequence[Term]) -> str:
+    """The same query for PostgreSQL's `to_tsquery`: each term's tokens ANDed, the terms ORed; the tokens are
+    letters and digits only, as above. Not a phrase (`a <-> b`): a tsvector keeps no word position past 16,383,
+    so a phrase deep in a long tool output would never match; the excerpt still looks for the phrase."""
+    return " | ".join("(" + " & ".join(term) + ")" for term in terms)
 
 
 def match_expression(terms: Sequence[Term]) -> str:

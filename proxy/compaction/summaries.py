@@ -10,7 +10,6 @@ that applies). Re-summarizing a fallback range with the LLM likewise orphans the
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,6 +17,7 @@ from typing import Any
 
 from proxy.compaction.layout import SUMMARIZE, TOOL_RESULTS, Span
 from proxy.history.messages import StoredMessage
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
 from proxy.types import Clock
 
@@ -129,16 +129,14 @@ class Summaries:
             held=held,
         )
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
                 "model, generated_by, replaces, created_at, strategy, held) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (tenant, *_columns(summary)),
             )
-            new_id = cursor.lastrowid
-            if new_id is None:
-                raise sqlite3.IntegrityError("summary was not inserted")
+            new_id: int = cursor.fetchone()[0]
             if replaces:
                 connection.execute(
                     "UPDATE summaries SET orphaned_at = ? WHERE tenant = ? AND orphaned_at IS NULL "
@@ -179,7 +177,7 @@ def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:
     return sorted(newest.values(), key=lambda s: (s.start_depth, s.end_depth))
 
 
-def _summary(row: sqlite3.Row) -> StoredSummary:
+def _summary(row: Row) -> StoredSummary:
     return StoredSummary(
         id=row["id"],
         start_depth=row["start_depth"],

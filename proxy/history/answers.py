@@ -13,7 +13,6 @@ stored or the session is gone, only the link is missing — the step is still se
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import dataclass
 
 from proxy.history import chain
@@ -21,6 +20,7 @@ from proxy.history.messages import StoredMessage
 from proxy.history.queries import insert_tokens
 from proxy.history.store import History
 from proxy.offload import compute
+from proxy.store.connection import Connection
 from proxy.tokens import rough_size
 from proxy.types import Message
 
@@ -40,7 +40,7 @@ class PendingAnswer:
     tokens: int
     created_at: float
 
-    def write(self, connection: sqlite3.Connection) -> StoredMessage | None:
+    def write(self, connection: Connection) -> StoredMessage | None:
         """Inside the caller's transaction: the node, its token count and the session head, in a savepoint.
 
         None (logged, rolled back to the savepoint) when the answer cannot be linked.
@@ -56,7 +56,7 @@ class PendingAnswer:
         connection.execute("RELEASE answer")
         return stored
 
-    def _link(self, connection: sqlite3.Connection) -> StoredMessage:
+    def _link(self, connection: Connection) -> StoredMessage:
         role = str(self.normal["role"])
         connection.execute(
             "INSERT OR IGNORE INTO messages (id, parent_id, depth, role, body, created_at) "

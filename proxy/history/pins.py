@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.tokens import content_text
 from proxy.types import Clock
@@ -40,7 +40,7 @@ class Pins:
         if not rows:
             return
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.executemany(
                 "INSERT OR IGNORE INTO pins (tenant, session_id, message_id, created_at) VALUES (?, ?, ?, ?)", rows
             )
@@ -51,7 +51,7 @@ class Pins:
         """Unpin; returns how many of `message_ids` were pinned."""
         ids = json.dumps(list(dict.fromkeys(message_ids)))
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             cursor = connection.execute(
                 "DELETE FROM pins WHERE tenant = ? AND session_id = ? "
                 "AND message_id IN (SELECT value FROM json_each(?))",

@@ -5,11 +5,11 @@ logic (locate, store, sessions, settings), so that each reads on its own.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 
 from proxy.history import chain
 from proxy.history.messages import Session
+from proxy.store.connection import Connection, Row
 
 SESSION_COLUMNS = "tenant, id, head_id, model, anchor_id, created_at, updated_at"
 
@@ -82,7 +82,7 @@ WHERE t.tokens IS NULL
 
 
 def lost_races(
-    connection: sqlite3.Connection, new_messages: Sequence[tuple[str, str | None, int, str, str, float]]
+    connection: Connection, new_messages: Sequence[tuple[str, str | None, int, str, str, float]]
 ) -> list[tuple[str, str, str, float]]:
     """Nodes another request stored first, in another form (two concurrent requests with different system
     prompts at one place): this request's form becomes a variant, so it is stored all the same."""
@@ -97,11 +97,11 @@ def lost_races(
     ]
 
 
-def insert_tokens(connection: sqlite3.Connection, rows: Sequence[tuple[str, str, int]]) -> None:
+def insert_tokens(connection: Connection, rows: Sequence[tuple[str, str, int]]) -> None:
     connection.executemany("INSERT OR IGNORE INTO message_tokens (message_id, encoding, tokens) VALUES (?, ?, ?)", rows)
 
 
-def session_from_row(row: sqlite3.Row) -> Session:
+def session_from_row(row: Row) -> Session:
     return Session(
         tenant=row["tenant"],
         id=row["id"],

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +45,7 @@ from proxy.history.queries import (
     session_from_row,
 )
 from proxy.offload import OFF_LOOP_CHARS, compute
+from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Clock, Message
@@ -237,17 +237,16 @@ class History:
         path = [entry.stored for entry in located.entries]
         session_row = (tenant, session_id, path[-1].id, model, located.anchor_id, now, now)
 
-        def write(connection: sqlite3.Connection) -> Session:
+        def write(connection: Connection) -> Session:
             variants = located.variants
             new_tokens = located.new_tokens
             if located.new_messages:
-                before = connection.total_changes
-                connection.executemany(
+                inserted = connection.executemany(
                     "INSERT OR IGNORE INTO messages (id, parent_id, depth, role, body, created_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
                     located.new_messages,
-                )
-                if connection.total_changes - before < len(located.new_messages):
+                ).rowcount
+                if inserted < len(located.new_messages):
                     lost = lost_races(connection, located.new_messages)
                     variants = [*variants, *lost]
                     new_tokens = [row for row in new_tokens if row[0] not in {variant[0] for variant in lost}]
@@ -260,7 +259,7 @@ class History:
                 )
             row = connection.execute(UPSERT_SESSION_SQL, session_row).fetchone()
             if row is None:
-                raise sqlite3.IntegrityError(f"session {session_id!r} was not written")
+                raise RuntimeError(f"session {session_id!r} was not written")
             return session_from_row(row)
 
         # A job of one statement needs no savepoint: SQLite rolls a failing statement back by itself.
@@ -282,7 +281,7 @@ class History:
         message_id = reconciled.end_id
         now = self.clock()
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             row = connection.execute(
                 "SELECT settings FROM context_settings WHERE tenant = ? AND message_id = ?", (tenant, message_id)
             ).fetchone()
@@ -323,11 +322,11 @@ class History:
         if not wanted:
             return {}
         rows = await self._db.fetchall(
-            "SELECT v.message_id, v.body FROM message_variants AS v JOIN json_each(?) AS w "
-            "ON v.message_id = w.key AND v.digest = w.value",
-            (json.dumps(dict(wanted)),),
+            "SELECT message_id, digest, body FROM message_variants "
+            "WHERE message_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(wanted)),),
         )
-        return {row[0]: json.loads(row[1]) for row in rows}
+        return {row[0]: json.loads(row[2]) for row in rows if wanted[row[0]] == row[1]}
 
     async def _derived(self, tenant: str, path: Sequence[StoredMessage]) -> str | None:
         """The derived session whose anchor lies deepest on `path` (the most recently updated on a tie)."""
@@ -346,9 +345,7 @@ class History:
         """Which of `ids` are stored, with what the request needs of them: one query."""
         if not ids:
             return {}
-        async with self._db.reader.execute(KNOWN_SQL, (encoding, tenant, json.dumps(ids))) as cursor:
-            cursor.row_factory = None  # plain tuples: measurably cheaper than sqlite3.Row for long paths
-            rows = await cursor.fetchall()
+        rows = await self._db.fetch_tuples(KNOWN_SQL, (encoding, tenant, json.dumps(ids)))
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
@@ -426,7 +423,7 @@ class History:
         if not counted:
             return
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             insert_tokens(connection, counted)
 
         await self._db.write(write, atomic=False)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sqlite3
 import uuid
 from dataclasses import dataclass
 
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
 from proxy.types import Clock
 
@@ -90,7 +90,7 @@ class Owners:
         now = self._clock()
         row = (self.id, self.host, self.pid, now, now)
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute(
                 "INSERT INTO journal_owners (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)", row
             )
@@ -102,7 +102,7 @@ class Owners:
         now = self._clock()
         row = (self.id, self.host, self.pid, now, now)
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             updated = connection.execute(
                 "UPDATE journal_owners SET heartbeat_at = ? WHERE id = ?", (now, self.id)
             ).rowcount
@@ -119,7 +119,7 @@ class Owners:
     async def release(self) -> None:
         """At a clean shutdown, after the streams ended: any step still open is free for recovery at once."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute("DELETE FROM journal_owners WHERE id = ?", (self.id,))
 
         await self._db.write(write, atomic=False)
@@ -149,7 +149,7 @@ class Owners:
         if not rows:
             return 0
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             deleted = 0
             for row in rows:
                 deleted += connection.execute(
@@ -162,5 +162,5 @@ class Owners:
         return await self._db.write(write)
 
 
-def owner_from_row(row: sqlite3.Row) -> Owner:
+def owner_from_row(row: Row) -> Owner:
     return Owner(row["id"], row["host"], int(row["pid"]), float(row["heartbeat_at"]))

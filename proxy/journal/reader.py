@@ -7,7 +7,6 @@ events have assembled so far (read for a whole page in one query).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from proxy.journal.steps import (
     replay_events,
     stored_events,
 )
+from proxy.store.connection import Row
 from proxy.store.database import Database
 from proxy.types import Chunk
 
@@ -132,7 +132,7 @@ class JournalReader:
         events = (await stored_events(self._db, [row["id"]]))[row["id"]]
         return record_from_row(row), [json.loads(content) for _seq, kind, content in events if kind in wanted]
 
-    async def _readable(self, rows: Sequence[sqlite3.Row]) -> list[StepRecord]:
+    async def _readable(self, rows: Sequence[Row]) -> list[StepRecord]:
         open_ids = [row["id"] for row in rows if row["status"] == StepStatus.OPEN and row["events"]]
         events = await stored_events(self._db, open_ids)
         return [

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from dataclasses import dataclass, field
 
 from proxy.errors import Conflict
@@ -29,6 +28,7 @@ from proxy.journal.steps import (
     stored_events,
 )
 from proxy.journal.writer import Journal
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Recovery:
         cutoff = self._journal.clock() - keep
         statuses = tuple(str(status) for status in PRUNABLE)
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             cursor = connection.execute(
                 "DELETE FROM journal_events WHERE step_id IN (SELECT id FROM journal_steps "
                 f"WHERE status IN {statuses!r} AND COALESCE(sealed_at, created_at) <= ?)",
@@ -139,7 +139,7 @@ class Recovery:
         return await self._db.write(write, atomic=False)
 
 
-def _row_owner(row: sqlite3.Row) -> Owner | None:
+def _row_owner(row: Row) -> Owner | None:
     if row["owner_id"] is None:
         return None
     return Owner(row["owner_id"], row["owner_host"], int(row["owner_pid"]), float(row["owner_heartbeat_at"]))

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import enum
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.journal.assembly import Assembly, assemble
+from proxy.store.connection import Row
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Chunk
@@ -199,7 +199,7 @@ async def stored_events(db: Database, step_ids: Sequence[int]) -> dict[int, list
     return found
 
 
-def step_from_row(row: sqlite3.Row, events: list[StoredEvent]) -> Step:
+def step_from_row(row: Row, events: list[StoredEvent]) -> Step:
     """The handle of a step read back (recovery), positioned after its last stored event."""
     return Step(
         row["id"],
@@ -215,7 +215,7 @@ def step_from_row(row: sqlite3.Row, events: list[StoredEvent]) -> Step:
     )
 
 
-def record_from_row(row: sqlite3.Row, assembly: Assembly | None = None) -> StepRecord:
+def record_from_row(row: Row, assembly: Assembly | None = None) -> StepRecord:
     """The record of a stored step; `assembly` replaces the row's answer for a step still open."""
     return StepRecord(
         id=row["id"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,6 +36,7 @@ from proxy.journal.steps import (
 )
 from proxy.observability.metrics import Metrics
 from proxy.offload import OFF_LOOP_CHARS
+from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.types import Chunk, Clock
 
@@ -110,7 +110,7 @@ class Journal:
 
         unrecorded = self.unrecorded
 
-        def write(connection: sqlite3.Connection) -> int:
+        def write(connection: Connection) -> int:
             if idempotency_key is not None:
                 prior = connection.execute(
                     "SELECT id, fingerprint, status FROM journal_steps WHERE tenant = ? AND idempotency_key = ? "
@@ -127,14 +127,13 @@ class Journal:
             cursor = connection.execute(
                 "INSERT INTO journal_steps (tenant, session_id, model, fingerprint, idempotency_key, stream, "
                 "status, parent_message_id, created_at, encoding, context, owner) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 row,
             )
-            if cursor.lastrowid is None:
-                raise RuntimeError("journal step was not inserted")
-            return cursor.lastrowid
+            step_id: int = cursor.fetchone()[0]
+            return step_id
 
-        def write_unrecorded_ending(connection: sqlite3.Connection, prior_id: int) -> None:
+        def write_unrecorded_ending(connection: Connection, prior_id: int) -> None:
             # The step this process knows ended still holds the key in the store (an open row): end it there.
             ending = unrecorded.ending(prior_id)
             assert ending is not None
@@ -172,7 +171,7 @@ class Journal:
         ]
         step.next_seq = seq + len(rows)
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.executemany(INSERT_EVENT, rows)
 
         await self._db.write(write, atomic=False, bulk=len(rows) > 1)
@@ -185,7 +184,7 @@ class Journal:
     async def recontext(self, step: Step, context: Mapping[str, Any]) -> None:
         """The step's request was compacted again (a context error healed): record what the retry sent."""
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: Connection) -> None:
             connection.execute("UPDATE journal_steps SET context = ? WHERE id = ?", (dumps(context), step.id))
 
         await self._db.write(write, atomic=False)
@@ -194,7 +193,7 @@ class Journal:
         """Merge `changes` into what the step's door keeps of it (`context.wire`, see `Conversation.wire`);
         False if the tenant has no such step."""
 
-        def write(connection: sqlite3.Connection) -> bool:
+        def write(connection: Connection) -> bool:
             row = connection.execute(
                 "SELECT context FROM journal_steps WHERE tenant = ? AND id = ?", (tenant, step_id)
             ).fetchone()
@@ -251,7 +250,7 @@ class Journal:
         assembly = step.assembly
         fields = (assembly.content, dumps(assembly.tool_calls), assembly.finish_reason, dumps(assembly.usage))
 
-        def write(connection: sqlite3.Connection) -> tuple[bool, StoredMessage | None]:
+        def write(connection: Connection) -> tuple[bool, StoredMessage | None]:
             stored = None if answer is None else answer.write(connection)
             values = (
                 status,

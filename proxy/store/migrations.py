@@ -24,19 +24,20 @@ can open the file with `sqlite3` and read their conversations:
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 
-Migration = Callable[[sqlite3.Connection], None]
+from proxy.store.connection import Connection
+
+Migration = Callable[[Connection], None]
 
 
-def _script(connection: sqlite3.Connection, sql: str) -> None:
+def _script(connection: Connection, sql: str) -> None:
     for statement in sql.split(";"):
         if statement.strip():
             connection.execute(statement)
 
 
-def m001_history(connection: sqlite3.Connection) -> None:
+def m001_history(connection: Connection) -> None:
     _script(
         connection,
         """
@@ -70,7 +71,7 @@ def m001_history(connection: sqlite3.Connection) -> None:
     )
 
 
-def m002_summaries(connection: sqlite3.Connection) -> None:
+def m002_summaries(connection: Connection) -> None:
     _script(
         connection,
         """
@@ -94,7 +95,7 @@ def m002_summaries(connection: sqlite3.Connection) -> None:
     )
 
 
-def m003_journal(connection: sqlite3.Connection) -> None:
+def m003_journal(connection: Connection) -> None:
     _script(
         connection,
         """
@@ -138,7 +139,7 @@ def m003_journal(connection: sqlite3.Connection) -> None:
     )
 
 
-def m004_conversations(connection: sqlite3.Connection) -> None:
+def m004_conversations(connection: Connection) -> None:
     """Real tools' conversations (docs/architecture.md, "Message chain" and "Session").
 
     - `message_variants`: the other forms a node was re-sent in (a rewritten system prompt, a history restored
@@ -177,7 +178,7 @@ def m004_conversations(connection: sqlite3.Connection) -> None:
     )
 
 
-def m005_step_owners(connection: sqlite3.Connection) -> None:
+def m005_step_owners(connection: Connection) -> None:
     """Who owns an open step (`proxy.journal.owners`), so one process's recovery leaves another's live streams.
 
     - `journal_owners`: one row per serving process (a random id per start), its host and pid, and its last
@@ -200,7 +201,7 @@ def m005_step_owners(connection: sqlite3.Connection) -> None:
     )
 
 
-def m006_strategies(connection: sqlite3.Connection) -> None:
+def m006_strategies(connection: Connection) -> None:
     """Spans written by every compaction strategy (`proxy.compaction.strategies`), not only by the summarizer.
 
     `strategy` names the writer: `summarize` (every summary before this migration), `goal-batch` (episodes),
@@ -241,7 +242,7 @@ def m006_strategies(connection: sqlite3.Connection) -> None:
     )
 
 
-def m007_pins(connection: sqlite3.Connection) -> None:
+def m007_pins(connection: Connection) -> None:
     """Messages a session keeps verbatim in every working context (`POST /sessions/{id}/pins`).
 
     A pin names a node of the chain, so it holds on every request of the session whose path contains it.
@@ -260,7 +261,7 @@ def m007_pins(connection: sqlite3.Connection) -> None:
     )
 
 
-def m008_compaction_events(connection: sqlite3.Connection) -> None:
+def m008_compaction_events(connection: Connection) -> None:
     """One row per compaction event (start, complete, error), kept per session for `GET /sessions/{id}/events`."""
     _script(
         connection,
@@ -288,7 +289,7 @@ def m008_compaction_events(connection: sqlite3.Connection) -> None:
     )
 
 
-def m009_recall(connection: sqlite3.Connection) -> None:
+def m009_recall(connection: Connection) -> None:
     """The full-text index recall searches (`proxy.compaction.recall`), filled as messages become hidden.
 
     - `recall_messages`: which messages of a tenant are indexed; its `id` is the message's rowid in the index.

@@ -136,7 +136,7 @@ def test_disk_full_is_a_507_saying_storage_is_full(proxy: ProxyServer) -> None:
     try:
         client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "warm up"}])
         app = cast(Starlette, proxy._server.config.app)
-        writer: sqlite3.Connection = app.state.services.db._writer
+        writer: sqlite3.Connection = app.state.services.db.engine.writer
         pages = writer.execute("PRAGMA page_count").fetchone()[0]
         writer.execute(f"PRAGMA max_page_count = {pages}")
         with pytest.raises(openai.APIStatusError) as caught:

@@ -1,0 +1,95 @@
+"""What `Database` needs of the engine under it (SQLite in `proxy.store.sqlite`, PostgreSQL in
+`proxy.store.postgres`), and the parts both share: a group of write jobs as one transaction, each job in its
+own savepoint, and the refusal of a schema from a newer proxy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from proxy.store.connection import Connection, Row, WriteWork
+from proxy.store.migrations import Migration
+
+Outcome = tuple[Any, BaseException | None]
+Works = list[tuple[WriteWork[Any], bool]]
+
+
+class Engine(Protocol):
+    name: str
+    """`sqlite` or `postgresql`: what the few engine-specific queries (recall's full-text search) choose by."""
+    inline: bool
+    """Run small write groups on the event loop (a commit costs less than a thread hop) rather than the writer
+    thread."""
+    errors: tuple[type[Exception], ...]
+    """What a failing statement raises."""
+    failures: tuple[type[Exception], ...]
+    """What a failing transaction raises (nothing in it was committed)."""
+
+    def run_batch(self, works: Works) -> list[Outcome]:
+        """On the writer: every job of the group in one transaction, each in its own savepoint."""
+        ...
+
+    def close_writer(self) -> None: ...
+
+    def storage_error(self, exc: BaseException) -> BaseException: ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]: ...
+
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None: ...
+
+    async def fetch_tuples(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]: ...
+
+    def lock(self, name: str) -> AbstractAsyncContextManager[None]: ...
+
+    def try_lock(self, name: str) -> AbstractAsyncContextManager[bool]: ...
+
+    async def close(self) -> None: ...
+
+
+def run_job(
+    connection: Connection,
+    work: WriteWork[Any],
+    atomic: bool,
+    storage_error: Callable[[BaseException], BaseException],
+    retry: Callable[[BaseException], bool] = lambda exc: False,
+) -> Outcome:
+    """A job's own failure is handed to the coroutine awaiting it (re-raised there), never swallowed; it must
+    not end the group, which other requests' writes are part of. `retry`: failures worth running the job again
+    for (PostgreSQL's deadlock victim: the other transaction has gone on)."""
+    if not atomic:
+        try:
+            return work(connection), None
+        except Exception as exc:
+            return None, storage_error(exc)
+    for attempt in range(3):
+        connection.execute("SAVEPOINT job")
+        try:
+            result = work(connection)
+        except Exception as exc:
+            connection.execute("ROLLBACK TO job")
+            connection.execute("RELEASE job")
+            if attempt < 2 and retry(exc):
+                continue
+            return None, storage_error(exc)
+        connection.execute("RELEASE job")
+        return result, None
+    raise AssertionError("unreachable")
+
+
+class StoreUnavailable(Exception):
+    """The store's server cannot be reached (PostgreSQL down, a wrong URL or password)."""
+
+
+class SchemaTooNew(Exception):
+    """The store was migrated by a newer version of the proxy: this one would misread or damage it."""
+
+
+def refuse_newer(applied: set[str], known: Sequence[Migration]) -> None:
+    unknown = sorted(applied - {migration.__name__ for migration in known})
+    if unknown:
+        raise SchemaTooNew(
+            f"The store's schema is newer than this proxy: it has migration(s) {', '.join(unknown)}, and this "
+            f"version knows only up to {known[-1].__name__}. Run the newer proxy, or use another store."
+        )

@@ -1,0 +1,315 @@
+"""The shared engine: PostgreSQL through psycopg 3, for several proxy replicas on one store.
+
+The write jobs are the same plain functions as on SQLite, run by a synchronous connection on the writer thread
+(psycopg has both sides; a commit here is a round trip and an fsync, never something for the event loop), each
+in a savepoint: PostgreSQL aborts the whole transaction on a failing statement, so no job runs without one. A
+job that PostgreSQL picks as a deadlock's victim (two replicas' groups inserting the same shared nodes in
+another order) is rolled back to its savepoint and run again. Reads come from an async pool; the locks that
+hold across replicas (`lock`, `try_lock`) are transaction-scoped advisory locks on connections of a pool of
+their own, so that a request holding a lock can always still read, and a connection lost or returned with the
+lock is rolled back, which releases it. Migrations run under an advisory lock, so replicas starting together
+apply each one once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.pq import TransactionStatus
+from psycopg.rows import RowMaker
+from psycopg_pool import AsyncConnectionPool
+
+from proxy.config import redacted_url
+from proxy.errors import StorageFull
+from proxy.store.connection import Row
+from proxy.store.dialect import Translated, translate
+from proxy.store.engine import Outcome, StoreUnavailable, Works, refuse_newer, run_job
+from proxy.store.pg_migrations import MIGRATIONS
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+MIGRATION_LOCK = "context-proxy: migrations"
+
+
+class PgRow:
+    """A row read by position or by column name, as `sqlite3.Row` is."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
+        self._values = values
+        self._index = index
+
+    def __getitem__(self, key: int | str) -> Any:
+        return self._values[self._index[key]] if isinstance(key, str) else self._values[key]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def pg_rows(cursor: Any) -> RowMaker[PgRow]:
+    index = {column.name: i for i, column in enumerate(cursor.description or ())}
+    return lambda values: PgRow(values, index)
+
+
+class _Number(Loader):
+    """`numeric` (what SUM of integers gives) as an int when whole, as SQLite gives it; else a float."""
+
+    def load(self, data: Buffer) -> int | float:
+        value = Decimal(bytes(data).decode())
+        return int(value) if value == value.to_integral_value() else float(value)
+
+
+class _Flag(Dumper):
+    """A bool as the integer SQLite stores it (`stream`, `background` are integer columns)."""
+
+    oid = psycopg.adapters.types["int8"].oid
+
+    def dump(self, obj: bool) -> Buffer:
+        return b"1" if obj else b"0"
+
+
+def _adapt(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    connection.adapters.register_loader("numeric", _Number)
+    connection.adapters.register_dumper(bool, _Flag)
+
+
+class _Translations:
+    """Each statement translated once (`proxy.store.dialect`); the store runs a few dozen distinct ones."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, Translated] = {}
+
+    def __call__(self, sql: str) -> Translated:
+        found = self._done.get(sql)
+        if found is None:
+            found = self._done[sql] = translate(sql)
+        return found
+
+
+class PgCursor:
+    def __init__(self, cursor: psycopg.Cursor[PgRow]) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def fetchone(self) -> PgRow | None:
+        return self._cursor.fetchone() if self._cursor.description is not None else None
+
+    def fetchall(self) -> list[PgRow]:
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+    def __iter__(self) -> Iterator[PgRow]:
+        return iter(self.fetchall())
+
+
+class PgConnection:
+    """A psycopg connection that runs the store's SQLite SQL (`proxy.store.connection.Connection`)."""
+
+    def __init__(self, connection: psycopg.Connection[PgRow], translations: _Translations) -> None:
+        self.raw = connection
+        self._translations = translations
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> PgCursor:
+        translated = self._translations(sql)
+        query = translated.sql
+        return PgCursor(self.raw.execute(query, translated.parameters(parameters) if translated.order else None))
+
+    def executemany(self, sql: str, parameters: Sequence[Sequence[Any]], /) -> PgCursor:
+        translated = self._translations(sql)
+        cursor = self.raw.cursor()
+        cursor.executemany(translated.sql, [translated.parameters(p) for p in parameters])
+        return PgCursor(cursor)
+
+
+def _connect(url: str, translations: _Translations) -> PgConnection:
+    try:
+        connection = psycopg.Connection.connect(
+            url, autocommit=True, row_factory=pg_rows, connect_timeout=CONNECT_TIMEOUT_S
+        )
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {exc}") from None
+    _adapt(connection)
+    return PgConnection(connection, translations)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure)
+
+
+class PostgresEngine:
+    name = "postgresql"
+    inline = False
+    errors: tuple[type[Exception], ...] = (psycopg.Error,)
+    failures: tuple[type[Exception], ...] = (psycopg.Error,)
+
+    def __init__(
+        self,
+        url: str,
+        writer: PgConnection,
+        reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
+        locks: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
+        translations: _Translations,
+    ) -> None:
+        self._url = url
+        self._writer = writer
+        self._reads = reads
+        self._locks = locks
+        self._translations = translations
+
+    @classmethod
+    async def open(cls, url: str, pool_size: int, executor: ThreadPoolExecutor) -> PostgresEngine:
+        translations = _Translations()
+        loop = asyncio.get_running_loop()
+        writer = await loop.run_in_executor(executor, _connect, url, translations)
+        pools: list[AsyncConnectionPool[psycopg.AsyncConnection[PgRow]]] = []
+        try:
+            await loop.run_in_executor(executor, migrate, writer)
+            for name in ("reads", "locks"):
+                pool = AsyncConnectionPool(
+                    url,
+                    connection_class=psycopg.AsyncConnection[PgRow],
+                    kwargs={"autocommit": True, "row_factory": pg_rows, "connect_timeout": CONNECT_TIMEOUT_S},
+                    configure=_configure,
+                    min_size=1,
+                    max_size=max(1, pool_size),
+                    name=f"store-{name}",
+                    open=False,
+                )
+                pools.append(pool)
+                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except BaseException:
+            for pool in pools:
+                await pool.close()
+            await loop.run_in_executor(executor, writer.raw.close)
+            raise
+        return cls(url, writer, pools[0], pools[1], translations)
+
+    def run_batch(self, works: Works) -> list[Outcome]:
+        if self._writer.raw.closed:  # the server restarted or dropped us: the next group gets a new connection
+            self._writer = _connect(self._url, self._translations)
+        connection = self._writer
+        outcomes: list[Outcome] = []
+        connection.execute("BEGIN")
+        try:
+            for work, _atomic in works:
+                outcomes.append(run_job(connection, work, True, storage_error, _retryable))
+            connection.execute("COMMIT")
+        except BaseException:
+            raw = connection.raw
+            if not raw.closed and raw.info.transaction_status != TransactionStatus.IDLE:
+                raw.execute("ROLLBACK")
+            raise
+        return outcomes
+
+    def close_writer(self) -> None:
+        self._writer.raw.close()
+
+    def storage_error(self, exc: BaseException) -> BaseException:
+        return storage_error(exc)
+
+    async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        translated = self._translations(sql)
+        async with self._reads.connection() as connection:
+            cursor = await connection.execute(translated.sql, self._parameters(translated, params))
+            return list(await cursor.fetchall())
+
+    async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
+        translated = self._translations(sql)
+        async with self._reads.connection() as connection:
+            cursor = await connection.execute(translated.sql, self._parameters(translated, params))
+            return await cursor.fetchone()
+
+    async def fetch_tuples(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in await self.fetchall(sql, params)]
+
+    @asynccontextmanager
+    async def lock(self, name: str) -> AsyncIterator[None]:
+        async with self._locks.connection() as connection, connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
+            yield
+
+    @asynccontextmanager
+    async def try_lock(self, name: str) -> AsyncIterator[bool]:
+        async with self._locks.connection() as connection, connection.transaction():
+            cursor = await connection.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
+            row = await cursor.fetchone()
+            yield bool(row is not None and row[0])
+
+    async def close(self) -> None:
+        await self._reads.close()
+        await self._locks.close()
+
+    @staticmethod
+    def _parameters(translated: Translated, params: Sequence[Any]) -> list[Any] | None:
+        return translated.parameters(params) if translated.order else None
+
+
+async def _configure(connection: psycopg.AsyncConnection[Any]) -> None:
+    _adapt(connection)
+
+
+def storage_error(exc: BaseException) -> BaseException:
+    """PostgreSQL's "disk full" as the 507 a client can act on; any other failure unchanged."""
+    if not isinstance(exc, psycopg.errors.DiskFull):
+        return exc
+    error = StorageFull("The proxy's storage is full: nothing was saved. The operator must free disk space.")
+    error.__cause__ = exc
+    return error
+
+
+def migrate(connection: PgConnection) -> None:
+    """Apply what is missing, each migration in its own transaction, under an advisory lock that every process
+    opening the store takes: the first applies, the others wait and find it applied."""
+    connection.execute("SELECT pg_advisory_lock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
+    try:
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
+        refuse_newer(applied, MIGRATIONS)
+        for migration in MIGRATIONS:
+            if migration.__name__ in applied:
+                continue
+            connection.execute("BEGIN")
+            try:
+                migration(connection)
+                connection.execute(
+                    "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.__name__, time.time())
+                )
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            log.info("applied migration %s", migration.__name__)
+    finally:
+        connection.execute("SELECT pg_advisory_unlock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
+
+
+def check_schema(url: str) -> None:
+    """SchemaTooNew if the store was migrated by a newer proxy. Reads only; an empty database is fine."""
+    connection = _connect(url, _Translations())
+    try:
+        if connection.execute("SELECT to_regclass('migrations')").fetchone()[0] is not None:  # type: ignore[index]
+            refuse_newer({row[0] for row in connection.execute("SELECT name FROM migrations")}, MIGRATIONS)
+    finally:
+        connection.raw.close()
