@@ -86,7 +86,9 @@ async def open_services(
         pins = Pins(db)
         events = CompactionEvents(db, metrics=metrics)
         summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context, metrics)
-        compactor = Compactor(config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db))
+        compactor = Compactor(
+            config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db), locks=db
+        )
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
         inspector = Inspector(config, history, summaries, reader, compactor, budgets, pins, events)

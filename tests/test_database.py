@@ -368,3 +368,32 @@ async def test_a_writer_stopped_by_a_base_exception_fails_its_callers_instead_of
             await items.write(interrupt)
         with pytest.raises(RuntimeError, match="closed"):
             await items.write(insert(1))
+
+
+# --- locks across processes ------------------------------------------------------------------------------------
+
+
+async def test_a_lock_is_held_against_other_processes_and_released(db: Database, store_target: Path | str) -> None:
+    """A second `Database` on the same store stands for another replica. On SQLite one process serves a file,
+    so its locks are no-ops that always succeed."""
+    other = await Database.open(store_target)
+    shared = db.dialect == "postgresql"
+    try:
+        async with db.lock("a"):
+            async with other.try_lock("a") as held:
+                assert held is not shared
+            async with other.try_lock("b") as held:
+                assert held
+            if shared:
+                waiter = asyncio.create_task(other.lock("a").__aenter__())
+                await asyncio.sleep(0.05)
+                assert not waiter.done()
+                waiter.cancel()  # a waiter that gives up leaves nothing held
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+        async with asyncio.timeout(5), other.try_lock("a") as held:
+            assert held
+        async with db.try_lock("a") as held:
+            assert held
+    finally:
+        await other.close()

@@ -330,10 +330,37 @@ async def test_identical_concurrent_requests_store_each_node_once(db: Database, 
     assert await count(db, "message_tokens") == 7
 
 
-def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:
-    lock = history.lock("t", "s")
-    assert history.lock("t", "s") is lock
-    assert history.lock("u", "s") is not lock
+async def held_together(first: History, second: History, sessions: tuple[tuple[str, str], tuple[str, str]]) -> bool:
+    """Whether `second` gets its session's lock while `first` holds its own."""
+    async with first.lock(*sessions[0]):
+        try:
+            async with asyncio.timeout(0.5), second.lock(*sessions[1]):
+                return True
+        except TimeoutError:
+            return False
+
+
+async def test_the_lock_is_one_per_session_and_tenant(history: History) -> None:
+    assert not await held_together(history, history, (("t", "s"), ("t", "s")))
+    assert await held_together(history, history, (("t", "s"), ("u", "s")))
+    assert await held_together(history, history, (("t", "s"), ("t", "s2")))
+
+
+async def test_the_lock_holds_across_processes_sharing_the_store(db: Database, store_target: Path | str) -> None:
+    """Another `Database` on the same store stands for another replica: its own connections, its own memory."""
+    other = await Database.open(store_target)
+    try:
+        replica = History(other)
+        mine = History(db)
+        if db.dialect == "postgresql":
+            assert not await held_together(mine, replica, (("t", "s"), ("t", "s")))
+        assert await held_together(mine, replica, (("t", "s"), ("t", "s2")))
+        assert await held_together(mine, replica, (("t", "s"), ("u", "s")))
+        # Released on leaving, as the first check's own exit shows: it can be taken at once.
+        async with asyncio.timeout(5), replica.lock("t", "s"):
+            pass
+    finally:
+        await other.close()
 
 
 async def test_a_request_without_a_session_id_never_joins_a_named_session(db: Database, history: History) -> None:

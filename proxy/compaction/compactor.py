@@ -8,7 +8,9 @@ send prompts that extend each other (docs/architecture.md, invariant 6).
 
 Off the critical path: when a request leaves its session past `context.precompact_ratio` of the budget, the
 spans the next crossing will need are written in the background (one task per session, `precompact_concurrency`
-at once). The crossing request waits for that task, never for a second summarizer call of its own.
+at once). The crossing request waits for that task, never for a second summarizer call of its own. Replicas
+sharing a PostgreSQL store take the session's pre-compaction lock: one of them writes the spans, and a crossing
+request on another waits for it as for its own.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
 (`recall`), within `context.recall_tokens` and what the budget leaves.
@@ -17,10 +19,11 @@ After the context is laid out, archived originals the latest user message refers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.compaction.builder import NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
@@ -36,6 +39,7 @@ from proxy.compaction.summary_text import acknowledgement_message, summary_messa
 from proxy.config import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.pins import Pins
+from proxy.store.database import Database, lock_name
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 from proxy.types import Clock, Message
 
@@ -94,8 +98,12 @@ class Compactor:
         events: CompactionEvents | None = None,
         pins: Pins | None = None,
         recall: Recall | None = None,
+        locks: Database | None = None,
     ) -> None:
+        """`locks`: the store shared with other replicas, whose pre-compaction of a session this one must not
+        repeat (none: this process is the only one)."""
         self._config = config
+        self._locks = locks
         self._summaries = summaries
         self._summarizer = summarizer
         self._clock = clock
@@ -224,7 +232,9 @@ class Compactor:
         trigger (the turns until the crossing fill it). What it writes is held back until the crossing
         (`Span.held`). A summarizer allowance of its own; when it is used up the task stops, and the crossing
         request writes what is missing."""
-        async with self._slots:
+        async with self._slots, self._fleet_lock(request, wait=False) as held:
+            if not held:  # another replica is writing this session's next spans
+                return
             state = await self._paths.read(request)
             stored = await self._in_force(request)
             trigger = self._config.trigger_ratio
@@ -252,12 +262,16 @@ class Compactor:
         are the ones this request would otherwise pay for. If it is still running at the deadline, this request
         writes what it lacks without the summarizer (extractive), never a second call for the same work."""
         task = self._background.get((request.tenant, request.session_id))
-        if task is None:
+        if task is None and self._locks is None:
             return
         left = allowance.left(self._clock())
         try:
             async with asyncio.timeout(max(0.0, left)):
-                await asyncio.shield(task)
+                if task is not None:
+                    await asyncio.shield(task)
+                else:  # another replica's pre-compaction of the session, if one is running: until it ends
+                    async with self._fleet_lock(request, wait=True):
+                        pass
         except TimeoutError:
             allowance.exhaust()
             log.warning(
@@ -268,6 +282,20 @@ class Compactor:
             )
         except Exception:  # logged by `_precompacted`; the request compacts on its own
             pass
+
+    @contextlib.asynccontextmanager
+    async def _fleet_lock(self, request: CompactionRequest, *, wait: bool) -> AsyncIterator[bool]:
+        """The session's pre-compaction lock across the replicas sharing the store: True if held for the block."""
+        if self._locks is None:
+            yield True
+            return
+        name = lock_name("precompaction", request.tenant, request.session_id)
+        if wait:
+            async with self._locks.lock(name):
+                yield True
+        else:
+            async with self._locks.try_lock(name) as held:
+                yield held
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSummary]:
         return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}

@@ -21,10 +21,10 @@ query filters by tenant, and a foreign or unknown session id reads as None; two 
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,7 +46,7 @@ from proxy.history.queries import (
 )
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
-from proxy.store.database import Database
+from proxy.store.database import Database, lock_name
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Clock, Message
 
@@ -112,8 +112,12 @@ class History:
         """The paths this process reconciled last; `answers` extends them with each sealed answer."""
         self._locks = SessionLocks()
 
-    def lock(self, tenant: str, session_id: str) -> asyncio.Lock:
-        return self._locks.get(tenant, session_id)
+    @contextlib.asynccontextmanager
+    async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        """The session's requests one at a time: in this process first (waiting there costs nothing), then
+        across every process sharing the store (`Database.lock`: an advisory lock on PostgreSQL)."""
+        async with self._locks.get(tenant, session_id), self._db.lock(lock_name("session", tenant, session_id)):
+            yield
 
     async def reconcile(
         self,

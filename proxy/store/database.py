@@ -13,6 +13,7 @@ writer thread) and serves reads and the locks that hold across processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from proxy.store import sqlite
 from proxy.store.connection import Row, WriteWork
 from proxy.store.engine import Engine, SchemaTooNew, StoreUnavailable
 
-__all__ = ["Database", "SchemaTooNew", "StoreUnavailable", "WriteWork", "check_schema"]
+__all__ = ["Database", "SchemaTooNew", "StoreUnavailable", "WriteWork", "check_schema", "lock_name"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,12 @@ class Database:
             finally:
                 for _ in batch:
                     self._jobs.task_done()
+
+
+def lock_name(kind: str, tenant: str, session_id: str) -> str:
+    """The name of a lock on one session, as `Database.lock` takes it: one per kind (a session's requests, its
+    pre-compaction), unambiguous whatever the ids hold."""
+    return json.dumps([kind, tenant, session_id])
 
 
 def check_schema(location: Path | str) -> None:

@@ -4,16 +4,18 @@ The write jobs are the same plain functions as on SQLite, run by a synchronous c
 (psycopg has both sides; a commit here is a round trip and an fsync, never something for the event loop), each
 in a savepoint: PostgreSQL aborts the whole transaction on a failing statement, so no job runs without one. A
 job that PostgreSQL picks as a deadlock's victim (two replicas' groups inserting the same shared nodes in
-another order) is rolled back to its savepoint and run again. Reads come from an async pool; the locks that
-hold across replicas (`lock`, `try_lock`) are transaction-scoped advisory locks on connections of a pool of
-their own, so that a request holding a lock can always still read, and a connection lost or returned with the
-lock is rolled back, which releases it. Migrations run under an advisory lock, so replicas starting together
-apply each one once.
+another order) is rolled back to its savepoint and run again. Reads come from an async pool. The locks that
+hold across replicas (`lock`, `try_lock`) are advisory locks, all held on one connection of the process
+(`AdvisoryLocks`), never one pooled connection per holder: a request holding a session's lock must still be
+able to read, and 32 requests holding locks must not take the whole pool. A process that dies releases its
+locks with its connection. Migrations run under an advisory lock, so replicas starting together apply each
+one once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -39,6 +41,8 @@ from proxy.store.pg_migrations import MIGRATIONS
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10
+LOCK_POLL_S = 0.005
+LOCK_POLL_MAX_S = 0.1
 MIGRATION_LOCK = "context-proxy: migrations"
 
 
@@ -167,7 +171,7 @@ class PostgresEngine:
         url: str,
         writer: PgConnection,
         reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
-        locks: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
+        locks: AdvisoryLocks,
         translations: _Translations,
     ) -> None:
         self._url = url
@@ -181,28 +185,27 @@ class PostgresEngine:
         translations = _Translations()
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(executor, _connect, url, translations)
-        pools: list[AsyncConnectionPool[psycopg.AsyncConnection[PgRow]]] = []
+        reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]] = AsyncConnectionPool(
+            url,
+            connection_class=psycopg.AsyncConnection[PgRow],
+            kwargs={"autocommit": True, "row_factory": pg_rows, "connect_timeout": CONNECT_TIMEOUT_S},
+            configure=_configure,
+            min_size=1,
+            max_size=max(1, pool_size),
+            name="store-reads",
+            open=False,
+        )
+        locks = AdvisoryLocks(url)
         try:
             await loop.run_in_executor(executor, migrate, writer)
-            for name in ("reads", "locks"):
-                pool = AsyncConnectionPool(
-                    url,
-                    connection_class=psycopg.AsyncConnection[PgRow],
-                    kwargs={"autocommit": True, "row_factory": pg_rows, "connect_timeout": CONNECT_TIMEOUT_S},
-                    configure=_configure,
-                    min_size=1,
-                    max_size=max(1, pool_size),
-                    name=f"store-{name}",
-                    open=False,
-                )
-                pools.append(pool)
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+            await reads.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+            await locks.open()
         except BaseException:
-            for pool in pools:
-                await pool.close()
+            await reads.close()
+            await locks.close()
             await loop.run_in_executor(executor, writer.raw.close)
             raise
-        return cls(url, writer, pools[0], pools[1], translations)
+        return cls(url, writer, reads, locks, translations)
 
     def run_batch(self, works: Works) -> list[Outcome]:
         if self._writer.raw.closed:  # the server restarted or dropped us: the next group gets a new connection
@@ -244,16 +247,20 @@ class PostgresEngine:
 
     @asynccontextmanager
     async def lock(self, name: str) -> AsyncIterator[None]:
-        async with self._locks.connection() as connection, connection.transaction():
-            await connection.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
+        await self._locks.acquire(name, wait=True)
+        try:
             yield
+        finally:
+            await self._locks.release(name)
 
     @asynccontextmanager
     async def try_lock(self, name: str) -> AsyncIterator[bool]:
-        async with self._locks.connection() as connection, connection.transaction():
-            cursor = await connection.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
-            row = await cursor.fetchone()
-            yield bool(row is not None and row[0])
+        held = await self._locks.acquire(name, wait=False)
+        try:
+            yield held
+        finally:
+            if held:
+                await self._locks.release(name)
 
     async def close(self) -> None:
         await self._reads.close()
@@ -262,6 +269,69 @@ class PostgresEngine:
     @staticmethod
     def _parameters(translated: Translated, params: Sequence[Any]) -> list[Any] | None:
         return translated.parameters(params) if translated.order else None
+
+
+class AdvisoryLocks:
+    """Session-level advisory locks of this process, all on one connection of their own.
+
+    A lock another process holds is waited for by asking again (`pg_try_advisory_lock`, from 5 ms backing off to
+    100 ms), not by a blocking `pg_advisory_lock`, which would hold the shared connection for everyone. Callers
+    never hold one name twice at once (the session's asyncio lock, one pre-compaction per session come first),
+    so PostgreSQL's re-entrant counting stays one per name. An acquisition whose caller is cancelled is finished
+    and undone, so a lock never stays held for a caller that has gone.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._connection: psycopg.AsyncConnection[Any] | None = None
+        self._undoing: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        self._connection = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    async def close(self) -> None:
+        if self._undoing:
+            await asyncio.gather(*self._undoing, return_exceptions=True)
+        if self._connection is not None:
+            await self._connection.close()
+
+    async def acquire(self, name: str, *, wait: bool) -> bool:
+        delay = LOCK_POLL_S
+        while True:
+            attempt = asyncio.ensure_future(self._query("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", name))
+            try:
+                held = await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                attempt.add_done_callback(functools.partial(self._undo, name))
+                raise
+            if held or not wait:
+                return held
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, LOCK_POLL_MAX_S)
+
+    async def release(self, name: str) -> None:
+        await asyncio.shield(self._query("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", name))
+
+    async def _query(self, sql: str, name: str) -> bool:
+        connection = self._connection
+        if connection is None or connection.closed:
+            # Whatever the lost connection held was released with it; what is held from now on is held again.
+            log.warning("the store's lock connection was lost; reconnecting")
+            await self.open()
+            connection = self._connection
+            assert connection is not None
+        cursor = await connection.execute(sql, (name,))
+        row = await cursor.fetchone()
+        return bool(row is not None and row[0])
+
+    def _undo(self, name: str, attempt: asyncio.Future[bool]) -> None:
+        if attempt.cancelled() or attempt.exception() is not None or not attempt.result():
+            return
+        task = asyncio.ensure_future(self.release(name))
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
 
 
 async def _configure(connection: psycopg.AsyncConnection[Any]) -> None:
