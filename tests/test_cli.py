@@ -1,4 +1,5 @@
-"""`context-proxy`: config errors as one line, the loopback guard of `serve`, and reading the store from the shell."""
+"""`context-proxy`: config errors as one line, the loopback guard of `serve`, reading the store from the shell, and
+`migrate` (export and import: `tests/test_transfer.py`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.cli.commands import EXIT_CONFIG, main
+from proxy.cli.commands import EXIT_CONFIG, EXIT_STORE, main
 from proxy.observability.logs import TEXT_FORMAT
 from proxy.server import DeadlineProtocol
+from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import make_config
+from tests.postgres_server import PostgresServer
+from tests.proxy_server import free_port, make_config
+from tests.raw_store import committed_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MESSAGES: list[dict[str, Any]] = [
@@ -207,7 +211,7 @@ def test_python_m_proxy_help() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "context-proxy" in result.stdout
-    for command in ("serve", "sessions", "journal"):
+    for command in ("serve", "sessions", "journal", "migrate", "export", "import"):
         assert command in result.stdout
 
 
@@ -265,3 +269,70 @@ def test_sessions_pin_unpin_pins_and_events(
     assert "complete" in text
     assert "900 -> 120" in text
     assert "[1, 3)" in text
+
+
+MIGRATION_NAMES = [migration.__name__ for migration in MIGRATIONS]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_migrate_applies_what_is_missing_then_has_nothing_to_apply(
+    engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    store = {"path": str(tmp_path / "new.db")}
+    if engine == "postgresql":
+        store = {"url": request.getfixturevalue("postgres").database()}
+    config = str(write_config(tmp_path / "proxy.json", {"store": store}))
+
+    assert main(["migrate", "--config", config]) == 0
+    out, err = capsys.readouterr()
+    assert f"({engine}): applied {len(MIGRATION_NAMES)} migration(s): {', '.join(MIGRATION_NAMES)}\n" in out
+    assert "already" not in out
+    assert err == ""
+
+    assert main(["migrate", "--config", config]) == 0
+    out = capsys.readouterr().out
+    assert "applied" not in out.replace("already applied", "")
+    assert f"({engine}): {len(MIGRATION_NAMES)} already applied, up to {MIGRATION_NAMES[-1]}; nothing else" in out
+
+
+def test_replicas_migrating_at_once_all_start(postgres: PostgresServer, tmp_path: Path) -> None:
+    """Several processes migrating one new database together: the advisory lock lets one apply each migration,
+    the others wait and find it applied; none fails on a table another created."""
+    config = str(write_config(tmp_path / "proxy.json", {"store": {"url": postgres.database()}}))
+    command = [sys.executable, "-m", "proxy", "migrate", "--config", config]
+    processes = [
+        subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    results = [(process.wait(timeout=120), *process.communicate()) for process in processes]
+
+    assert [(code, err) for code, _, err in results] == [(0, "")] * 4
+    assert all(MIGRATION_NAMES[-1] in out for _, out, _ in results)
+    assert [row[0] for row in committed_rows(postgres_url(config), "SELECT name FROM migrations ORDER BY name")] == (
+        MIGRATION_NAMES
+    )
+
+
+def postgres_url(config: str) -> str:
+    url: str = json.loads(Path(config).read_text())["store"]["url"]
+    return url
+
+
+def test_migrate_refuses_a_newer_schema_and_an_unreachable_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newer = str(write_config(tmp_path / "newer.json", {"store": {"path": str(tmp_path / "newer.db")}}))
+    assert main(["migrate", "--config", newer]) == 0
+    with sqlite3.connect(tmp_path / "newer.db") as db:
+        db.execute("INSERT INTO migrations (name, applied_at) VALUES ('m999_future', 0)")
+    capsys.readouterr()
+    absent = {"store": {"url": f"postgresql://nobody@127.0.0.1:{free_port()}/none"}}
+    unreachable = str(write_config(tmp_path / "unreachable.json", absent))
+
+    for config, message in ((newer, "m999_future"), (unreachable, "cannot connect to the store")):
+        assert main(["migrate", "--config", config]) == EXIT_STORE
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("context-proxy: ")
+        assert message in err
+        assert err.count("\n") == 1

@@ -5,19 +5,25 @@ beyond loopback unless `--host` says so explicitly, and reports a bad config (or
 version) as one line instead of a traceback. `sessions` and `journal` open the same parts the server runs
 (`proxy.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
 lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
-writer, checked as `POST /sessions/{id}/pins` checks them.
+writer, checked as `POST /sessions/{id}/pins` checks them. `migrate` applies the schema's migrations as `serve`
+does on startup (under a lock, so replicas starting together apply each once) and says which; `export` and
+`import` move a whole store between files and servers, SQLite and PostgreSQL alike (`proxy.store.transfer`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import logging.config
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 import uvicorn
 
@@ -35,11 +41,13 @@ from proxy.cli.render import (
 from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.inspection import Inspector
+from proxy.journal.owners import LEASE_S
 from proxy.journal.steps import StepStatus
 from proxy.observability.logs import log_config
 from proxy.server import raise_file_limit, server_options
 from proxy.services import open_services
-from proxy.store.database import SchemaTooNew, StoreUnavailable, check_schema
+from proxy.store.database import Database, SchemaTooNew, StoreUnavailable, check_schema
+from proxy.store.transfer import TransferError, export_store, import_store
 
 EXIT_STORE = 1
 EXIT_CONFIG = 2
@@ -109,6 +117,17 @@ def _parser() -> argparse.ArgumentParser:
         _store_options(command)
     jlist.set_defaults(run=_inspection(_journal_list, render_steps))
     jshow.set_defaults(run=_inspection(_journal_show, render_step))
+
+    migrate = commands.add_parser("migrate", help="apply the schema's migrations to the store (serve does too)")
+    export = commands.add_parser("export", help="write every row of the store as JSON lines")
+    export.add_argument("output", metavar="OUTPUT", help="the file to write, or - for stdout")
+    load = commands.add_parser("import", help="load an export into a new, empty store")
+    load.add_argument("input", metavar="INPUT", help="the file an export wrote, or - for stdin")
+    for command in (migrate, export, load):
+        command.add_argument("--config", required=True, help="the config file the server runs with")
+    migrate.set_defaults(run=_store_command(_migrate))
+    export.set_defaults(run=_store_command(_export))
+    load.set_defaults(run=_store_command(_import))
     return parser
 
 
@@ -231,3 +250,84 @@ async def _journal_list(inspector: Inspector, tenant: str, args: argparse.Namesp
 
 async def _journal_show(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
     return await inspector.step(tenant, args.step_id)
+
+
+StoreWork = Callable[[Database, Config, argparse.Namespace, float], Awaitable[None]]
+"""A command on the opened store; its last argument is when the command started, before the store was opened."""
+
+
+def _store_command(work: StoreWork) -> Command:
+    """Open the configured store (migrating it, as every opening does), run `work`, close; a store this proxy
+    cannot use, or a transfer it refuses, is one line on stderr."""
+
+    def run(config: Config, args: argparse.Namespace) -> int:
+        async def opened() -> None:
+            store, started = config.store, time.time()
+            db = await Database.open(store.target, config.journal.synchronous, pool_size=store.pool_size)
+            try:
+                await work(db, config, args, started)
+            finally:
+                await db.close()
+
+        try:
+            asyncio.run(opened())
+        except (SchemaTooNew, StoreUnavailable, TransferError, OSError) as exc:
+            print(f"context-proxy: {' '.join(str(exc).split())}", file=sys.stderr)  # psycopg's hints on one line
+            return EXIT_STORE
+        return 0
+
+    return run
+
+
+async def _migrate(db: Database, config: Config, args: argparse.Namespace, started: float) -> None:
+    # Opening the store applied what was missing. What was applied since this command started: by it, or by a
+    # replica that took the migration lock first.
+    rows = await db.fetchall("SELECT name, applied_at FROM migrations ORDER BY name")
+    applied = [row[0] for row in rows if row[1] >= started]
+    where = f"{config.store.location} ({db.dialect})"
+    if applied:
+        print(f"{where}: applied {len(applied)} migration(s): {', '.join(applied)}")
+    if len(applied) < len(rows):
+        print(f"{where}: {len(rows) - len(applied)} already applied, up to {rows[-1][0]}; nothing else to apply")
+
+
+async def _export(db: Database, config: Config, args: argparse.Namespace, started: float) -> None:
+    live = await db.fetchone("SELECT COUNT(*) FROM journal_owners WHERE heartbeat_at > ?", (time.time() - LEASE_S,))
+    if live is not None and live[0]:
+        print(
+            f"context-proxy: warning: {live[0]} proxy process(es) are serving this store; rows they write during "
+            "the export may be left out of it, and the import may then refuse it: stop them for an exact copy",
+            file=sys.stderr,
+        )
+    with _opened(args.output, "w") as output:
+        counts = await export_store(db, output)
+    print(f"exported {_counted(counts)} from {config.store.location}", file=sys.stderr)
+
+
+async def _import(db: Database, config: Config, args: argparse.Namespace, started: float) -> None:
+    with _opened(args.input, "r") as lines:
+        counts = await import_store(db, lines)
+    print(f"imported {_counted(counts)} into {config.store.location}", file=sys.stderr)
+
+
+@contextmanager
+def _opened(name: str, mode: Literal["r", "w"]) -> Iterator[TextIO]:
+    """`name` as a text file, or stdin / stdout for `-`. An export that fails leaves no file behind."""
+    if name == "-":
+        stream = sys.stdout if mode == "w" else sys.stdin
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(encoding="utf-8")
+        yield stream
+        return
+    path = Path(name)
+    with path.open(mode, encoding="utf-8", newline="\n") as file:
+        try:
+            yield file
+        except BaseException:
+            if mode == "w":
+                path.unlink(missing_ok=True)
+            raise
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{rows:,} {table}" for table, rows in counts.items())
