@@ -179,7 +179,7 @@ def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
         environment.prepare()
         try:
             data = asyncio.run(_look_up(config, args, view))
-        except (InspectionError, SchemaTooNew) as exc:
+        except (InspectionError, SchemaTooNew, StoreUnavailable) as exc:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))

@@ -151,7 +151,8 @@ def _connect(url: str, translations: _Translations) -> PgConnection:
             url, autocommit=True, row_factory=pg_rows, connect_timeout=CONNECT_TIMEOUT_S
         )
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {exc}") from None
+        reason = " ".join(str(exc).split())  # libpq's message spans lines; a CLI error is one
+        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {reason}") from None
     _adapt(connection)
     return PgConnection(connection, translations)
 
