@@ -5,12 +5,16 @@ own savepoint, and the refusal of a schema from a newer proxy.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from proxy.store.connection import Connection, Row, WriteWork
 from proxy.store.migrations import Migration
+
+log = logging.getLogger(__name__)
 
 Outcome = tuple[Any, BaseException | None]
 Works = list[tuple[WriteWork[Any], bool]]
@@ -84,6 +88,35 @@ class StoreUnavailable(Exception):
 
 class SchemaTooNew(Exception):
     """The store was migrated by a newer version of the proxy: this one would misread or damage it."""
+
+
+def apply_migrations(connection: Connection, migrations: Sequence[Migration], *, begin: str, time_type: str) -> None:
+    """Apply, in order, each migration the store has not recorded, each in its own transaction (`begin` opens
+    one that holds the store's write lock: SQLite's `BEGIN IMMEDIATE`; on PostgreSQL the caller holds an
+    advisory lock around the whole run)."""
+    connection.execute(
+        f"CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at {time_type} NOT NULL)"
+    )
+    applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
+    refuse_newer(applied, migrations)
+    for migration in migrations:
+        if migration.__name__ in applied:
+            continue
+        connection.execute(begin)
+        # Another process opening the same store may have applied it since the read above: ask again under the lock.
+        if connection.execute("SELECT 1 FROM migrations WHERE name = ?", (migration.__name__,)).fetchone():
+            connection.execute("COMMIT")
+            continue
+        try:
+            migration(connection)
+            connection.execute(
+                "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.__name__, time.time())
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        log.info("applied migration %s", migration.__name__)
 
 
 def refuse_newer(applied: set[str], known: Sequence[Migration]) -> None:

@@ -31,14 +31,14 @@ from proxy.store.connection import Connection
 Migration = Callable[[Connection], None]
 
 
-def _script(connection: Connection, sql: str) -> None:
+def run_script(connection: Connection, sql: str) -> None:
     for statement in sql.split(";"):
         if statement.strip():
             connection.execute(statement)
 
 
 def m001_history(connection: Connection) -> None:
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE sessions (
@@ -72,7 +72,7 @@ def m001_history(connection: Connection) -> None:
 
 
 def m002_summaries(connection: Connection) -> None:
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE summaries (
@@ -96,7 +96,7 @@ def m002_summaries(connection: Connection) -> None:
 
 
 def m003_journal(connection: Connection) -> None:
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE journal_steps (
@@ -150,7 +150,7 @@ def m004_conversations(connection: Connection) -> None:
       of the same conversation find it.
     - `journal_steps.context`: the numbers of the working context the step sent (tokens, budget, summaries).
     """
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE message_variants (
@@ -186,7 +186,7 @@ def m005_step_owners(connection: Connection) -> None:
     - `journal_steps.owner`: the owner that opened the step; NULL (every step written before this migration)
       is owned by nobody alive.
     """
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE journal_owners (
@@ -210,7 +210,7 @@ def m006_strategies(connection: Connection) -> None:
     used only once the context no longer fits without it. SQLite cannot relax a CHECK in place, so the table is
     rebuilt with its rows and ids.
     """
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE summaries_new (
@@ -247,7 +247,7 @@ def m007_pins(connection: Connection) -> None:
 
     A pin names a node of the chain, so it holds on every request of the session whose path contains it.
     """
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE pins (
@@ -263,7 +263,7 @@ def m007_pins(connection: Connection) -> None:
 
 def m008_compaction_events(connection: Connection) -> None:
     """One row per compaction event (start, complete, error), kept per session for `GET /sessions/{id}/events`."""
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE compaction_events (
@@ -297,7 +297,7 @@ def m009_recall(connection: Connection) -> None:
       `messages`), so it answers MATCH and bm25() but shows no text: `SELECT message_id FROM recall_messages
       WHERE id IN (SELECT rowid FROM recall_index WHERE recall_index MATCH 'word')`.
     """
-    _script(
+    run_script(
         connection,
         """
         CREATE TABLE recall_messages (

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -35,7 +34,7 @@ from proxy.config import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated, translate
-from proxy.store.engine import Outcome, StoreUnavailable, Works, refuse_newer, run_job
+from proxy.store.engine import Outcome, StoreUnavailable, Works, apply_migrations, refuse_newer, run_job
 from proxy.store.pg_migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -353,25 +352,7 @@ def migrate(connection: PgConnection) -> None:
     opening the store takes: the first applies, the others wait and find it applied."""
     connection.execute("SELECT pg_advisory_lock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
     try:
-        connection.execute(
-            "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-        )
-        applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
-        refuse_newer(applied, MIGRATIONS)
-        for migration in MIGRATIONS:
-            if migration.__name__ in applied:
-                continue
-            connection.execute("BEGIN")
-            try:
-                migration(connection)
-                connection.execute(
-                    "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.__name__, time.time())
-                )
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            log.info("applied migration %s", migration.__name__)
+        apply_migrations(connection, MIGRATIONS, begin="BEGIN", time_type="DOUBLE PRECISION")
     finally:
         connection.execute("SELECT pg_advisory_unlock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
 

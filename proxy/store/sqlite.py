@@ -12,9 +12,7 @@ writer. One process serves a file, so the locks across processes are the process
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -25,10 +23,8 @@ import aiosqlite
 
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
-from proxy.store.engine import Outcome, Works, refuse_newer, run_job
+from proxy.store.engine import Outcome, Works, apply_migrations, refuse_newer, run_job
 from proxy.store.migrations import MIGRATIONS
-
-log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -168,24 +164,4 @@ def check_schema(path: Path) -> None:
 
 
 def migrate(connection: sqlite3.Connection) -> None:
-    connection.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-    applied = {row[0] for row in connection.execute("SELECT name FROM migrations")}
-    refuse_newer(applied, MIGRATIONS)
-    for migration in MIGRATIONS:
-        if migration.__name__ in applied:
-            continue
-        connection.execute("BEGIN IMMEDIATE")
-        # Another process opening the same file may have applied it since the read above: ask again under the lock.
-        if connection.execute("SELECT 1 FROM migrations WHERE name = ?", (migration.__name__,)).fetchone():
-            connection.execute("COMMIT")
-            continue
-        try:
-            migration(connection)
-            connection.execute(
-                "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.__name__, time.time())
-            )
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        log.info("applied migration %s", migration.__name__)
+    apply_migrations(connection, MIGRATIONS, begin="BEGIN IMMEDIATE", time_type="REAL")
