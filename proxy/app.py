@@ -7,6 +7,7 @@ route served today, so a client never sees anything but `{"error": {...}}`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.auth import authenticate
 from proxy.config import Config
-from proxy.errors import InvalidRequest, NotFound, ProxyError, openai_error
+from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable, openai_error
 from proxy.inspection import checked_ids
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
@@ -167,9 +168,15 @@ def _model_card(request: Request, name: str) -> dict[str, object]:
 
 
 async def _health(request: Request) -> Response:
+    """200 while the store answers; 503 while it cannot be reached (a balancer then sends clients elsewhere),
+    checked at most as often as the store's back-off lets a caller try it."""
     services = _services(request)
-    await services.db.fetchone("SELECT 1")
-    return JSONResponse({"status": "ok", "models": len(services.config.models)})
+    with contextlib.suppress(StoreUnavailable):
+        await services.db.fetchone("SELECT 1")
+    models = len(services.config.models)
+    if services.db.unreachable() is not None:
+        return JSONResponse({"status": "unavailable", "store": "unreachable", "models": models}, status_code=503)
+    return JSONResponse({"status": "ok", "store": "ok", "models": models})
 
 
 async def _metrics(request: Request) -> Response:

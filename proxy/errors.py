@@ -18,7 +18,8 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
     │                               when it refused the prompt as longer than its context window
     ├── AnswerTooLarge              502 answer_too_large (the upstream's answer outgrew `limits.max_answer_chars`)
-    └── StorageFull                 507 storage_full (SQLite's "database or disk is full", from `proxy.store`)
+    ├── StorageFull                 507 storage_full (SQLite's "database or disk is full", from `proxy.store`)
+    └── StoreUnavailable            503 store_unavailable (the store's server cannot be reached; Retry-After)
 """
 
 from __future__ import annotations
@@ -153,6 +154,16 @@ class StorageFull(ProxyError):
     """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept."""
 
     status, code = 507, "storage_full"
+
+
+class StoreUnavailable(ProxyError):
+    """The store's server cannot be reached (PostgreSQL down or restarting, a wrong URL or password): nothing of
+    the request was kept, and the client may retry once the store is back (`proxy.store.outage`)."""
+
+    status, code = 503, "store_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, round(retry_after_s)))})
 
 
 def error_fields(exc: BaseException) -> JSONBody:

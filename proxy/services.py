@@ -131,7 +131,11 @@ async def _release(owners: Owners) -> None:
 async def _prune_periodically(recovery: Recovery) -> None:
     while True:
         await asyncio.sleep(PRUNE_INTERVAL_S)
-        pruned = await recovery.prune_expired()
+        try:
+            pruned = await recovery.prune_expired()
+        except Exception as exc:
+            log.warning("journal: pruning failed, to be tried again: %s", exc)  # a full disk, the store down
+            continue
         if pruned:
             log.info("journal: pruned %d events of expired steps", pruned)
 

@@ -71,12 +71,20 @@ class PostgresServer:
             os.chown(self.root, service.pw_uid, service.pw_gid)
         self.root.chmod(0o700)
         self._checked(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-E", "UTF8", "--no-sync")
+        self.resume()
+        self._checked(str(self.bin / "createdb"), "-h", HOST, "-p", str(self.port), DATABASE)
+
+    def pause(self) -> None:
+        """Stop the server as an operator would (fast shutdown: clients are disconnected), keeping its data."""
+        self._checked(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the server on its data, on the same port."""
         options = (
             f"-c listen_addresses={HOST} -c port={self.port} -c unix_socket_directories={self.root} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         self._checked(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
-        self._checked(str(self.bin / "createdb"), "-h", HOST, "-p", str(self.port), DATABASE)
 
     def psql(self, sql: str) -> str:
         """Run SQL with the distribution's client: the server's own view, not the proxy's."""

@@ -581,7 +581,7 @@ async def test_models_list_async(async_client: openai.AsyncOpenAI) -> None:
 def test_healthz(proxy: ProxyServer) -> None:
     response = httpx.get(f"{proxy.url}/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "models": 1}
+    assert response.json() == {"status": "ok", "store": "ok", "models": 1}
     assert httpx.head(f"{proxy.url}/").status_code == 200  # Claude Code probes the base URL before it starts
 
 

@@ -114,6 +114,10 @@ class Database:
         """Rows as plain tuples: cheaper than rows by name, for long results (a session's whole path)."""
         return await self.engine.fetch_tuples(sql, params)
 
+    def unreachable(self) -> str | None:
+        """Why the store cannot be reached now (PostgreSQL down); None when it can."""
+        return self.engine.unreachable()
+
     def lock(self, name: str) -> AbstractAsyncContextManager[None]:
         """Held by one process at a time among all that share the store (on SQLite, one process is all)."""
         return self.engine.lock(name)
@@ -137,10 +141,11 @@ class Database:
                         outcomes = engine.run_batch(works)
                     else:
                         outcomes = await loop.run_in_executor(self._executor, engine.run_batch, works)
-                except engine.failures as exc:
-                    # The transaction itself failed (disk full, I/O error, connection lost): nothing in it was
-                    # committed.
-                    log.error("database write transaction failed: %s", exc)
+                except Exception as exc:
+                    # The transaction itself failed (disk full, I/O error, the server gone): nothing in it was
+                    # committed, and the writer goes on with the next group (an outage is logged where it is seen).
+                    if not isinstance(exc, StoreUnavailable):
+                        log.error("database write transaction failed: %s", exc)
                     outcomes = [(None, engine.storage_error(exc))] * len(live)
                 for job, (result, error) in zip(live, outcomes, strict=True):
                     if job.future.done():

@@ -11,8 +11,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from proxy.errors import StoreUnavailable
 from proxy.store.connection import Connection, Row, WriteWork
 from proxy.store.migrations import Migration
+
+__all__ = ["Engine", "Outcome", "SchemaTooNew", "StoreUnavailable", "Works", "apply_migrations", "run_job"]
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +31,14 @@ class Engine(Protocol):
     thread."""
     errors: tuple[type[Exception], ...]
     """What a failing statement raises."""
-    failures: tuple[type[Exception], ...]
-    """What a failing transaction raises (nothing in it was committed)."""
 
     def run_batch(self, works: Works) -> list[Outcome]:
-        """On the writer: every job of the group in one transaction, each in its own savepoint."""
+        """On the writer: every job of the group in one transaction, each in its own savepoint. Raises when the
+        transaction itself failed (nothing in it was committed): `StoreUnavailable` when the server is gone."""
+        ...
+
+    def unreachable(self) -> str | None:
+        """Why the store's server cannot be reached now; None when it can (always, for a file)."""
         ...
 
     def close_writer(self) -> None: ...
@@ -80,10 +86,6 @@ def run_job(
         connection.execute("RELEASE job")
         return result, None
     raise AssertionError("unreachable")
-
-
-class StoreUnavailable(Exception):
-    """The store's server cannot be reached (PostgreSQL down, a wrong URL or password)."""
 
 
 class SchemaTooNew(Exception):

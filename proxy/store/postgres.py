@@ -10,36 +10,49 @@ hold across replicas (`lock`, `try_lock`) are advisory locks, all held on one co
 able to read, and 32 requests holding locks must not take the whole pool. A process that dies releases its
 locks with its connection. Migrations run under an advisory lock, so replicas starting together apply each
 one once.
+
+When the server goes away (a restart, an outage), whichever part meets it first (the writer, a read, the lock
+connection) reports it to the engine's `Outage`, and from then on every request fails at once with a 503 until
+a retry, spaced by back-off, finds the server again: the writer reconnects, the read pool replaces its dead
+connections, the lock connection is opened anew. Nothing needs a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import TransactionStatus
 from psycopg.rows import RowMaker
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from proxy.config import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated, translate
 from proxy.store.engine import Outcome, StoreUnavailable, Works, apply_migrations, refuse_newer, run_job
+from proxy.store.outage import Outage
 from proxy.store.pg_migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CONNECT_TIMEOUT_S = 10
+RECONNECT_TIMEOUT_S = 3
+"""For a connection made again while serving: one caller waits this long at most, the others fail fast."""
+READ_WAIT_S = 5
+"""How long a read waits for a pooled connection before the store counts as unreachable."""
 LOCK_POLL_S = 0.005
 LOCK_POLL_MAX_S = 0.1
 MIGRATION_LOCK = "context-proxy: migrations"
@@ -144,16 +157,17 @@ class PgConnection:
         return PgCursor(cursor)
 
 
-def _connect(url: str, translations: _Translations) -> PgConnection:
+def _connect(url: str, translations: _Translations, timeout: int = CONNECT_TIMEOUT_S) -> PgConnection:
     try:
-        connection = psycopg.Connection.connect(
-            url, autocommit=True, row_factory=pg_rows, connect_timeout=CONNECT_TIMEOUT_S
-        )
+        connection = psycopg.Connection.connect(url, autocommit=True, row_factory=pg_rows, connect_timeout=timeout)
     except psycopg.OperationalError as exc:
-        reason = " ".join(str(exc).split())  # libpq's message spans lines; a CLI error is one
-        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {reason}") from None
+        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {_reason(exc)}") from None
     _adapt(connection)
     return PgConnection(connection, translations)
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__  # libpq's message spans lines; a log line is one
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -164,7 +178,6 @@ class PostgresEngine:
     name = "postgresql"
     inline = False
     errors: tuple[type[Exception], ...] = (psycopg.Error,)
-    failures: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def __init__(
         self,
@@ -173,12 +186,14 @@ class PostgresEngine:
         reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
         locks: AdvisoryLocks,
         translations: _Translations,
+        outage: Outage,
     ) -> None:
         self._url = url
         self._writer = writer
         self._reads = reads
         self._locks = locks
         self._translations = translations
+        self._outage = outage
 
     @classmethod
     async def open(cls, url: str, pool_size: int, executor: ThreadPoolExecutor) -> PostgresEngine:
@@ -195,7 +210,8 @@ class PostgresEngine:
             name="store-reads",
             open=False,
         )
-        locks = AdvisoryLocks(url)
+        outage = Outage()
+        locks = AdvisoryLocks(url, outage)
         try:
             await loop.run_in_executor(executor, migrate, writer)
             await reads.open(wait=True, timeout=CONNECT_TIMEOUT_S)
@@ -205,14 +221,41 @@ class PostgresEngine:
             await locks.close()
             await loop.run_in_executor(executor, writer.raw.close)
             raise
-        return cls(url, writer, reads, locks, translations)
+        return cls(url, writer, reads, locks, translations, outage)
 
     def run_batch(self, works: Works) -> list[Outcome]:
-        if self._writer.raw.closed:  # the server restarted or dropped us: the next group gets a new connection
-            self._writer = _connect(self._url, self._translations)
-        connection = self._writer
+        connection = self._begin()
+        try:
+            outcomes = self._run_batch(connection, works)
+        except psycopg.OperationalError as exc:
+            if connection.raw.closed:  # the server went away: whether the COMMIT happened cannot be known
+                raise self._outage.failed(_reason(exc)) from exc
+            raise
+        self._outage.recovered()
+        return outcomes
+
+    def _begin(self) -> PgConnection:
+        """The writer's connection in a new transaction. A connection the server dropped while it was idle (a
+        restart) is only found dead here: then a new one is made, once."""
+        for retry in (True, False):
+            if self._writer.raw.closed:
+                self._outage.admit()
+                try:
+                    self._writer = _connect(self._url, self._translations, RECONNECT_TIMEOUT_S)
+                except StoreUnavailable as exc:
+                    raise self._outage.failed(str(exc)) from None
+            try:
+                self._writer.execute("BEGIN")
+            except psycopg.OperationalError as exc:
+                if retry and self._writer.raw.closed:
+                    continue
+                raise self._outage.failed(_reason(exc)) from exc
+            return self._writer
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _run_batch(connection: PgConnection, works: Works) -> list[Outcome]:
         outcomes: list[Outcome] = []
-        connection.execute("BEGIN")
         try:
             for work, _atomic in works:
                 outcomes.append(run_job(connection, work, True, storage_error, _retryable))
@@ -227,20 +270,45 @@ class PostgresEngine:
     def close_writer(self) -> None:
         self._writer.raw.close()
 
+    def unreachable(self) -> str | None:
+        return self._outage.reason
+
     def storage_error(self, exc: BaseException) -> BaseException:
         return storage_error(exc)
 
     async def fetchall(self, sql: str, params: Sequence[Any]) -> list[Row]:
-        translated = self._translations(sql)
-        async with self._reads.connection() as connection:
-            cursor = await connection.execute(translated.sql, self._parameters(translated, params))
-            return list(await cursor.fetchall())
+        return await self._read(sql, params, _all)
 
     async def fetchone(self, sql: str, params: Sequence[Any]) -> Row | None:
+        return await self._read(sql, params, _one)
+
+    async def _read(
+        self, sql: str, params: Sequence[Any], fetch: Callable[[psycopg.AsyncCursor[PgRow]], Awaitable[T]]
+    ) -> T:
+        """One read on a pooled connection. A connection found dead is a server that restarted (the pool's idle
+        connections all died with it): the pool drops its dead ones and the read runs once more; a second
+        failure, a server that refuses a new connection, or no connection in `READ_WAIT_S` is an outage."""
         translated = self._translations(sql)
-        async with self._reads.connection() as connection:
-            cursor = await connection.execute(translated.sql, self._parameters(translated, params))
-            return await cursor.fetchone()
+        parameters = self._parameters(translated, params)
+        self._outage.admit()
+        for retry in (True, False):
+            connection: psycopg.AsyncConnection[PgRow] | None = None
+            try:
+                async with self._reads.connection(timeout=READ_WAIT_S) as connection:
+                    result = await fetch(await connection.execute(translated.sql, parameters))
+            except PoolTimeout as exc:
+                raise self._outage.failed(f"no connection within {READ_WAIT_S} s: {_reason(exc)}") from exc
+            except psycopg.OperationalError as exc:
+                if connection is None or not connection.closed:
+                    raise  # the statement's own failure
+                if retry:
+                    await self._probe()
+                    await self._reads.check()
+                    continue
+                raise self._outage.failed(_reason(exc)) from exc
+            self._outage.recovered()
+            return result
+        raise AssertionError("unreachable")
 
     async def fetch_tuples(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in await self.fetchall(sql, params)]
@@ -266,9 +334,26 @@ class PostgresEngine:
         await self._reads.close()
         await self._locks.close()
 
+    async def _probe(self) -> None:
+        """Ask the server for a connection of our own: at once `StoreUnavailable` when it is down, where the pool
+        would wait for its own reconnection attempts."""
+        try:
+            connection = await psycopg.AsyncConnection.connect(self._url, connect_timeout=RECONNECT_TIMEOUT_S)
+        except psycopg.OperationalError as exc:
+            raise self._outage.failed(_reason(exc)) from exc
+        await connection.close()
+
     @staticmethod
     def _parameters(translated: Translated, params: Sequence[Any]) -> list[Any] | None:
         return translated.parameters(params) if translated.order else None
+
+
+async def _all(cursor: psycopg.AsyncCursor[PgRow]) -> list[Row]:
+    return list(await cursor.fetchall())
+
+
+async def _one(cursor: psycopg.AsyncCursor[PgRow]) -> Row | None:
+    return await cursor.fetchone()
 
 
 class AdvisoryLocks:
@@ -278,17 +363,19 @@ class AdvisoryLocks:
     100 ms), not by a blocking `pg_advisory_lock`, which would hold the shared connection for everyone. Callers
     never hold one name twice at once (the session's asyncio lock, one pre-compaction per session come first),
     so PostgreSQL's re-entrant counting stays one per name. An acquisition whose caller is cancelled is finished
-    and undone, so a lock never stays held for a caller that has gone.
+    and undone, so a lock never stays held for a caller that has gone. A lost connection released every lock it
+    held: releasing one then has nothing left to do.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, outage: Outage) -> None:
         self._url = url
+        self._outage = outage
         self._connection: psycopg.AsyncConnection[Any] | None = None
         self._undoing: set[asyncio.Task[None]] = set()
 
-    async def open(self) -> None:
+    async def open(self, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> None:
         self._connection = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            self._url, autocommit=True, connect_timeout=connect_timeout_s
         )
 
     async def close(self) -> None:
@@ -312,19 +399,38 @@ class AdvisoryLocks:
             delay = min(2 * delay, LOCK_POLL_MAX_S)
 
     async def release(self, name: str) -> None:
-        await asyncio.shield(self._query("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", name))
-
-    async def _query(self, sql: str, name: str) -> bool:
         connection = self._connection
         if connection is None or connection.closed:
-            # Whatever the lost connection held was released with it; what is held from now on is held again.
-            log.warning("the store's lock connection was lost; reconnecting")
-            await self.open()
+            return
+        with contextlib.suppress(StoreUnavailable):  # the connection died, and the lock with it
+            await asyncio.shield(self._query("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", name))
+
+    async def _query(self, sql: str, name: str) -> bool:
+        """A connection the server dropped while it was idle (a restart) is only found dead here: then a new one
+        is made, once."""
+        for retry in (True, False):
             connection = self._connection
-            assert connection is not None
-        cursor = await connection.execute(sql, (name,))
-        row = await cursor.fetchone()
-        return bool(row is not None and row[0])
+            if connection is None or connection.closed:
+                # Whatever the lost connection held was released with it; what is held from now on is held again.
+                self._outage.admit()
+                log.warning("the store's lock connection was lost; reconnecting")
+                try:
+                    await self.open(RECONNECT_TIMEOUT_S)
+                except psycopg.OperationalError as exc:
+                    raise self._outage.failed(_reason(exc)) from exc
+                connection = self._connection
+                assert connection is not None
+            try:
+                cursor = await connection.execute(sql, (name,))
+                row = await cursor.fetchone()
+            except psycopg.OperationalError as exc:
+                if not connection.closed:
+                    raise
+                if retry:
+                    continue
+                raise self._outage.failed(_reason(exc)) from exc
+            return bool(row is not None and row[0])
+        raise AssertionError("unreachable")
 
     def _undo(self, name: str, attempt: asyncio.Future[bool]) -> None:
         if attempt.cancelled() or attempt.exception() is not None or not attempt.result():

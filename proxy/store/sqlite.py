@@ -32,7 +32,6 @@ BUSY_TIMEOUT_MS = 10_000
 class SqliteEngine:
     name = "sqlite"
     errors: tuple[type[Exception], ...] = (sqlite3.Error,)
-    failures: tuple[type[Exception], ...] = (sqlite3.Error, ValueError)
 
     def __init__(self, path: Path, writer: sqlite3.Connection, reader: aiosqlite.Connection, inline: bool) -> None:
         self.path = path
@@ -57,6 +56,9 @@ class SqliteEngine:
 
     def close_writer(self) -> None:
         self.writer.close()
+
+    def unreachable(self) -> str | None:
+        return None
 
     def storage_error(self, exc: BaseException) -> BaseException:
         return storage_error(exc)
