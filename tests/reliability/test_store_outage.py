@@ -48,9 +48,7 @@ def test_a_postgresql_outage_fails_fast_with_503_and_heals_without_a_restart(
     def answer_turn(client: httpx.Client, i: int) -> None:
         response = ask(client, answered, i)
         assert response.status_code == 200, response.text
-        answered.extend(
-            [{"role": "user", "content": f"question {i}"}, response.json()["choices"][0]["message"]]
-        )
+        answered.extend([{"role": "user", "content": f"question {i}"}, response.json()["choices"][0]["message"]])
 
     with ProxyServer(config, tmp_path) as proxy, httpx.Client(base_url=proxy.url, timeout=30) as client:
         for i in range(3):
