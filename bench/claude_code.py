@@ -1,7 +1,7 @@
 """The real Claude Code through the Messages door: a scripted multi-turn task on a small fake model.
 
 `claude -p` (npm `@anthropic-ai/claude-code`) talks to the proxy served in-process (`ANTHROPIC_BASE_URL`), which
-forwards to the fake chat-completions upstream (tests/fake_upstream.py) whose responder plays the model: on a
+forwards to the fake chat-completions upstream (tests/support/fake_upstream.py) whose responder plays the model: on a
 user prompt it calls `Bash` (`ls -la`), on that result it calls `Write` to create the file the prompt names (in
 the bench's working directory), on that result it answers "Done: created <file>.". Requests that offer no tools
 (Claude Code's side requests: titles, topic checks, quota probes) get a short text answer; the proxy's
@@ -60,9 +60,9 @@ from bench.codex import (
     short,
     table,
 )
-from tests.fake_upstream import FakeUpstream, Reply, content_text
-from tests.proxy_server import make_config
-from tests.scripted_session import fact_keeping_summary, is_summarizer_request
+from tests.support.fake_upstream import FakeUpstream, Reply, content_text
+from tests.support.proxy_server import make_config
+from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
 
 MODELS = ("fake-sonnet", "fake-haiku")
 """The main and the small fast model Claude Code asks for; configured on the proxy, both on the one fake."""

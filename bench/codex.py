@@ -1,7 +1,7 @@
 """The real Codex CLI through the Responses door: a scripted multi-turn task on a small fake model.
 
 `codex exec` (0.169.0, see docs/research/responses.md section 3) talks to the proxy served in-process, which
-forwards to the fake chat-completions upstream (tests/fake_upstream.py) whose responder plays the model: on a
+forwards to the fake chat-completions upstream (tests/support/fake_upstream.py) whose responder plays the model: on a
 user prompt it calls `exec_command` (`ls -la`), on that result it calls the custom tool `apply_patch` to add the
 file the prompt names, on that result it answers "Done: created <file>." Turn 1 is a new thread; the next turns
 resume it (`codex exec resume <thread id>`), so the whole task is one Codex thread and, for the proxy, one
@@ -44,9 +44,9 @@ import uvicorn
 from proxy.app import create_app
 from proxy.config import parse_config
 from proxy.server import server_options
-from tests.fake_upstream import FakeUpstream, Reply, content_text
-from tests.proxy_server import HOST, free_port, make_config
-from tests.scripted_session import fact_keeping_summary, is_summarizer_request
+from tests.support.fake_upstream import FakeUpstream, Reply, content_text
+from tests.support.proxy_server import HOST, free_port, make_config
+from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
 
 MODEL = "gpt-5.5"
 DEFAULT_WINDOW = 8_000
@@ -128,7 +128,7 @@ class Recorder:
 
 
 class Proxy:
-    """The proxy app behind the recorder, on uvicorn in a thread (as tests/proxy_server.py serves it)."""
+    """The proxy app behind the recorder, on uvicorn in a thread (as tests/support/proxy_server.py serves it)."""
 
     def __init__(self, raw_config: dict[str, Any], base_dir: Path) -> None:
         config = parse_config(raw_config, base_dir=base_dir, environ=os.environ)

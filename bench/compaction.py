@@ -1,7 +1,7 @@
 """What compaction costs and keeps over a long session: a scripted 300-turn chat on a 4k model.
 
-The proxy is served in-process over the fake upstream (tests/fake_upstream.py), driven by the OpenAI SDK the
-way tests/scripted_session.py does it. Two runs: a summarizer that keeps every planted fact, and a summarizer
+The proxy is served in-process over the fake upstream (tests/support/fake_upstream.py), driven by the OpenAI SDK the
+way tests/support/scripted_session.py does it. Two runs: a summarizer that keeps every planted fact, and a summarizer
 that cannot be reached (the extractive fallback writes every summary). Facts are planted every 25 turns; what
 is "retained" is a fact still present in the last request the model received. Latency is the client's time
 for a turn minus the time of the same request sent straight to the fake, split by whether the turn compacted.
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import ProxyServer, free_port, make_config
-from tests.scripted_session import FACT_PATTERN, ScriptedSession, TurnRecord, install_responder, prefix_breaks
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.proxy_server import ProxyServer, free_port, make_config
+from tests.support.scripted_session import FACT_PATTERN, ScriptedSession, TurnRecord, install_responder, prefix_breaks
 
 DEFAULT_TURNS = 300
 WINDOW = 4096

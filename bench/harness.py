@@ -24,7 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.proxy_server import HOST, free_port  # noqa: E402
+from tests.support.proxy_server import HOST, free_port  # noqa: E402
 
 HARNESS = Path(__file__).resolve()
 BIG_WINDOW = 1_000_000
@@ -120,7 +120,7 @@ def serve_fake(port: int, reply_words: int | None = None, reply_chars: int | Non
     `reply_chars`, every answer is that many characters of 100-character hyphenated words (one chunk each)."""
     import uvicorn
 
-    from tests.fake_upstream import FakeUpstream, Reply
+    from tests.support.fake_upstream import FakeUpstream, Reply
 
     fake = FakeUpstream(context_window=BIG_WINDOW)
     if reply_words is not None:

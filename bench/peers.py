@@ -5,7 +5,7 @@ dependency of this project: the script installs `litellm[proxy]` (the version we
 (`--litellm-venv`, default /tmp/litellm-proxy-venv), once, and reuses it afterwards. Five processes, all on
 127.0.0.1:
 
-    direct        the fake upstream (tests/fake_upstream.py), behind every other target
+    direct        the fake upstream (tests/support/fake_upstream.py), behind every other target
     floor         a bare httpx pass-through: the least a Python proxy adds
     litellm       `litellm --config ...` (no database, no master key, no retries)
     ours          `python -m proxy serve` (history, budget, compaction check, journal, LiteLLM)

@@ -6,7 +6,7 @@ process of its own on 127.0.0.1, all started before any measurement and all behi
 
     direct        the fake upstream itself: the reference for added latency, and the machine's ceiling
     sqlite        `python -m proxy serve` with `store.path` (the default backend)
-    pg1           the same with `store.url` on a throwaway PostgreSQL (`tests/postgres_server.py`)
+    pg1           the same with `store.url` on a throwaway PostgreSQL (`tests/support/postgres_server.py`)
     pg2           two such processes on one database (not pg1's); the client sends requests round-robin to
                   both, so consecutive turns of a conversation usually land on different replicas
 
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import HARNESS, HOST, free_port, proxy_config  # noqa: E402
 from bench.peers import server  # noqa: E402
-from tests.postgres_server import PostgresServer  # noqa: E402
+from tests.support.postgres_server import PostgresServer  # noqa: E402
 
 CONCURRENCY = 32
 SECONDS = 8.0

@@ -1,7 +1,7 @@
 """What each compaction strategy set costs and keeps: an agent session and a chat session, side by side.
 
-Issue 15's benchmark. Every row is one strategy set served by the proxy in-process (tests/proxy_server.py) over
-the fake upstream (tests/fake_upstream.py), driven by the OpenAI SDK; the last row is a client that truncates
+Issue 15's benchmark. Every row is one strategy set served by the proxy in-process (tests/support/proxy_server.py) over
+the fake upstream (tests/support/fake_upstream.py), driven by the OpenAI SDK; the last row is a client that truncates
 on its own (its oldest whole turns dropped to fit the budget the proxy reports, sent with `X-Context-Mode: off`).
 
 What it models:
@@ -70,9 +70,9 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.tokens import DEFAULT_ENCODING, count_message, count_text
-from tests.fake_upstream import FakeUpstream, Reply, content_text, count_prompt_tokens
-from tests.proxy_server import HOST, ProxyServer, make_config
-from tests.scripted_session import VOCABULARY, filler, prefix_extensions, seeded
+from tests.support.fake_upstream import FakeUpstream, Reply, content_text, count_prompt_tokens
+from tests.support.proxy_server import HOST, ProxyServer, make_config
+from tests.support.scripted_session import VOCABULARY, filler, prefix_extensions, seeded
 
 DEFAULT_TURNS = 150
 DEFAULT_MAIN_LATENCY_S = 0.3

@@ -1,4 +1,11 @@
-"""Shared fixtures: one fake upstream per test session, a served proxy per test, OpenAI SDK clients."""
+"""Shared fixtures: one fake upstream per test session, a served proxy per test, OpenAI SDK clients.
+
+The suites: `tests/unit` (one module at a time, no served proxy), `tests/e2e` (the proxy served by uvicorn, driven
+by the official SDKs and CLIs), `tests/reliability` (attacks, faults, load; bounded in time), and
+`tests/support` (the fakes and servers they share). Tests in e2e and reliability are marked `e2e`; a test that
+needs the PostgreSQL server is marked `postgres`. `pytest -m "not e2e and not postgres"` is the fast unit suite:
+no PostgreSQL, no browser, no served proxy.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +18,9 @@ import pytest
 
 from proxy import environment
 from proxy.store.database import Database
-from tests.fake_upstream import FakeUpstream
-from tests.postgres_server import PostgresServer
-from tests.proxy_server import ProxyServer, make_config
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.postgres_server import PostgresServer
+from tests.support.proxy_server import ProxyServer, make_config
 
 ServeProxy = Callable[..., ProxyServer]
 
@@ -23,6 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
     environment.prepare()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.parts
+        if "e2e" in parts or "reliability" in parts:
+            item.add_marker(pytest.mark.e2e)
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """One real PostgreSQL server for the test session (on loopback, in a temp dir); a database per test."""
@@ -30,7 +46,7 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     """Where a storage test's store lives, on each engine: a SQLite file in the test's own folder, or a fresh
     database on the session's PostgreSQL."""

@@ -6,7 +6,7 @@ has been received; and the same two for an upstream that speaks OpenAI's Respons
 failure is always an `UpstreamError` carrying the upstream's status — raised by `open_stream` when the upstream
 refuses before its first byte (a status the client can still receive), and by the returned iterator once the
 stream has started. `proxy.upstream.litellm_client` is the implementation; tests plug in an in-process fake
-(`tests/scripted_upstream.py`) the way httpx tests plug in `MockTransport`.
+(`tests/support/scripted_upstream.py`) the way httpx tests plug in `MockTransport`.
 """
 
 from __future__ import annotations

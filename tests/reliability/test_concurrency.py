@@ -21,8 +21,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Reply, content_text
 from tests.reliability.support import integrity, read_only, step_statuses
+from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 
 SESSIONS = 50
 TURNS = 20

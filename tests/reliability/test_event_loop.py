@@ -24,9 +24,9 @@ import pytest
 from proxy import tokens
 from proxy.wire import chat as chat_door
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Fault, Reply
-from tests.proxy_server import ProxyServer
 from tests.reliability.support import assert_openai_error, read_only, row_counts, sse_events, step_statuses
+from tests.support.fake_upstream import FakeUpstream, Fault, Reply
+from tests.support.proxy_server import ProxyServer
 
 BIG = 200_000
 """Characters: well past the size where work leaves the event loop."""

@@ -20,9 +20,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import ProxyServer, free_port
 from tests.reliability.support import integrity, read_only, step_statuses
+from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.proxy_server import ProxyServer, free_port
 
 UPSTREAM_TIMEOUT_S = 2.0
 SLOW_S = 3.0

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import ProxyServer, make_config
 from tests.reliability.support import assert_openai_error, row_counts, sse_events
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.proxy_server import ProxyServer, make_config
 
 MAX_BODY_BYTES = 64 * 1024
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")

@@ -20,9 +20,9 @@ from proxy.cli.commands import EXIT_STORE, main
 from proxy.store.database import Database, SchemaTooNew
 from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Fault, error_body
-from tests.proxy_server import ProxyServer
 from tests.reliability.support import assert_openai_error
+from tests.support.fake_upstream import FakeUpstream, Fault, error_body
+from tests.support.proxy_server import ProxyServer
 
 UPSTREAM_KEY = "sk-upstream-secret"
 CLIENT_KEY = "client-key-4f1e9a"

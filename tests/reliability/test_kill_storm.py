@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.proxy_server import ProxyProcess, make_config
 from tests.reliability.support import STEP_END_STATES, chunk_text, integrity, read_only, sse_events
+from tests.support.fake_upstream import FakeUpstream, Reply
+from tests.support.proxy_server import ProxyProcess, make_config
 
 CYCLES = 20
 SEED = 6

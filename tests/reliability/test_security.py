@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import ProxyServer, free_port
 from tests.reliability.support import assert_openai_error, row_counts
+from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.proxy_server import ProxyServer, free_port
 
 UPSTREAM_KEY = "sk-upstream-secret"
 KEY_A = "key-a-7d1f0c9e4b"

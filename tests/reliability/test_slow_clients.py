@@ -30,8 +30,8 @@ import pytest
 from proxy.config import ServerConfig
 from proxy.server import RESERVED_FILES, default_max_connections, server_options
 from tests.conftest import ServeProxy
-from tests.proxy_server import HOST, ProxyServer
 from tests.reliability.support import assert_openai_error
+from tests.support.proxy_server import HOST, ProxyServer
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.proxy_server import ProxyProcess, make_config
 from tests.reliability.support import chunk_text, read_only, sse_events
+from tests.support.fake_upstream import FakeUpstream, Reply
+from tests.support.proxy_server import ProxyProcess, make_config
 
 ANSWER = " ".join(f"w{n}" for n in range(30))
 SLOW_CHUNK_S = 0.5

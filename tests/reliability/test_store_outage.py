@@ -15,9 +15,9 @@ import pytest
 from proxy.errors import StoreUnavailable
 from proxy.store.database import Database
 from proxy.store.outage import Outage
-from tests.fake_upstream import FakeUpstream
-from tests.postgres_server import PostgresServer
-from tests.proxy_server import ProxyServer, make_config
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.postgres_server import PostgresServer
+from tests.support.proxy_server import ProxyServer, make_config
 
 FAIL_FAST_S = 1.0
 """What a request may take while the outage is known (the back-off admits one probe at a time)."""

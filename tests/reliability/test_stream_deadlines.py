@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from tests.conftest import ServeProxy
-from tests.fake_upstream import FakeUpstream, Fault, Reply
-from tests.proxy_server import ProxyServer
 from tests.reliability.support import read_only, step_statuses
+from tests.support.fake_upstream import FakeUpstream, Fault, Reply
+from tests.support.proxy_server import ProxyServer
 
 BETWEEN_READS_S = 2.0
 """The between-reads timeout, longer than any pause of the dripping upstream."""
