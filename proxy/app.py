@@ -22,18 +22,18 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.auth import authenticate
 from proxy.config import Config
+from proxy.doors.body import parse_json_object, parse_off_loop, read_body
+from proxy.doors.chat import ChatCompletions
+from proxy.doors.context_headers import whole_number
+from proxy.doors.messages import Messages
+from proxy.doors.paging import page_params
+from proxy.doors.responses import Responses
 from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable, openai_error
 from proxy.inspection import checked_ids
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
 from proxy.services import Services, open_services
 from proxy.ui.routes import ui_routes
-from proxy.wire.body import parse_json_object, parse_off_loop, read_body
-from proxy.wire.chat import ChatCompletions
-from proxy.wire.context_headers import whole_number
-from proxy.wire.messages import Messages
-from proxy.wire.paging import page_params
-from proxy.wire.responses import Responses
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ class Conversation:
     native: Mapping[str, Any] | None = None
     """The request in the client's own API without its conversation, and that API under `NATIVE_API`
     (`responses`, `messages`): a model configured with the same `api` is sent it with the working context in
-    that API's form (`proxy.items.input_items`, `proxy.blocks.anthropic_request`)."""
+    that API's form (`proxy.formats.responses_items.input_items`, `proxy.formats.anthropic_blocks.anthropic_request`)."""
     wire: Mapping[str, Any] = field(default_factory=dict)
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""

@@ -23,6 +23,8 @@ from proxy.compaction.path_items import builder_item
 from proxy.compaction.strategies import STRATEGY_SETTING
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.config import Config, ModelEntry
+from proxy.doors.body import json_type
+from proxy.doors.context_headers import usage_text
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.chain import SYSTEM_ROLES
 from proxy.history.messages import Session, StoredMessage
@@ -31,8 +33,6 @@ from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
 from proxy.tokens import count_prompt, encoding_for_model
-from proxy.wire.body import json_type
-from proxy.wire.context_headers import usage_text
 
 YELLOW_AT = 70
 RED_AT = 90

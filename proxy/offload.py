@@ -7,7 +7,7 @@ a worker thread; below it the hop would cost more than the work. Code that runs 
 releases the GIL (tiktoken, hashlib, sqlite3), so the event loop gets the interpreter back every few
 milliseconds (`sys.getswitchinterval`) however long the work takes. Only C calls that hold the GIL for their
 whole run escape this, so they are kept bounded: `json.loads` is used inline for small bodies only
-(`proxy.wire.body`), and one message's size is limited (`limits.max_message_chars`).
+(`proxy.doors.body`), and one message's size is limited (`limits.max_message_chars`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.blocks import anthropic_request
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
 from proxy.compaction.strategies import STRATEGY_SETTING
@@ -44,11 +43,11 @@ from proxy.conversation import (
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
+from proxy.formats.anthropic_blocks import anthropic_request
+from proxy.formats.responses_items import input_items
 from proxy.history import chain
-from proxy.history.chain import ITEMS
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
-from proxy.items import input_items
 from proxy.journal.assembly import assemble
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
@@ -59,6 +58,7 @@ from proxy.tokens import count_prompt, encoding_for_model
 from proxy.types import Chunk, Message
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.protocol import Upstream
+from proxy.vocabulary import ITEMS
 
 log = logging.getLogger(__name__)
 

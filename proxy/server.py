@@ -5,7 +5,7 @@ app never reads, one byte at a time holds its socket for ever, and enough of the
 `DeadlineProtocol` (uvicorn's httptools protocol, which `uvicorn[standard]` installs) closes a connection whose
 request headers are not complete within `server.header_timeout_s` of its first byte (or of the connection),
 and one whose body is not complete within `server.body_timeout_s` of its headers plus a grace period. The
-chat door enforces the same body deadline itself (`proxy.wire.body.read_body`) and answers a 408 first; the
+chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) and answers a 408 first; the
 protocol's timer is the backstop for a body nobody reads. The keep-alive timeout stays well above common
 clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same
 moment races the client's next request on that connection, which then fails with a `ReadError`.

@@ -7,7 +7,8 @@ so the stages after a wire adapter see nothing else (docs/architecture.md, "The 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 JSONObject = dict[str, Any]
@@ -17,3 +18,16 @@ Chunk = dict[str, Any]
 """A `chat.completion.chunk` (stream) or a `chat.completion` (non-stream) JSON object."""
 Clock = Callable[[], float]
 """Seconds; `time.time` for stored timestamps, `time.monotonic` for durations. Injected so tests control time."""
+
+
+@dataclass(frozen=True)
+class NativeRequest:
+    """A request in the client's own API (Responses, Messages) without its conversation: what a model configured
+    with the same `api` is sent, with the working context put in that API's form (`proxy.upstream.router`)."""
+
+    api: str
+    """`responses` or `messages`: the API, as a model entry's `api` names it."""
+    body: Mapping[str, Any]
+    """The request's other fields, as sent."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's headers its API defines (`anthropic-beta`): the fields it sent may depend on them."""

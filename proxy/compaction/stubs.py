@@ -15,10 +15,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from proxy.compaction.summary_text import key_inputs
-from proxy.history.chain import ITEMS
-from proxy.items import TOOL_OUTPUT_TYPES
+from proxy.formats.responses_items import TOOL_OUTPUT_TYPES
 from proxy.tokens import content_text
 from proxy.types import Message
+from proxy.vocabulary import ITEMS, ORIGIN, Origin, origin
 
 STUB_PREFIX = "[tool output stubbed by the proxy:"
 MARKER_PREFIX = "[Omitted from this context:"
@@ -106,9 +106,8 @@ def marker_text(roles: Sequence[str], start: int, end: int) -> str:
 
 def marker_message(content: str) -> Message:
     """A marker is a user turn, as a summary is: valid wherever a strict chat template expects one."""
-    return {"role": "user", "content": content}
+    return {"role": "user", "content": content, ORIGIN: Origin.MARKER}
 
 
 def is_marker(message: Mapping[str, Any]) -> bool:
-    content = message.get("content")
-    return isinstance(content, str) and content.startswith(MARKER_PREFIX)
+    return origin(message) == Origin.MARKER

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.tokens import content_text, count_text
+from proxy.vocabulary import ORIGIN, Origin, origin
 
 SUMMARY_HEADER = "[Earlier conversation summary]"
 """Starts every summary message, so both the model and a re-summarization can tell summaries from turns."""
@@ -78,12 +79,12 @@ _TOOL = "tool"
 
 def summary_message(content: str) -> dict[str, Any]:
     """The message a summary is sent as: always the same bytes for the same summary (invariant 6)."""
-    return {"role": SUMMARY_ROLE, "content": SUMMARY_HEADER + "\n" + content}
+    return {"role": SUMMARY_ROLE, "content": SUMMARY_HEADER + "\n" + content, ORIGIN: Origin.SUMMARY}
 
 
 def acknowledgement_message() -> dict[str, Any]:
     """The synthetic assistant turn that keeps user and assistant turns alternating around a summary."""
-    return {"role": "assistant", "content": ACKNOWLEDGEMENT}
+    return {"role": "assistant", "content": ACKNOWLEDGEMENT, ORIGIN: Origin.ACKNOWLEDGEMENT}
 
 
 def target_tokens(
@@ -97,7 +98,7 @@ def target_tokens(
 
 
 def is_summary(message: Mapping[str, Any]) -> bool:
-    return content_text(message.get("content")).startswith(SUMMARY_HEADER)
+    return origin(message) == Origin.SUMMARY
 
 
 def summarizer_messages(messages: Sequence[Mapping[str, Any]], target: int) -> list[dict[str, Any]]:

@@ -28,15 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy.types import Message
+from proxy.vocabulary import ITEMS
 
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
 SESSION_ID_HEX_CHARS = 24
 SYSTEM_ROLES = ("system", "developer")
-ITEMS = "items"
-"""A message that stands for items of another wire format (the Responses door's input items) keeps them here, as
-the client sent them: stored with the message and shown by its door, never part of its identity, never sent to a
-chat upstream (`proxy.conversation.chat_messages`)."""
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _TOOL_CALL_TRANSIENT_KEYS = frozenset({"index"})
@@ -127,20 +124,6 @@ def identity(normal: Message) -> Message:
         if any(new is not old for new, old in zip(canonical, calls, strict=True)):
             key = {**key, "tool_calls": canonical}
     return key
-
-
-def chat_messages(messages: Iterable[Message]) -> list[Message]:
-    """Messages as a chat-completions upstream takes them: without the items of another wire format, and without
-    a message that was only such items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
-    chat: list[Message] = []
-    for message in messages:
-        if ITEMS not in message:
-            chat.append(message)
-            continue
-        plain = {key: value for key, value in message.items() if key != ITEMS}
-        if plain.get("role") == "tool" or plain.get("content") or plain.get("tool_calls"):
-            chat.append(plain)
-    return chat
 
 
 def _canonical_arguments(call: Any) -> Any:

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.types import Chunk, Message
+from proxy.vocabulary import ANSWER
 
-ANSWER = "answer"
-"""The delta key under which a native upstream's last chunk carries its whole answer message."""
 PIECES_PER_BLOCK = 512
 """Stream deltas are a few characters each, and a Python string costs ~50 bytes beside its text: pieces are joined
 into blocks as they come, so a long answer costs about its own size in memory, not ten times that."""

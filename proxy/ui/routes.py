@@ -11,11 +11,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from proxy.auth import authenticate
+from proxy.doors.context_headers import whole_number
+from proxy.doors.paging import page_params
 from proxy.errors import InvalidRequest
 from proxy.services import Services
 from proxy.ui.views import Dashboard
-from proxy.wire.context_headers import whole_number
-from proxy.wire.paging import page_params
 
 STATIC = Path(__file__).parent / "static"
 NO_STORE = {"Cache-Control": "no-store"}

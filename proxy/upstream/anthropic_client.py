@@ -3,7 +3,7 @@
 The shared plumbing (httpx, SSE, errors) is `proxy.upstream.native_client`. Here: the blocks reach the model as
 the client sent them (thinking with its signature, `cache_control` where it stands), each event becomes a
 canonical chunk that keeps it whole beside the chat delta it amounts to, and the last chunk carries the whole
-answer (its blocks, assembled from the deltas, as `proxy.blocks` maps them): the history node the client will
+answer (its blocks, assembled from the deltas, as `proxy.formats.anthropic_blocks` maps them): the history node the client will
 echo.
 """
 
@@ -14,14 +14,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.blocks import assistant_from_blocks
 from proxy.config import ModelEntry
 from proxy.conversation import NATIVE_HEADERS
 from proxy.errors import UpstreamError
-from proxy.journal.assembly import ANSWER
+from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.types import Chunk
-from proxy.upstream.native_client import NATIVE_EVENT, NATIVE_RESPONSE, NativeClient, model_id
+from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
+from proxy.vocabulary import ANSWER, EVENT, RESPONSE
 
 ANTHROPIC_BASE = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -85,7 +85,7 @@ def completion(message: Mapping[str, Any]) -> Chunk:
             }
         ],
         "usage": chat_usage(message.get("usage")),
-        NATIVE_RESPONSE: dict(message),
+        RESPONSE: dict(message),
     }
 
 
@@ -110,7 +110,7 @@ class BlockChunks:
                 error_type=str(error.get("type") or "api_error"),
             )
         choice: dict[str, Any] = {"index": 0, "delta": self._delta(event)}
-        chunk: Chunk = {"object": "chat.completion.chunk", NATIVE_EVENT: dict(event), "choices": [choice]}
+        chunk: Chunk = {"object": "chat.completion.chunk", EVENT: dict(event), "choices": [choice]}
         if kind == "message_stop":
             blocks = [self._blocks[index] for index in sorted(self._blocks)]
             choice["delta"] = {ANSWER: assistant_from_blocks(blocks)}

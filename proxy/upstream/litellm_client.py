@@ -30,13 +30,13 @@ import httpx
 from proxy import environment
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
-from proxy.history.chain import chat_messages
 from proxy.types import Chunk, Message
 from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.upstream.responses_client import ResponsesClient
+from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ upstream's events whole and send its blocks or items byte-equal. Each is one POS
 so httpx (already a dependency) carries it, and the proxy's error boundary (`proxy.upstream.failures`) converts
 its failures as it does LiteLLM's.
 
-Every upstream event is kept whole in the canonical chunk the journal stores (`NATIVE_EVENT`), beside the chat
-delta it amounts to; a non-stream answer keeps the upstream's object under `NATIVE_RESPONSE`. A subclass names
+Every upstream event is kept whole in the canonical chunk the journal stores (`EVENT`), beside the chat
+delta it amounts to; a non-stream answer keeps the upstream's object under `RESPONSE`. A subclass names
 the URL, headers and body of its API, and converts its answers (`completion`, `converter`).
 """
 
@@ -25,11 +25,6 @@ from proxy.errors import UpstreamError
 from proxy.types import Chunk
 from proxy.upstream.failures import UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-
-NATIVE_EVENT = "event"
-"""The key under which a canonical chunk carries the upstream event it came from, whole."""
-NATIVE_RESPONSE = "response"
-"""The key under which a non-stream answer carries the upstream's own answer object, whole."""
 
 
 class EventConverter(Protocol):

@@ -2,7 +2,7 @@
 
 The shared plumbing (httpx, SSE, errors, why not LiteLLM) is `proxy.upstream.native_client`. Here: each
 Responses event becomes a canonical chunk that keeps it whole beside the chat delta it amounts to (text, tool
-call fragments), and the closing event carries the output items as the answer message (`proxy.items`), with its
+call fragments), and the closing event carries the output items as the answer message (`proxy.formats.responses_items`), with its
 reasoning and ids: what the client will echo next turn.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from proxy.config import ModelEntry
 from proxy.errors import UpstreamError
-from proxy.items import CUSTOM_INPUT, assistant_message, qualified_name
-from proxy.journal.assembly import ANSWER
+from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, qualified_name
 from proxy.types import Chunk
-from proxy.upstream.native_client import NATIVE_EVENT, NATIVE_RESPONSE, NativeClient, model_id
+from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
+from proxy.vocabulary import ANSWER, EVENT, RESPONSE
 
 OPENAI_BASE = "https://api.openai.com/v1"
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})
@@ -59,7 +59,7 @@ def completion(response: Mapping[str, Any]) -> Chunk:
             {"index": 0, "message": {**message, ANSWER: message}, "finish_reason": finish_reason(response, message)}
         ],
         "usage": chat_usage(response.get("usage")),
-        NATIVE_RESPONSE: dict(response),
+        RESPONSE: dict(response),
     }
 
 
@@ -99,7 +99,7 @@ class EventChunks:
         if kind in FAILING_EVENTS:
             raise _failure(event, self._redactor)
         choice: dict[str, Any] = {"index": 0, "delta": self._delta(event)}
-        chunk: Chunk = {"object": "chat.completion.chunk", NATIVE_EVENT: dict(event), "choices": [choice]}
+        chunk: Chunk = {"object": "chat.completion.chunk", EVENT: dict(event), "choices": [choice]}
         if kind in ENDING_EVENTS:
             response = event.get("response") or {}
             output = list(response.get("output") or [])

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from proxy import tokens
-from proxy.wire import chat as chat_door
+from proxy.doors import chat as chat_door
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error, read_only, row_counts, sse_events, step_statuses
 from tests.support.fake_upstream import FakeUpstream, Fault, Reply

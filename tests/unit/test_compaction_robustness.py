@@ -250,8 +250,8 @@ def test_property_acknowledgements_keep_prompts_prefix_extensions_between_compac
 
 
 def test_a_summary_is_sent_as_a_user_message_and_acknowledged_by_an_assistant_message() -> None:
-    assert summary_message("facts") == {"role": "user", "content": SUMMARY_HEADER + "\nfacts"}
-    assert acknowledgement_message() == {"role": "assistant", "content": ACKNOWLEDGEMENT}
+    assert summary_message("facts") == {"role": "user", "content": SUMMARY_HEADER + "\nfacts", "origin": "summary"}
+    assert acknowledgement_message() == {"role": "assistant", "content": ACKNOWLEDGEMENT, "origin": "acknowledgement"}
     for encoding in ("cl100k_base", "o200k_base"):
         assert count_message(acknowledgement_message(), encoding) == DEFAULT_ACKNOWLEDGEMENT_TOKENS
 

@@ -21,11 +21,11 @@ from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
-from proxy.history.chain import ITEMS
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
+from proxy.vocabulary import ITEMS
 from tests.unit.test_summaries import TENANT, FakeSummarizer, conversation, request, stored_path, text, total
 
 

@@ -22,6 +22,8 @@ from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER
 from proxy.config import Config, JournalConfig, UpstreamConfig, parse_config
 from proxy.conversation import Answer, Completed, Conversation, Replayed, Streaming
+from proxy.doors.chat import parse_chat_request
+from proxy.doors.context_headers import context_options
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, Conflict, ContextTooLarge, NotFound, UpstreamError
 from proxy.history import chain
 from proxy.history.answers import Answers
@@ -35,8 +37,6 @@ from proxy.store.database import Database
 from proxy.tokens import encoding_for_model
 from proxy.types import Chunk
 from proxy.upstream.protocol import Upstream
-from proxy.wire.chat import parse_chat_request
-from proxy.wire.context_headers import context_options
 from tests.support.raw_store import committed_rows
 from tests.support.scripted_upstream import (
     Call,

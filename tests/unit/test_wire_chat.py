@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from proxy.conversation import ContextMode, ContextOptions
-from proxy.errors import InvalidRequest, PayloadTooLarge, openai_error
-from proxy.wire.body import read_body
-from proxy.wire.chat import parse_chat_request
-from proxy.wire.context_headers import (
+from proxy.doors.body import read_body
+from proxy.doors.chat import parse_chat_request
+from proxy.doors.context_headers import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     MAX_PRESERVE_RECENT,
     MAX_SESSION_ID_LENGTH,
     context_options,
 )
+from proxy.errors import InvalidRequest, PayloadTooLarge, openai_error
 
 USER = {"role": "user", "content": "hi"}
 

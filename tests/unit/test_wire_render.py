@@ -1,5 +1,5 @@
-"""Rendering an answer on the chat-completions wire: SSE framing (`proxy.wire.sse`), the X-Context-* report
-headers (`proxy.wire.context_headers`), and `proxy.wire.chat.render` for completed, replayed and streamed
+"""Rendering an answer on the chat-completions wire: SSE framing (`proxy.doors.sse`), the X-Context-* report
+headers (`proxy.doors.context_headers`), and `proxy.doors.chat.render` for completed, replayed and streamed
 answers — exact bytes, headers, errors after the first byte, and an early stop by the client."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
 from proxy.conversation import Completed, ContextReport, Replayed, Streaming
+from proxy.doors.chat import render
+from proxy.doors.context_headers import REPLAY_HEADER, compact_count, report_headers, usage_text
+from proxy.doors.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 from proxy.errors import UpstreamError
 from proxy.journal.relay import Journaled
 from proxy.journal.steps import StepRecord, StepStatus
 from proxy.types import Chunk
-from proxy.wire.chat import render
-from proxy.wire.context_headers import REPLAY_HEADER, compact_count, report_headers, usage_text
-from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 
 REPORT = ContextReport(session_id="sess-1", prompt_tokens=50_000, budget=129_000, history_tokens=48_000, summaries=2)
 REPORT_HEADERS = {

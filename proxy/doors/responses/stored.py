@@ -15,18 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.doors.context_headers import MAX_STORED_INTEGER
+from proxy.doors.event_streams import Event
+from proxy.doors.responses.fields import chat_tools
+from proxy.doors.responses.output import ResponseShape, output_items, response_id, status_of
 from proxy.errors import NotFound
-from proxy.history.chain import ITEMS, SYSTEM_ROLES
+from proxy.history.chain import SYSTEM_ROLES
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import StepRecord, StepStatus
 from proxy.journal.writer import Journal
 from proxy.types import Message
-from proxy.wire.context_headers import MAX_STORED_INTEGER
-from proxy.wire.event_streams import Event
-from proxy.wire.responses_fields import chat_tools
-from proxy.wire.responses_output import ResponseShape, output_items, response_id, status_of
+from proxy.vocabulary import ITEMS
 
 RESPONSES_DOOR = "responses"
 RESPONSE_ID_PREFIX = "resp_"

@@ -1,6 +1,6 @@
 """An Anthropic Messages request as the canonical conversation: content blocks → chat messages, fields → chat fields.
 
-Each chat message keeps the blocks it stands for (`chain.ITEMS`), as the client sent them (signatures,
+Each chat message keeps the blocks it stands for (`vocabulary.ITEMS`), as the client sent them (signatures,
 `cache_control`, server tool blocks), so nothing is lost and a Messages-native upstream can get them back:
 
     system (a string or text blocks)           a system message (its blocks kept); so is a `system` turn
@@ -28,13 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.blocks import assistant_from_blocks
 from proxy.config import RequestLimits
 from proxy.conversation import NATIVE_API, Conversation
+from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
 from proxy.errors import InvalidRequest
-from proxy.history.chain import ITEMS
+from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.types import Message
-from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
+from proxy.vocabulary import ITEMS
 
 ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)

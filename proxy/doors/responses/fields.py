@@ -3,7 +3,7 @@
 Tools: `function` tools become chat functions; `custom` tools (free-form input, like Codex's apply_patch) become
 functions with one string parameter `input`; tools of a `namespace` become functions named `namespace__name`;
 hosted tools a chat model cannot run (web_search, tool_search, ...) are left out. `ToolNames` says how the
-answer's tool calls map back (`proxy.wire.responses_output`). Fields: `max_output_tokens` → `max_tokens`,
+answer's tool calls map back (`proxy.doors.responses.output`). Fields: `max_output_tokens` → `max_tokens`,
 `reasoning.effort` → `reasoning_effort`, `text.format` → `response_format`, the chat fields as sent, and any
 field unknown to both APIs passed through; the rest is Responses' own and stays behind.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import InvalidRequest
-from proxy.items import CUSTOM_INPUT, NAMESPACE_SEPARATOR
+from proxy.formats.responses_items import CUSTOM_INPUT, NAMESPACE_SEPARATOR
 
 _CHAT_FIELDS = (
     "temperature",

@@ -1,8 +1,8 @@
 """The Anthropic Messages door: `POST /v1/messages` (and `/count_tokens`), for Claude Code and the Anthropic SDKs.
 
-The request is parsed into the canonical conversation (`proxy.wire.messages_input`), answered by the same
+The request is parsed into the canonical conversation (`proxy.doors.messages.input`), answered by the same
 pipeline as the other doors, and rendered back as a `message` or its event stream
-(`proxy.wire.messages_output`). Every error on this door leaves in Anthropic's shape with its status. The key may
+(`proxy.doors.messages.output`). Every error on this door leaves in Anthropic's shape with its status. The key may
 come as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`; `?beta=true` (Claude Code) is accepted.
 
 The session is `X-Session-Id`, else Claude Code's `X-Claude-Code-Session-Id`, else derived as for chat.
@@ -27,20 +27,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import NATIVE_HEADERS, Answer, Completed, ContextOptions, Replayed
+from proxy.doors.body import parse_off_loop, read_body
+from proxy.doors.chat import RelayedStream
+from proxy.doors.context_headers import context_options, is_session_id, replay_headers, report_headers
+from proxy.doors.event_streams import Event, relayed, replayed
+from proxy.doors.messages.input import MessagesRequest, parse_messages_request
+from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_error, completed_message
+from proxy.doors.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from proxy.errors import NotFound, ProxyError
 from proxy.observability.requests import observe_model
 from proxy.offload import compute
 from proxy.pipeline import Pipeline
 from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
 from proxy.types import Chunk
-from proxy.upstream.native_client import NATIVE_RESPONSE
-from proxy.wire.body import parse_off_loop, read_body
-from proxy.wire.chat import RelayedStream
-from proxy.wire.context_headers import context_options, is_session_id, replay_headers, report_headers
-from proxy.wire.event_streams import Event, relayed, replayed
-from proxy.wire.messages_input import MessagesRequest, parse_messages_request
-from proxy.wire.messages_output import MessageEvents, MessageShape, anthropic_error, completed_message
-from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from proxy.vocabulary import RESPONSE
 
 log = logging.getLogger(__name__)
 
@@ -162,5 +162,5 @@ def render(answer: Answer, parsed: MessagesRequest) -> Response:
 
 def _message_object(shape: MessageShape, completion: Chunk) -> Event:
     """The `message` a non-stream answer is: an Anthropic upstream's own (under the proxy's id), or rendered."""
-    native = completion.get(NATIVE_RESPONSE)
+    native = completion.get(RESPONSE)
     return {**native, "id": shape.id} if isinstance(native, dict) else completed_message(shape, completion)

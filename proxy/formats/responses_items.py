@@ -2,7 +2,7 @@
 
 A run of items the model produced (assistant text, reasoning, function and custom tool calls, hosted tools'
 calls) is one assistant message of the canonical chat form, with a tool call per function or custom call and
-the run itself kept under `chain.ITEMS`. The door maps what a client sends this way, and the upstream maps what
+the run itself kept under `vocabulary.ITEMS`. The door maps what a client sends this way, and the upstream maps what
 a Responses-native model answers the same way, so an answer the client echoes back is the node it was stored as.
 The other way, a working context becomes input items again: each message's own items as they came, and the
 proxy's own messages (summaries, acknowledgements) as plain message items.
@@ -14,8 +14,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.history.chain import ITEMS
 from proxy.types import Message
+from proxy.vocabulary import ITEMS
 
 CUSTOM_INPUT = "input"
 """The one parameter of the chat function a custom tool becomes: its calls carry {"input": ...}."""

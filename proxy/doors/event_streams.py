@@ -2,7 +2,7 @@
 
 Both doors name each SSE event (`event: <type>`), and both answer either from a chat upstream — their events
 rendered from the chat chunks the journal holds, by a `ChunkRenderer` of their format — or from an upstream that
-speaks their own API, whose events ride whole inside the journaled chunks (`NATIVE_EVENT`) and are relayed as
+speaks their own API, whose events ride whole inside the journaled chunks (`EVENT`) and are relayed as
 they came. Which one a stream is shows in its first chunk. A replay (Idempotency-Key) goes the same way.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from proxy.doors.sse import sse_named
 from proxy.journal.relay import JournaledGroups
 from proxy.types import Chunk
-from proxy.upstream.native_client import NATIVE_EVENT
-from proxy.wire.sse import sse_named
+from proxy.vocabulary import EVENT
 
 Event = dict[str, Any]
 
@@ -71,7 +71,7 @@ def frames(events: Iterable[Event]) -> bytes:
 
 
 def _natives(renderer: ChunkRenderer, chunks: Iterable[Chunk]) -> list[Event]:
-    return [renderer.native(chunk[NATIVE_EVENT]) for chunk in chunks if isinstance(chunk.get(NATIVE_EVENT), dict)]
+    return [renderer.native(chunk[EVENT]) for chunk in chunks if isinstance(chunk.get(EVENT), dict)]
 
 
 async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIterator[bytes]:
@@ -82,7 +82,7 @@ async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIter
         async for group in groups:
             chunks = [item.chunk for item in group]
             if native is None:
-                native = bool(chunks) and NATIVE_EVENT in chunks[0]
+                native = bool(chunks) and EVENT in chunks[0]
                 if not native:
                     yield frames(renderer.start())
             rendered = frames(_natives(renderer, chunks) if native else renderer.feed(chunks))
@@ -97,7 +97,7 @@ async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIter
 
 async def replayed(renderer: ChunkRenderer, chunks: list[Chunk]) -> AsyncIterator[bytes]:
     """A journaled answer's events again, all at once."""
-    if chunks and NATIVE_EVENT in chunks[0]:
+    if chunks and EVENT in chunks[0]:
         yield frames(_natives(renderer, chunks))
         return
     yield frames([*renderer.start(), *renderer.feed(chunks), *renderer.finish()])

@@ -1,14 +1,14 @@
 """The OpenAI Responses door: `POST /v1/responses`, for Codex CLI, the Agents SDK and `client.responses.create`.
 
-The request is parsed into the canonical conversation (`proxy.wire.responses_input`), answered by the same
+The request is parsed into the canonical conversation (`proxy.doors.responses.input`), answered by the same
 pipeline as chat — history, budget, compaction, journal — and rendered back as a `response` object or its event
-stream (`proxy.wire.responses_output`). Errors before a stream starts are OpenAI's error bodies with the
+stream (`proxy.doors.responses.output`). Errors before a stream starts are OpenAI's error bodies with the
 upstream's status, as on the chat door; once it has started, a failure is a `response.failed` event.
 
 The session is `X-Session-Id`, else the session of the `previous_response_id`, else the client's own
 conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
 for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
-`previous_response_id` continues the stored conversation (`proxy.wire.responses_store`), whatever the upstream.
+`previous_response_id` continues the stored conversation (`proxy.doors.responses.stored`), whatever the upstream.
 """
 
 from __future__ import annotations
@@ -22,24 +22,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from proxy.auth import authenticate
 from proxy.config import Config
 from proxy.conversation import Answer, Completed, ContextOptions, Replayed
-from proxy.errors import InvalidRequest
-from proxy.observability.requests import observe_model
-from proxy.pipeline import Pipeline
-from proxy.types import Chunk
-from proxy.upstream.native_client import NATIVE_RESPONSE
-from proxy.wire.body import parse_off_loop, read_body
-from proxy.wire.chat import RelayedStream
-from proxy.wire.context_headers import context_options, is_session_id, replay_headers, report_headers, whole_number
-from proxy.wire.event_streams import Event, relayed, replayed
-from proxy.wire.responses_input import ResponsesRequest, check_pairs, parse_responses_request
-from proxy.wire.responses_output import (
+from proxy.doors.body import parse_off_loop, read_body
+from proxy.doors.chat import RelayedStream
+from proxy.doors.context_headers import context_options, is_session_id, replay_headers, report_headers, whole_number
+from proxy.doors.event_streams import Event, relayed, replayed
+from proxy.doors.responses.input import ResponsesRequest, check_pairs, parse_responses_request
+from proxy.doors.responses.output import (
     EventStream,
     ResponseShape,
     completed_response,
     native_response,
 )
-from proxy.wire.responses_store import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
-from proxy.wire.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
+from proxy.doors.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from proxy.errors import InvalidRequest
+from proxy.observability.requests import observe_model
+from proxy.pipeline import Pipeline
+from proxy.types import Chunk
+from proxy.vocabulary import RESPONSE
 
 CLIENT_SESSION_HEADER = "session-id"
 """Codex CLI's conversation id, stable for a whole thread."""
@@ -142,7 +142,7 @@ def render(answer: Answer, parsed: ResponsesRequest) -> Response:
 
 def _response_object(shape: ResponseShape, completion: Chunk) -> Event:
     """The `response` a non-stream answer is: the native upstream's own, or rendered from chat."""
-    native = completion.get(NATIVE_RESPONSE)
+    native = completion.get(RESPONSE)
     return native_response(shape, native) if isinstance(native, dict) else completed_response(shape, completion)
 
 

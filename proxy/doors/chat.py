@@ -21,13 +21,13 @@ from starlette.types import Receive, Scope, Send
 from proxy.auth import authenticate
 from proxy.config import Config, RequestLimits
 from proxy.conversation import Answer, Completed, Conversation, Replayed
+from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
+from proxy.doors.context_headers import context_options, replay_headers, report_headers
+from proxy.doors.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 from proxy.errors import InvalidRequest, openai_error
 from proxy.journal.relay import JournaledGroups
 from proxy.observability.requests import observe_model
 from proxy.pipeline import Pipeline
-from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
-from proxy.wire.context_headers import context_options, replay_headers, report_headers
-from proxy.wire.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 

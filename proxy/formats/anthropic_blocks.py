@@ -1,7 +1,7 @@
 """Anthropic content blocks ↔ chat messages: the one mapping the Messages door and the Anthropic upstream share.
 
 An assistant turn's blocks are one assistant message of the canonical chat form: its text, a tool call per
-`tool_use` block (`input` as JSON arguments), the blocks themselves kept under `chain.ITEMS` (thinking with its
+`tool_use` block (`input` as JSON arguments), the blocks themselves kept under `vocabulary.ITEMS` (thinking with its
 signature, server tool blocks, `cache_control`). The door maps what a client sends this way and the upstream maps
 what an Anthropic model answers the same way, so an answer the client echoes back is the node it was stored as.
 The other way, a working context becomes an Anthropic request again: each message's own blocks as they came,
@@ -16,8 +16,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from proxy.history.chain import ITEMS, SYSTEM_ROLES
+from proxy.history.chain import SYSTEM_ROLES
 from proxy.types import Message
+from proxy.vocabulary import ITEMS
 
 Block = dict[str, Any]
 

@@ -25,13 +25,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.doors.event_streams import ChunkRenderer, Event
+from proxy.doors.responses.fields import ToolNames
+from proxy.doors.responses.input import ECHOED_FIELDS
 from proxy.errors import error_fields
-from proxy.items import CUSTOM_INPUT
+from proxy.formats.responses_items import CUSTOM_INPUT
 from proxy.journal.assembly import assemble
 from proxy.types import Chunk
-from proxy.wire.event_streams import ChunkRenderer, Event
-from proxy.wire.responses_fields import ToolNames
-from proxy.wire.responses_input import ECHOED_FIELDS
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from proxy.doors.context_headers import whole_number
 from proxy.errors import InvalidRequest
 from proxy.journal.reader import DEFAULT_PAGE
-from proxy.wire.context_headers import whole_number
 
 MAX_PAGE = 500
 

@@ -1,7 +1,7 @@
 """A Responses request as the canonical conversation: input items → chat messages, Responses fields → chat fields.
 
 The canonical form is chat (docs/architecture.md, "The canonical form"), so every input item becomes part of a
-chat message, and each message keeps the items it stands for (`chain.ITEMS`), as the client sent them:
+chat message, and each message keeps the items it stands for (`vocabulary.ITEMS`), as the client sent them:
 
     message (user, system, developer)           that role's message: its text as one string, or chat parts
                                                 (input_image → image_url, input_file → file) when it has more
@@ -18,7 +18,7 @@ So a reasoning item stays with the item that follows it, and a call and its outp
 calls do. A message's identity is its chat meaning only (ids, status and encrypted reasoning aside), so a client
 that echoes an answer back as items lands on the node the answer was stored as.
 
-Tools and the other fields, for a chat upstream: `proxy.wire.responses_fields`.
+Tools and the other fields, for a chat upstream: `proxy.doors.responses.fields`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.conversation import NATIVE_API, Conversation
+from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
+from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.errors import InvalidRequest
-from proxy.history.chain import ITEMS
-from proxy.items import (
+from proxy.formats.responses_items import (
     TOOL_OUTPUT_TYPES,
     assistant_message,
     is_output,
@@ -39,8 +40,7 @@ from proxy.items import (
     output_text,
 )
 from proxy.types import Message
-from proxy.wire.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
-from proxy.wire.responses_fields import ToolNames, chat_params, chat_tools
+from proxy.vocabulary import ITEMS
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
 

@@ -1,0 +1,63 @@
+"""The proxy's in-band vocabulary: every key it carries inside the canonical dicts, declared once.
+
+The canonical form is OpenAI's chat shape (`proxy.types`); a few things ride inside it under keys of the proxy's
+own: the parts of another API a message stands for, a native upstream's events and answers, and the origin of
+messages the proxy writes itself (so it never has to recognize them by their text). A chat upstream must never
+see them: `chat_messages` is the one place they are stripped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from proxy.types import Message
+
+ITEMS = "items"
+"""On a message: the parts of another API it stands for (Responses items, Anthropic blocks) as the client sent
+them — ids, encrypted reasoning, unknown fields. Stored with it, never part of its identity."""
+ANSWER = "answer"
+"""On the delta of a native upstream's last chunk (and a native completion's message): the whole answer message,
+its parts assembled from the events."""
+EVENT = "event"
+"""On a chunk from a native upstream: that upstream's event, whole, relayed as it came to a client of its API."""
+RESPONSE = "response"
+"""On a completion from a native upstream: that upstream's own answer object."""
+ORIGIN = "origin"
+"""On a message the proxy wrote into a working context: which kind it is (`Origin`)."""
+
+
+class Origin:
+    """The kinds of message the proxy writes into a working context."""
+
+    SUMMARY = "summary"
+    """A summary of earlier turns, a user turn."""
+    MARKER = "marker"
+    """Where turns left the context (sliding window), a user turn."""
+    ACKNOWLEDGEMENT = "acknowledgement"
+    """The assistant turn that keeps turns alternating around a summary, a marker or a recall."""
+    RECALL = "recall"
+    """Archived passages placed back before the latest question, a user turn."""
+
+
+_MESSAGE_KEYS = (ITEMS, ANSWER, ORIGIN)
+
+
+def origin(message: Mapping[str, Any]) -> str | None:
+    """Which kind of proxy-written message this is; None for a message the client sent (or the model wrote)."""
+    value = message.get(ORIGIN)
+    return value if isinstance(value, str) else None
+
+
+def chat_messages(messages: Iterable[Message]) -> list[Message]:
+    """Messages as a chat-completions upstream takes them: without the proxy's keys, and without a message that
+    was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
+    chat: list[Message] = []
+    for message in messages:
+        if not any(key in message for key in _MESSAGE_KEYS):
+            chat.append(message)
+            continue
+        plain = {key: value for key, value in message.items() if key not in _MESSAGE_KEYS}
+        if ITEMS not in message or plain.get("role") == "tool" or plain.get("content") or plain.get("tool_calls"):
+            chat.append(plain)
+    return chat
