@@ -1,8 +1,9 @@
-"""The Starlette application: routes wired to the wire adapters and the inspection views.
+"""The Starlette application: the doors' routes, the inspection views, health and metrics.
 
-Handlers are thin: each authenticates, delegates to one part and returns JSON. Every error — ours, Starlette's
-(unknown route, wrong method) or an unexpected one — leaves through `openai_error`, which is the shape of every
-route served today, so a client never sees anything but `{"error": {...}}`.
+Handlers are thin: each delegates to one part and returns JSON. The routes that need a proxy key get the caller
+from one wrapper (`_authenticated`), which runs before anything else they do. Every error — ours, Starlette's
+(unknown route, wrong method) or an unexpected one — leaves in the shape of the door whose routes it falls under
+(`proxy.doors.door.error_response`): Anthropic's under `/v1/messages`, OpenAI's everywhere else.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.auth import authenticate
+from proxy.auth import Caller, authenticate
 from proxy.config import Config
-from proxy.doors.body import parse_json_object, parse_off_loop, read_body
-from proxy.doors.chat import ChatCompletions
+from proxy.doors.body import parse_json_object, parse_off_loop, request_body
 from proxy.doors.context_headers import whole_number
-from proxy.doors.messages import Messages
+from proxy.doors.door import Doors, DoorType, error_response
 from proxy.doors.paging import page_params
-from proxy.doors.responses import Responses
-from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable, openai_error
+from proxy.doors.registry import DOORS
+from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
 from proxy.inspection import checked_ids
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
@@ -38,6 +38,7 @@ from proxy.ui.routes import ui_routes
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+CallerHandler = Callable[[Request, Caller], Awaitable[Response]]
 
 MAX_PINS_BODY_BYTES = 256 * 1024
 """A pin request names at most `inspection.MAX_PIN_IDS` ids: far below this."""
@@ -50,34 +51,27 @@ def create_app(config: Config) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_services(config, metrics=metrics) as services:
             app.state.services = services
-            app.state.chat = ChatCompletions(config, services.pipeline)
-            app.state.responses = Responses(config, services.pipeline)
-            app.state.messages = Messages(config, services.pipeline)
+            doors = {door.name: door(config, services.pipeline) for door in DOORS}
+            app.state.doors = Doors(config, services.pipeline, doors)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.location)
             yield
 
     routes: list[BaseRoute] = [
-        Route("/v1/chat/completions", _chat, methods=["POST"]),
-        Route("/v1/responses", _responses, methods=["POST"]),
-        Route("/v1/messages", _messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", _count_tokens, methods=["POST"]),
-        Route("/v1/responses/compact", _compact, methods=["POST"]),
-        Route("/v1/responses/{response_id}", _response, methods=["GET", "DELETE"]),
-        Route("/v1/responses/{response_id}/input_items", _response_items, methods=["GET"]),
-        Route("/v1/models", _models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", _model, methods=["GET"]),
+        *door_routes(DOORS),
+        Route("/v1/models", _authenticated(_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _authenticated(_model), methods=["GET"]),
         Route("/healthz", _health, methods=["GET"]),
         Route("/", _health, methods=["GET", "HEAD"]),
-        Route("/sessions", _sessions, methods=["GET"]),
-        Route("/sessions/{session_id}", _session, methods=["GET"]),
-        Route("/sessions/{session_id}/summarize", _summarize, methods=["POST"]),
-        Route("/sessions/{session_id}/pins", _pins, methods=["GET", "POST", "DELETE"]),
-        Route("/sessions/{session_id}/pins/{message_id}", _pin, methods=["DELETE"]),
-        Route("/sessions/{session_id}/events", _events, methods=["GET"]),
-        Route("/journal", _journal, methods=["GET"]),
-        Route("/journal/{step_id}", _journal_step, methods=["GET"]),
+        Route("/sessions", _authenticated(_sessions), methods=["GET"]),
+        Route("/sessions/{session_id}", _authenticated(_session), methods=["GET"]),
+        Route("/sessions/{session_id}/summarize", _authenticated(_summarize), methods=["POST"]),
+        Route("/sessions/{session_id}/pins", _authenticated(_pins), methods=["GET", "POST", "DELETE"]),
+        Route("/sessions/{session_id}/pins/{message_id}", _authenticated(_pin), methods=["DELETE"]),
+        Route("/sessions/{session_id}/events", _authenticated(_events), methods=["GET"]),
+        Route("/journal", _authenticated(_journal), methods=["GET"]),
+        Route("/journal/{step_id}", _authenticated(_journal_step), methods=["GET"]),
     ]
     if config.observability.metrics:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -96,63 +90,56 @@ def create_app(config: Config) -> Starlette:
     )
 
 
+def door_routes(doors: tuple[DoorType, ...]) -> list[BaseRoute]:
+    """Each door's main route and its own; a door's own routes come first, so that a fixed path of its own
+    (`/v1/responses/compact`) is never read as a parameter of another (`/v1/responses/{id}`)."""
+    routes: list[BaseRoute] = []
+    for door in doors:
+        for extra in door.routes:
+            routes.append(Route(extra.path, _door_call(door.name, extra.handler), methods=list(extra.methods)))
+        routes.append(Route(door.path, _door_serve(door.name), methods=["POST"]))
+    return routes
+
+
+def _door_serve(name: str) -> Handler:
+    async def serve(request: Request) -> Response:
+        doors: Doors = request.app.state.doors
+        return await doors.serve(name, request)
+
+    return serve
+
+
+def _door_call(name: str, handler: str) -> Handler:
+    async def call(request: Request) -> Response:
+        doors: Doors = request.app.state.doors
+        return await doors.call(name, handler, request)
+
+    return call
+
+
+def _authenticated(handler: CallerHandler) -> Handler:
+    """The route needs a proxy key (when auth is on): the caller is known before the handler runs."""
+
+    async def guarded(request: Request) -> Response:
+        return await handler(request, authenticate(request.headers, _services(request).config.auth))
+
+    return guarded
+
+
 def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
-async def _chat(request: Request) -> Response:
-    chat: ChatCompletions = request.app.state.chat
-    return await chat(request)
-
-
-async def _responses(request: Request) -> Response:
-    responses: Responses = request.app.state.responses
-    return await responses(request)
-
-
-async def _messages(request: Request) -> Response:
-    messages: Messages = request.app.state.messages
-    return await messages(request)
-
-
-async def _count_tokens(request: Request) -> Response:
-    messages: Messages = request.app.state.messages
-    return await messages.count_tokens(request)
-
-
-async def _compact(request: Request) -> Response:
-    """OpenAI's remote compaction. Codex calls it only for OpenAI's own provider (docs/research/responses.md,
-    3.5); here the proxy compacts by itself, so the answer says what to do instead."""
-    authenticate(request.headers, _services(request).config.auth)
-    raise NotFound(
-        "This proxy compacts conversations itself: send the whole input (or a previous_response_id) to "
-        "POST /v1/responses. /v1/responses/compact is not served.",
-        code="unsupported_endpoint",
-    )
-
-
-async def _response(request: Request) -> Response:
-    responses: Responses = request.app.state.responses
-    return await (responses.delete(request) if request.method == "DELETE" else responses.retrieve(request))
-
-
-async def _response_items(request: Request) -> Response:
-    responses: Responses = request.app.state.responses
-    return await responses.input_items(request)
-
-
-async def _models(request: Request) -> Response:
+async def _models(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    authenticate(request.headers, services.config.auth)
     data = [_model_card(request, entry.name) for entry in services.config.models]
     return JSONResponse({"object": "list", "data": data})
 
 
-async def _model(request: Request) -> Response:
+async def _model(request: Request, caller: Caller) -> Response:
     """OpenAI's `GET /v1/models/{model}`: SDKs and tools call it to check a model before they use it."""
     services = _services(request)
-    authenticate(request.headers, services.config.auth)
     name = request.path_params["model_id"]
     if services.config.model(name) is None:
         raise NotFound(
@@ -189,37 +176,30 @@ async def _metrics(request: Request) -> Response:
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
-async def _sessions(request: Request) -> Response:
+async def _sessions(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
     return JSONResponse(await services.inspector.sessions(caller.tenant, limit, offset))
 
 
-async def _session(request: Request) -> Response:
+async def _session(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     return JSONResponse(await services.inspector.session(caller.tenant, request.path_params["session_id"]))
 
 
-async def _summarize(request: Request) -> Response:
+async def _summarize(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     return JSONResponse(await services.inspector.summarize(caller.tenant, request.path_params["session_id"]))
 
 
-async def _pins(request: Request) -> Response:
+async def _pins(request: Request, caller: Caller) -> Response:
     """`GET` the session's pins; `POST` / `DELETE` `{"message_ids": [...]}` to pin or unpin."""
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     session_id = request.path_params["session_id"]
     if request.method == "GET":
         return JSONResponse(await services.inspector.session_pins(caller.tenant, session_id))
-    raw = await read_body(
-        request.stream(),
-        request.headers.get("content-length"),
-        min(MAX_PINS_BODY_BYTES, services.config.request_limits.max_body_bytes),
-        services.config.server.body_timeout_s,
+    raw = await request_body(
+        request, services.config, min(MAX_PINS_BODY_BYTES, services.config.request_limits.max_body_bytes)
     )
     ids = checked_ids((await parse_off_loop(raw, parse_json_object)).get("message_ids"))
     if request.method == "POST":
@@ -227,33 +207,29 @@ async def _pins(request: Request) -> Response:
     return JSONResponse(await services.inspector.unpin(caller.tenant, session_id, ids))
 
 
-async def _pin(request: Request) -> Response:
+async def _pin(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     ids = [request.path_params["message_id"]]
     return JSONResponse(await services.inspector.unpin(caller.tenant, request.path_params["session_id"], ids))
 
 
-async def _events(request: Request) -> Response:
+async def _events(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
     session_id = request.path_params["session_id"]
     return JSONResponse(await services.inspector.session_events(caller.tenant, session_id, limit, offset))
 
 
-async def _journal(request: Request) -> Response:
+async def _journal(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))
     status = request.query_params.get("status")
     session_id = request.query_params.get("session_id")
     return JSONResponse(await services.inspector.steps(caller.tenant, status, session_id, limit, offset))
 
 
-async def _journal_step(request: Request) -> Response:
+async def _journal_step(request: Request, caller: Caller) -> Response:
     services = _services(request)
-    caller = authenticate(request.headers, services.config.auth)
     text = request.path_params["step_id"]
     if not text.isascii() or not text.isdigit():
         raise InvalidRequest(f"Journal step ids are whole numbers, got '{text[:40]}'.", param="step_id")
@@ -264,8 +240,7 @@ async def _journal_step(request: Request) -> Response:
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
-    status, body, headers = openai_error(exc)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return error_response(request.url.path, exc, DOORS)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

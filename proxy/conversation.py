@@ -1,8 +1,8 @@
-"""The canonical request: what every stage after a wire adapter works on, whatever format the client spoke.
+"""The canonical request and answers: what the pipeline works on, whatever API the client spoke.
 
-A wire adapter parses its client's body into a `Conversation` (chat messages, the parameters to forward, how
-the answer is to be delivered) and its headers into `ContextOptions`; the pipeline answers with an `Answer`,
-which the adapter renders back in its own format. See docs/architecture.md, "The canonical form".
+A door parses its client's body into a `Conversation` (chat messages, the parameters to forward, how the answer
+is to be delivered) and its headers into `ContextOptions`; the pipeline answers with an `Answer`, which the door
+renders back in its own API. See docs/architecture.md, "The canonical form".
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ from typing import Any
 
 from proxy.journal.relay import JournaledGroups
 from proxy.journal.steps import StepRecord
-from proxy.types import Chunk, Message
-
-NATIVE_API = "__api__"
-"""The key of `Conversation.native` that names its API."""
-NATIVE_HEADERS = "__headers__"
-"""The key of `Conversation.native` with the client's headers its API defines (`anthropic-beta`), forwarded."""
+from proxy.types import Chunk, Message, NativeRequest
 
 
 class ContextMode(enum.StrEnum):
@@ -44,13 +39,33 @@ class Conversation:
     identity: Mapping[str, Any]
     """What makes two requests the same request for an Idempotency-Key: the body without its delivery fields,
     so a retry may ask for a stream where the first attempt asked for JSON, or the reverse."""
-    native: Mapping[str, Any] | None = None
-    """The request in the client's own API without its conversation, and that API under `NATIVE_API`
-    (`responses`, `messages`): a model configured with the same `api` is sent it with the working context in
-    that API's form (`proxy.formats.responses_items.input_items`, `proxy.formats.anthropic_blocks.anthropic_request`)."""
+    native: NativeRequest | None = None
+    """The request in the client's own API (Responses, Messages): a model configured with the same `api` is sent
+    it in that API (`proxy.upstream.router`)."""
     wire: Mapping[str, Any] = field(default_factory=dict)
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""
+    continues: Continuation | None = None
+    """A stored answer this request continues from (Responses' `previous_response_id`): the conversation up to
+    it goes before the request's own messages."""
+    instructions: int = 0
+    """How many leading messages are the request's own instructions: a continued conversation goes after them."""
+    fit_output: bool = False
+    """The client asks for its own model's output limit, not the configured model's (Anthropic clients): the
+    output to reserve is lowered to what the configured model can give."""
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A journal step whose answer a request continues from, readable only through the door that answered it."""
+
+    step_id: int | None
+    """None: an id that names no step (it reads as not found)."""
+    door: str
+    reference: str
+    """The id as the client gave it, for errors."""
+    param: str
+    """The request field it came in, for errors."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,12 @@ class ContextReport:
     recalled: int = 0
     """Archived passages recalled into the working context."""
 
+    @classmethod
+    def from_json(cls, session_id: str, kept: Mapping[str, Any] | None) -> ContextReport:
+        """The report a step kept (`as_json`); zeros for a step from before reports were kept."""
+        numbers = {name: int((kept or {}).get(name) or 0) for name in _REPORT_NUMBERS}
+        return cls(session_id=session_id, **numbers)
+
     def as_json(self) -> dict[str, int]:
         """What the journal keeps of it for the step (the session id is the step's own)."""
         return {
@@ -77,6 +98,9 @@ class ContextReport:
             "summaries": self.summaries,
             "recalled": self.recalled,
         }
+
+
+_REPORT_NUMBERS = ("prompt_tokens", "budget", "history_tokens", "summaries", "recalled")
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,9 @@ class ContextOptions:
     """Idempotency-Key: a retry under the same key and body is answered from the journal."""
     strategies: tuple[str, ...] | None = None
     """X-Context-Strategy: the compaction strategies for this session, remembered like its budget."""
+    session_hints: tuple[str, ...] = ()
+    """The client's own names for its conversation (a header of its own, a field of its body), in order: the
+    session when X-Session-Id names none and the request continues no stored answer."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +155,34 @@ class Streaming:
 @dataclass(frozen=True)
 class Replayed:
     """An Idempotency-Key retry answered from the journal, without an upstream call; `chunks` are of the kind
-    `stream` asked for (`proxy.journal.replay.answer_chunks`)."""
+    `stream` asked for (`proxy.journal.replay.answer_chunks`). `report` is the step's own, as it was sent."""
 
-    record: StepRecord
     chunks: list[Chunk]
+    report: ContextReport
+    step: StepRef
+    record: StepRecord
+
+    @classmethod
+    def of(cls, record: StepRecord, chunks: list[Chunk]) -> Replayed:
+        report = ContextReport.from_json(record.session_id or "", record.context)
+        return cls(chunks, report, StepRef(record.id, record.created_at), record)
 
 
 Answer = Completed | Streaming | Replayed
+
+
+def usage_text(tokens: int, budget: int, summaries: int) -> str:
+    """The compact gauge of `X-Context-Usage`: `2.1k / 129k (1%)`, `50k / 129k (39%) [2S]`."""
+    percent = round(100 * tokens / budget) if budget > 0 else 100
+    text = f"{compact_count(tokens)} / {compact_count(budget)} ({percent}%)"
+    return f"{text} [{summaries}S]" if summaries else text
+
+
+def compact_count(tokens: int) -> str:
+    if tokens < 1000:
+        return str(tokens)
+    if tokens < 10_000:
+        return f"{tokens / 1000:.1f}k".replace(".0k", "k")
+    if tokens < 1_000_000:
+        return f"{round(tokens / 1000)}k"
+    return f"{tokens / 1_000_000:.1f}M".replace(".0M", "M")

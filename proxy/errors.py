@@ -184,3 +184,18 @@ def openai_error(exc: BaseException) -> tuple[int, JSONBody, dict[str, str]]:
     if isinstance(exc, ProxyError):
         return exc.status, {"error": exc.fields()}, dict(exc.headers)
     return 500, {"error": error_fields(exc)}, {}
+
+
+def json_type(value: Any) -> str:
+    """How an error names a JSON value's type: `expected a string, but got a number`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

@@ -23,16 +23,15 @@ from proxy.compaction.path_items import builder_item
 from proxy.compaction.strategies import STRATEGY_SETTING
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.config import Config, ModelEntry
-from proxy.doors.body import json_type
-from proxy.doors.context_headers import usage_text
-from proxy.errors import InvalidRequest, NotFound
-from proxy.history.chain import SYSTEM_ROLES
+from proxy.conversation import usage_text
+from proxy.errors import InvalidRequest, NotFound, json_type
 from proxy.history.messages import Session, StoredMessage
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
 from proxy.tokens import count_prompt, encoding_for_model
+from proxy.vocabulary import SYSTEM_ROLES
 
 YELLOW_AT = 70
 RED_AT = 90

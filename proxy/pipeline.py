@@ -1,14 +1,16 @@
 """One request along the path, top to bottom, in the canonical form (docs/architecture.md, "The request path").
 
-    wire adapter   (before this) auth, body within its limit, parse and validate into a `Conversation`
-    budget         an impossible max_tokens is refused before the first write
+    door           (before this) auth, body within its limit, parse and validate into a `Conversation`
+    budget         an output request fitted to the model (when the client asked for its own model's); an
+                   impossible max_tokens is refused before the first write
     journal        an Idempotency-Key retry is answered from the journal
+    continuation   a continued answer's conversation put before the request's own (`proxy.continuations`)
     history        under the session lock: reconcile the re-sent messages, remember budget settings
     budget         the effective input budget (request, session, learned corrections)
     compaction     the working context, summarizing first when it does not fit
     upstream       the call; a context-window refusal the budget should have prevented is healed once
     journal        the step begins beside the upstream call; streams go through `StreamRelay`
-    wire adapter   (after this) renders the `Answer` with the X-Context-* headers
+    door           (after this) renders the `Answer` with the X-Context-* headers
 
 Bad input is refused before the first write, so it changes nothing in the store. A valid request whose recent
 messages cannot fit the model is stored first and then refused: what a client sent is never discarded.
@@ -27,11 +29,9 @@ from typing import Any, TypeVar
 from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
 from proxy.compaction.strategies import STRATEGY_SETTING
-from proxy.compaction.stubs import is_marker
-from proxy.compaction.summary_text import acknowledgement_message, is_summary
 from proxy.config import Config, ModelEntry
+from proxy.continuations import continued
 from proxy.conversation import (
-    NATIVE_API,
     Answer,
     Completed,
     ContextMode,
@@ -43,8 +43,6 @@ from proxy.conversation import (
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
-from proxy.formats.anthropic_blocks import anthropic_request
-from proxy.formats.responses_items import input_items
 from proxy.history import chain
 from proxy.history.messages import Reconciled
 from proxy.history.store import History
@@ -54,11 +52,11 @@ from proxy.journal.relay import StreamRelay
 from proxy.journal.replay import answer_chunks
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.tokens import count_prompt, encoding_for_model
-from proxy.types import Chunk, Message
+from proxy.offload import compute
+from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
+from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.protocol import Upstream
-from proxy.vocabulary import ITEMS
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +110,8 @@ class Pipeline:
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
-        entry = self.config.model(conversation.model)
-        if entry is None:
-            raise NotFound(
-                f"The model `{conversation.model}` does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
+        entry = self._entry(conversation.model)
+        conversation = self._fit_output(entry, conversation)
         self._budget(entry, conversation, {})  # refuses a max_tokens that leaves no input room, before any write
         key = options.idempotency_key
         # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
@@ -127,7 +120,9 @@ class Pipeline:
             replay = await self.reader.replay(tenant, key, fingerprint)
             if replay is not None:
                 record, stored = replay
-                return Replayed(record, answer_chunks(record, stored, conversation.stream))
+                return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
+        conversation, continued_session = await continued(self.reader, self.history, tenant, conversation)
+        options = _with_session(options, continued_session)
 
         plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
         step_begun = asyncio.create_task(
@@ -157,6 +152,40 @@ class Pipeline:
         except Exception as exc:
             await self._fail(step_begun, exc)
             raise
+
+    async def count_tokens(self, conversation: Conversation) -> int:
+        """What the proxy would send for `conversation`, by its own count: the conversation as it stands while it
+        fits, else about the share compaction brings it to (`context.compact_to` of the model's input budget)."""
+        entry = self._entry(conversation.model)
+        encoding = encoding_for_model(entry.model)
+        size = sum(map(rough_size, conversation.messages))
+        counts = await compute(size, lambda: [count_message(m, encoding) for m in conversation.messages])
+        tokens = count_prompt(counts)
+        budget = self.budgets.budget(entry, None, {}).input_budget
+        context = self.config.context
+        return int(context.compact_to * budget) if tokens > context.trigger_ratio * budget else tokens
+
+    def _entry(self, model: str) -> ModelEntry:
+        entry = self.config.model(model)
+        if entry is None:
+            raise NotFound(
+                f"The model `{model}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+        return entry
+
+    def _fit_output(self, entry: ModelEntry, conversation: Conversation) -> Conversation:
+        """The output request within what the configured model can give, when the client asked for its own
+        model's (`Conversation.fit_output`)."""
+        requested = conversation.max_output
+        if not conversation.fit_output or requested is None:
+            return conversation
+        fitted = self.budgets.fitted_output(entry, requested)
+        if fitted == requested:
+            return conversation
+        params = {**conversation.params, conversation.max_output_param: fitted}
+        return replace(conversation, max_output=fitted, params=params)
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
         await self.journal.interrupt(await step_begun)
@@ -294,12 +323,11 @@ class Pipeline:
         async def complete(plan: Plan) -> Chunk:
             # The stream's total deadline bounds a whole call too: an upstream can drip a JSON body as slowly.
             total_s = self.config.upstream.stream_deadline_s
-            native = native_body(conversation, plan)
             try:
                 async with asyncio.timeout(total_s) as call:
-                    if native is not None:
-                        return await self.upstream.respond(plan.entry, native)
-                    return await self.upstream.complete(plan.entry, plan.prepared.messages, conversation.params)
+                    return await self.upstream.complete(
+                        plan.entry, plan.prepared.messages, conversation.params, conversation.native
+                    )
             except TimeoutError as exc:
                 if not call.expired():
                     raise
@@ -332,13 +360,9 @@ class Pipeline:
             deadlines = StreamDeadlines.from_config(self.config.upstream)
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
-                    native = native_body(conversation, plan)
-                    if native is not None:
-                        chunks = await self.upstream.open_response_stream(plan.entry, native)
-                    else:
-                        chunks = await self.upstream.open_stream(
-                            plan.entry, plan.prepared.messages, conversation.params
-                        )
+                    chunks = await self.upstream.open_stream(
+                        plan.entry, plan.prepared.messages, conversation.params, conversation.native
+                    )
             except TimeoutError as exc:
                 if not opening.expired():
                     raise
@@ -361,31 +385,15 @@ class Pipeline:
         return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
 
 
-def native_body(conversation: Conversation, plan: Plan) -> dict[str, Any] | None:
-    """The request in the client's own API, for a model that speaks it natively (`models[].api`), with the
-    working context as its input; None when the call goes to chat completions."""
-    native = conversation.native
-    if native is None or plan.entry.api != native.get(NATIVE_API):
-        return None
-    body = {key: value for key, value in native.items() if key != NATIVE_API}
-    if plan.entry.api == "messages":
-        system, messages = anthropic_request(plan.prepared.messages)
-        return {**body, **({"system": system} if system else {}), "messages": messages}
-    return {**body, "input": input_items(responses_context(plan.prepared.messages))}
-
-
-def responses_context(messages: list[Message]) -> list[Message]:
-    """The working context as a Responses model takes it: a summary is a developer message where it stands (the
-    Responses API has no turn order to keep, so the acknowledgements that keep chat turns alternating go)."""
-    context: list[Message] = []
-    for message in messages:
-        if ITEMS in message:
-            context.append(message)
-        elif is_summary(message) or is_marker(message):
-            context.append({**message, "role": "developer"})
-        elif message != acknowledgement_message():
-            context.append(message)
-    return context
+def _with_session(options: ContextOptions, continued_session: str | None) -> ContextOptions:
+    """X-Session-Id; else the session of the answer the request continues; else the client's own name for its
+    conversation."""
+    if options.session_id is not None:
+        return options
+    for key in (continued_session, *options.session_hints):
+        if key:
+            return replace(options, session_id=key)
+    return options
 
 
 def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:

@@ -34,8 +34,8 @@ from proxy.journal.writer import Journal
 from proxy.observability.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.store.database import Database
-from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.redaction import Redactor
+from proxy.upstream.router import UpstreamRouter
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Services:
     db: Database
     pipeline: Pipeline
     inspector: Inspector
-    upstream: LiteLLMUpstream
+    upstream: UpstreamRouter
     pins: Pins
     events: CompactionEvents
     metrics: Metrics
@@ -68,7 +68,7 @@ async def open_services(
     """Detached streams (the pipeline adds them), given a grace at shutdown."""
     maintenance: list[asyncio.Task[None]] = []
     owners: Owners | None = None
-    upstream: LiteLLMUpstream | None = None
+    upstream: UpstreamRouter | None = None
     compactor: Compactor | None = None
     try:
         history = History(db)
@@ -79,7 +79,7 @@ async def open_services(
             await owners.register()
             journal.owner = owners.id
             await recovery.recover()
-        upstream = LiteLLMUpstream(config.upstream, config.models, Redactor.from_config(config))
+        upstream = UpstreamRouter(config.upstream, config.models, Redactor.from_config(config))
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
         summaries = Summaries(db)

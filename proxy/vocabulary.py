@@ -13,6 +13,8 @@ from typing import Any
 
 from proxy.types import Message
 
+SYSTEM_ROLES = ("system", "developer")
+"""The roles of the instructions a conversation carries: pinned context, identified by their place (`history.chain`)."""
 ITEMS = "items"
 """On a message: the parts of another API it stands for (Responses items, Anthropic blocks) as the client sent
 them — ids, encrypted reasoning, unknown fields. Stored with it, never part of its identity."""

@@ -24,6 +24,8 @@ from proxy.errors import ContextOverflow
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
+OUTPUT_SHARE = 4
+"""At most a quarter of a model's window is kept for the answer when a client asks for its own model's limit."""
 SESSION_BUDGET_SETTING = "budget"
 """The session setting that remembers `X-Context-Budget`."""
 
@@ -94,6 +96,13 @@ class Budgets:
             self._corrections.apply(entry.name, budget.input_budget),
             budget.session_cap,
         )
+
+    def fitted_output(self, entry: ModelEntry, requested: int) -> int:
+        """An output request within the model's output limit and `1 / OUTPUT_SHARE` of its window: clients that
+        ask for their own model's limit (Claude Code asks for 32k and more) would leave a small configured model
+        no room for input."""
+        limits = self.limits(entry)
+        return min(requested, limits.max_output, limits.context_window // OUTPUT_SHARE)
 
     def learn(self, entry: ModelEntry, ours: int, overflow: ContextOverflow) -> float:
         """The upstream refused `ours` tokens as too many for its window: shrink this model's budgets from now on

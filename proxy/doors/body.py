@@ -10,11 +10,13 @@ import asyncio
 import json
 import json.scanner
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from proxy.config import RequestLimits
-from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
+from starlette.requests import Request
+
+from proxy.config import Config, RequestLimits
+from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, json_type
 from proxy.offload import OFF_LOOP_CHARS, compute
 
 T = TypeVar("T")
@@ -43,6 +45,14 @@ async def read_body(
             f"The request body did not arrive within {timeout_s} s ({len(received)} bytes received)."
         ) from exc
     return bytes(received)
+
+
+async def request_body(request: Request, config: Config, max_bytes: int | None = None) -> bytes:
+    """A request's body within `limits.max_body_bytes` (or a smaller `max_bytes`) and `server.body_timeout_s`."""
+    limit = config.request_limits.max_body_bytes if max_bytes is None else max_bytes
+    return await read_body(
+        request.stream(), request.headers.get("content-length"), limit, config.server.body_timeout_s
+    )
 
 
 async def parse_off_loop(raw: bytes, parse: Callable[[bytes], T]) -> T:
@@ -132,17 +142,6 @@ def check_messages(messages: list[Any], param: str, limits: RequestLimits) -> No
             )
 
 
-def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The id of the first tool output that answers no call made before it (every provider refuses one)."""
-    called: set[str] = set()
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            called.add(call["id"])
-        if message["role"] == "tool" and message["tool_call_id"] not in called:
-            return str(message["tool_call_id"])
-    return None
-
-
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """A `\\ud800`–`\\udfff` escape: the only way a JSON text in valid UTF-8 can smuggle in a surrogate."""
 
@@ -159,17 +158,3 @@ def _reject_lone_surrogates(body: Any) -> None:
         ) from exc
     except RecursionError as exc:
         raise InvalidRequest("The JSON body of your request is nested too deeply.") from exc
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

@@ -1,33 +1,29 @@
-"""The OpenAI chat-completions door: `POST /v1/chat/completions`, the first wire adapter.
+"""The OpenAI chat-completions door: `POST /v1/chat/completions`.
 
-It reads the body within its limit and validates it into the canonical `Conversation` — everything a client
-can get wrong is caught here, before any state is touched, as a 400 (or 413) naming the field — then hands it
-to the pipeline and renders the `Answer`: a `chat.completion`, or SSE chunks from the very JSON the journal
-stored, then `[DONE]`. Validation is deliberately limited to what OpenAI itself rejects and what the proxy
-relies on; every other field passes through untouched, because the upstream is the authority on its own
-parameters. Errors leave in OpenAI's shape (`proxy.errors.openai_error`), which is also this wire's.
+It validates the body into the canonical `Conversation` — everything a client can get wrong is caught here,
+before any state is touched, as a 400 (or 413) naming the field — and renders the `Answer`: a
+`chat.completion`, or SSE chunks from the very JSON the journal stored, then `[DONE]`. Validation is
+deliberately limited to what OpenAI itself rejects and what the proxy relies on; every other field passes
+through untouched, because the upstream is the authority on its own parameters. Errors leave in OpenAI's shape
+(`proxy.errors.openai_error`), which is also this API's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
 
-from proxy.auth import authenticate
-from proxy.config import Config, RequestLimits
+from proxy.config import RequestLimits
 from proxy.conversation import Answer, Completed, Conversation, Replayed
-from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, parse_off_loop, read_body
-from proxy.doors.context_headers import context_options, replay_headers, report_headers
-from proxy.doors.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
-from proxy.errors import InvalidRequest, openai_error
+from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.doors.context_headers import answer_headers
+from proxy.doors.door import Door, DoorRequest
+from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
+from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.journal.relay import JournaledGroups
-from proxy.observability.requests import observe_model
-from proxy.pipeline import Pipeline
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -43,55 +39,27 @@ _DELIVERY_PARAMS = ("stream", "stream_options")
 DEFAULT_LIMITS = RequestLimits()
 
 
-class ChatCompletions:
-    def __init__(self, config: Config, pipeline: Pipeline) -> None:
-        self._config = config
-        self._pipeline = pipeline
+class ChatCompletions(Door[None]):
+    name: ClassVar[str] = "chat"
+    path: ClassVar[str] = "/v1/chat/completions"
+    prefix: ClassVar[str] = "/v1/chat"
 
-    async def __call__(self, request: Request) -> Response:
-        caller = authenticate(request.headers, self._config.auth)
-        raw = await read_body(
-            request.stream(),
-            request.headers.get("content-length"),
-            self._config.request_limits.max_body_bytes,
-            self._config.server.body_timeout_s,
-        )
-        limits = self._config.request_limits
-        conversation = await parse_off_loop(raw, lambda raw: parse_chat_request(raw, limits))
-        options = context_options(request.headers)
-        observe_model(request.scope, conversation.model)
-        return render(await self._pipeline.answer(caller.tenant, conversation, options), conversation.stream)
+    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[None]:
+        return DoorRequest(parse_chat_request(raw, limits), None)
+
+    def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
+        return render(answer, request.conversation.stream)
 
 
 def render(answer: Answer, stream: bool) -> Response:
+    headers = answer_headers(answer)
     if isinstance(answer, Completed):
-        return JSONResponse(answer.response, headers=report_headers(answer.report))
+        return JSONResponse(answer.response, headers=headers)
     if isinstance(answer, Replayed):
-        headers = replay_headers(answer.record.session_id)
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
-        return _sse_response(_replay_events(answer), headers)
-    return RelayedStream(answer.groups, _stream_events(answer.groups), {**SSE_HEADERS, **report_headers(answer.report)})
-
-
-def _sse_response(events: AsyncIterator[bytes], headers: Mapping[str, str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
-
-
-class RelayedStream(StreamingResponse):
-    """SSE rendered from the relay's groups (`body` iterates them). However the response ends — sent whole,
-    client gone before or during the body — the groups are closed, which tells the relay whether its consumer
-    left (`finish_on_disconnect`)."""
-
-    def __init__(self, groups: JournaledGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
-        super().__init__(body, media_type=SSE_MEDIA_TYPE, headers=headers)
-        self._groups = groups
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._groups.aclose()
+        return sse_response(_replay_events(answer), headers)
+    return RelayedStream(answer.groups, _stream_events(answer.groups), headers)
 
 
 async def _stream_events(groups: JournaledGroups) -> AsyncIterator[bytes]:

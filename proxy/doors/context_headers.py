@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from proxy.config import STRATEGY_NAMES, parse_strategies
-from proxy.conversation import ContextMode, ContextOptions, ContextReport
+from proxy.conversation import Answer, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
 from proxy.errors import InvalidRequest
 
 MAX_SESSION_ID_LENGTH = 200
@@ -110,9 +110,13 @@ def whole_number(text: str) -> int | None:
 REPLAY_HEADER = "X-Context-Replay"
 
 
-def replay_headers(session_id: str | None) -> dict[str, str]:
-    """An Idempotency-Key replay's headers, on every door: it is one, and its session."""
-    return {REPLAY_HEADER: "true", **({"X-Session-Id": session_id} if session_id else {})}
+def answer_headers(answer: Answer) -> dict[str, str]:
+    """An answer's headers, on every door: what the proxy did with its context; for an Idempotency-Key replay,
+    that it is one, and its session."""
+    if isinstance(answer, Replayed):
+        session_id = answer.report.session_id
+        return {REPLAY_HEADER: "true", **({"X-Session-Id": session_id} if session_id else {})}
+    return report_headers(answer.report)
 
 
 def report_headers(report: ContextReport) -> dict[str, str]:
@@ -125,20 +129,3 @@ def report_headers(report: ContextReport) -> dict[str, str]:
         "X-Context-Recalled": str(report.recalled),
         "X-Context-Usage": usage_text(report.prompt_tokens, report.budget, report.summaries),
     }
-
-
-def usage_text(tokens: int, budget: int, summaries: int) -> str:
-    """The compact gauge of `X-Context-Usage`: `2.1k / 129k (1%)`, `50k / 129k (39%) [2S]`."""
-    percent = round(100 * tokens / budget) if budget > 0 else 100
-    text = f"{compact_count(tokens)} / {compact_count(budget)} ({percent}%)"
-    return f"{text} [{summaries}S]" if summaries else text
-
-
-def compact_count(tokens: int) -> str:
-    if tokens < 1000:
-        return str(tokens)
-    if tokens < 10_000:
-        return f"{tokens / 1000:.1f}k".replace(".0k", "k")
-    if tokens < 1_000_000:
-        return f"{round(tokens / 1000)}k"
-    return f"{tokens / 1_000_000:.1f}M".replace(".0M", "M")

@@ -16,9 +16,8 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from proxy.history.chain import SYSTEM_ROLES
 from proxy.types import Message
-from proxy.vocabulary import ITEMS
+from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 Block = dict[str, Any]
 

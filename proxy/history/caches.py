@@ -17,6 +17,7 @@ from typing import Any
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
 from proxy.types import Message
+from proxy.vocabulary import SYSTEM_ROLES
 
 RECENT_PATH_BYTES = 64 * 1024 * 1024
 """About how much memory the recent-path cache holds in all; the least recent sessions' paths go first."""
@@ -159,7 +160,7 @@ class RecentPaths:
                 answer = CachedMessage(stored, json_copy(stored.message), parent.settings, weight)
                 self.put(key, [*entries[: end + 1], answer], derived=self._is_derived(key))
                 return
-            if entries[end].stored.role not in chain.SYSTEM_ROLES:
+            if entries[end].stored.role not in SYSTEM_ROLES:
                 return
 
     def forget_tenant(self, tenant: str) -> None:

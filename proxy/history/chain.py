@@ -28,12 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy.types import Message
-from proxy.vocabulary import ITEMS
+from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
 SESSION_ID_HEX_CHARS = 24
-SYSTEM_ROLES = ("system", "developer")
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _TOOL_CALL_TRANSIENT_KEYS = frozenset({"index"})
@@ -211,3 +210,14 @@ def derived_session_id(tenant: str, anchor_id: str) -> str:
     as every chat of one tool does) differ there.
     """
     return SESSION_ID_PREFIX + _digest(f"{tenant}\n{anchor_id}")[:SESSION_ID_HEX_CHARS]
+
+
+def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The id of the first tool output that answers no call made before it (every provider refuses one)."""
+    called: set[str] = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            called.add(call["id"])
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            return str(message["tool_call_id"])
+    return None

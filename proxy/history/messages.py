@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.history import chain
+from proxy.vocabulary import SYSTEM_ROLES
 
 
 @dataclass(frozen=True)
@@ -83,5 +84,5 @@ class Reconciled:
         return {
             stored.id: chain.body_digest(chain.canonical_json(stored.message))
             for stored in self.path
-            if stored.role in chain.SYSTEM_ROLES
+            if stored.role in SYSTEM_ROLES
         }

@@ -148,6 +148,17 @@ class StepRecord:
     parent_message_id: str | None = None
     """Where the step's answer joins (or would have joined) the conversation: the end of its request."""
 
+    def wire(self) -> dict[str, Any]:
+        """What the step's door kept of its request (`Conversation.wire`)."""
+        wire = (self.context or {}).get("wire")
+        return wire if isinstance(wire, dict) else {}
+
+    def readable_through(self, door: str) -> bool:
+        """Whether the door that answered serves the step back by id: not another door's, not one the client
+        asked not to store (`store: false`), not one it deleted."""
+        wire = self.wire()
+        return wire.get("door") == door and bool(wire.get("store", True)) and not wire.get("deleted")
+
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""
         return {"step_id": self.id, **{name: getattr(self, name) for name in _RECORD_JSON_FIELDS}}

@@ -1,9 +1,9 @@
 """Anthropic's Messages API itself, for models configured `api: messages`: the Messages door's native route.
 
-The shared plumbing (httpx, SSE, errors) is `proxy.upstream.native_client`. Here: the blocks reach the model as
-the client sent them (thinking with its signature, `cache_control` where it stands), each event becomes a
-canonical chunk that keeps it whole beside the chat delta it amounts to, and the last chunk carries the whole
-answer (its blocks, assembled from the deltas, as `proxy.formats.anthropic_blocks` maps them): the history node the client will
+The shared plumbing (httpx, SSE, errors) is `proxy.upstream.native_client`. Here: the blocks reach the model as the
+client sent them (thinking with its signature, `cache_control` where it stands), each event becomes a canonical
+chunk that keeps it whole beside the chat delta it amounts to, and the last chunk carries the whole answer (its
+blocks, assembled from the deltas, as `proxy.formats.anthropic_blocks` maps them): the history node the client will
 echo.
 """
 
@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.config import ModelEntry
-from proxy.conversation import NATIVE_HEADERS
 from proxy.errors import UpstreamError
-from proxy.formats.anthropic_blocks import assistant_from_blocks
-from proxy.types import Chunk
+from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
+from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.vocabulary import ANSWER, EVENT, RESPONSE
@@ -35,18 +34,19 @@ class AnthropicClient(NativeClient):
         base = (entry.api_base or ANTHROPIC_BASE).rstrip("/")
         return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
-    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+    def headers(self, entry: ModelEntry, request: NativeRequest) -> dict[str, str]:
         """The API's own headers: its version, the model entry's key, and the client's betas (`anthropic-beta`),
         which the fields it sent may need (`context_management`, interleaved thinking)."""
-        headers = {"anthropic-version": ANTHROPIC_VERSION, **(body.get(NATIVE_HEADERS) or {})}
+        headers = {"anthropic-version": ANTHROPIC_VERSION, **request.headers}
         key = entry.api_key or os.environ.get("ANTHROPIC_API_KEY")
         if key:
             headers["x-api-key"] = key
         return headers
 
-    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
-        sent = {key: value for key, value in body.items() if key != NATIVE_HEADERS}
-        return {**sent, "model": model_id(entry, "anthropic"), "stream": stream}
+    def body(self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool) -> JSONObject:
+        system, messages = anthropic_request(context)
+        body = {**request.body, **({"system": system} if system else {}), "messages": messages}
+        return {**body, "model": model_id(entry, "anthropic"), "stream": stream}
 
     def completion(self, answer: Mapping[str, Any]) -> Chunk:
         return completion(answer)

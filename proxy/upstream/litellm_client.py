@@ -31,11 +31,9 @@ from proxy import environment
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
-from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.upstream.responses_client import ResponsesClient
 from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
@@ -58,8 +56,7 @@ class UpstreamRoute:
 
 
 class LiteLLMUpstream:
-    """`proxy.upstream.protocol.Upstream` through `litellm.acompletion` (and, for Responses-native models, the
-    Responses API directly: `ResponsesClient`)."""
+    """Chat completions through `litellm.acompletion`, to any provider LiteLLM knows."""
 
     def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
         self._litellm = environment.litellm()
@@ -67,10 +64,6 @@ class LiteLLMUpstream:
         self._config = config
         self._models = models
         self._routes = {entry.name: self._route(entry) for entry in models}
-        self._responses = ResponsesClient(config, redactor)
-        """Models with `api: responses`, for the Responses door (`proxy.upstream.responses_client`)."""
-        self._anthropic = AnthropicClient(config, redactor)
-        """Models with `api: messages`, for the Messages door (`proxy.upstream.anthropic_client`)."""
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
         known = self._routes.get(entry.name)
@@ -106,17 +99,7 @@ class LiteLLMUpstream:
             return _chunks(wrapper.completion_stream, wrapper, failure)
         return _chunks(wrapper, wrapper, failure)
 
-    async def respond(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
-        native = self._anthropic if entry.api == "messages" else self._responses
-        return await native.create(entry, body)
-
-    async def open_response_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
-        native = self._anthropic if entry.api == "messages" else self._responses
-        return await native.open_stream(entry, body)
-
     async def aclose(self) -> None:
-        await self._responses.aclose()
-        await self._anthropic.aclose()
         await environment.close_loop_clients(self._litellm)
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:

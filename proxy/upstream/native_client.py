@@ -22,7 +22,7 @@ import httpx
 
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
-from proxy.types import Chunk
+from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.failures import UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 
@@ -45,10 +45,11 @@ class NativeClient:
     def url(self, entry: ModelEntry) -> str:
         raise NotImplementedError
 
-    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+    def headers(self, entry: ModelEntry, request: NativeRequest) -> dict[str, str]:
         raise NotImplementedError
 
-    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
+    def body(self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool) -> JSONObject:
+        """The request's own fields with `context` (the working context) in this API's form."""
         raise NotImplementedError
 
     def completion(self, answer: Mapping[str, Any]) -> Chunk:
@@ -69,15 +70,16 @@ class NativeClient:
             await self._http.aclose()
             self._http = None
 
-    def _request(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> httpx.Request:
-        return self._client().build_request(
-            "POST", self.url(entry), json=self.body(entry, body, stream), headers=self.headers(entry, body)
-        )
+    def _request(
+        self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool
+    ) -> httpx.Request:
+        body = self.body(entry, request, context, stream)
+        return self._client().build_request("POST", self.url(entry), json=body, headers=self.headers(entry, request))
 
-    async def create(self, entry: ModelEntry, body: Mapping[str, Any]) -> Chunk:
+    async def create(self, entry: ModelEntry, request: NativeRequest, context: list[Message]) -> Chunk:
         """A non-stream call: the canonical chat.completion, the upstream's answer whole inside it."""
         try:
-            answer = await self._client().send(self._request(entry, body, False))
+            answer = await self._client().send(self._request(entry, request, context, False))
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:
@@ -87,10 +89,12 @@ class NativeClient:
         except ValueError as exc:
             raise self._error(entry, exc) from exc
 
-    async def open_stream(self, entry: ModelEntry, body: Mapping[str, Any]) -> AsyncIterator[Chunk]:
+    async def open_stream(
+        self, entry: ModelEntry, request: NativeRequest, context: list[Message]
+    ) -> AsyncIterator[Chunk]:
         """Start a stream; a refusal before its first byte is raised here, with the upstream's status."""
         try:
-            answer = await self._client().send(self._request(entry, body, True), stream=True)
+            answer = await self._client().send(self._request(entry, request, context, True), stream=True)
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:

@@ -1,8 +1,8 @@
 """OpenAI's Responses API itself, for models configured `api: responses`: the Responses door's native route.
 
-The shared plumbing (httpx, SSE, errors, why not LiteLLM) is `proxy.upstream.native_client`. Here: each
-Responses event becomes a canonical chunk that keeps it whole beside the chat delta it amounts to (text, tool
-call fragments), and the closing event carries the output items as the answer message (`proxy.formats.responses_items`), with its
+The shared plumbing (httpx, SSE, errors, why not LiteLLM) is `proxy.upstream.native_client`. Here: each Responses
+event becomes a canonical chunk that keeps it whole beside the chat delta it amounts to (text, tool call fragments),
+and the closing event carries the output items as the answer message (`proxy.formats.responses_items`), with its
 reasoning and ids: what the client will echo next turn.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from proxy.config import ModelEntry
 from proxy.errors import UpstreamError
-from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, qualified_name
-from proxy.types import Chunk
+from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, input_items, qualified_name
+from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import ANSWER, EVENT, RESPONSE
+from proxy.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
 
 OPENAI_BASE = "https://api.openai.com/v1"
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})
@@ -33,18 +33,33 @@ class ResponsesClient(NativeClient):
     def url(self, entry: ModelEntry) -> str:
         return (entry.api_base or OPENAI_BASE).rstrip("/") + "/responses"
 
-    def headers(self, entry: ModelEntry, body: Mapping[str, Any]) -> dict[str, str]:
+    def headers(self, entry: ModelEntry, request: NativeRequest) -> dict[str, str]:
         key = entry.api_key or os.environ.get("OPENAI_API_KEY")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def body(self, entry: ModelEntry, body: Mapping[str, Any], stream: bool) -> dict[str, Any]:
-        return {**body, "model": model_id(entry, "openai"), "stream": stream}
+    def body(self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool) -> JSONObject:
+        items = input_items(responses_context(context))
+        return {**request.body, "input": items, "model": model_id(entry, "openai"), "stream": stream}
 
     def completion(self, answer: Mapping[str, Any]) -> Chunk:
         return completion(answer)
 
     def converter(self) -> EventChunks:
         return EventChunks(self._redactor)
+
+
+def responses_context(messages: list[Message]) -> list[Message]:
+    """The working context as a Responses model takes it: a summary or a marker is a developer message where it
+    stands (the Responses API has no turn order to keep, so the acknowledgements that keep chat turns alternating
+    go)."""
+    context: list[Message] = []
+    for message in messages:
+        kind = origin(message)
+        if kind in (Origin.SUMMARY, Origin.MARKER):
+            context.append({**message, "role": "developer"})
+        elif kind != Origin.ACKNOWLEDGEMENT:
+            context.append(message)
+    return context
 
 
 def completion(response: Mapping[str, Any]) -> Chunk:

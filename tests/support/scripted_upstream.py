@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from proxy.config import ModelEntry
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
-from proxy.types import Chunk, Message
+from proxy.types import Chunk, Message, NativeRequest
 
 CallKind = Literal["complete", "stream"]
 
@@ -88,13 +88,23 @@ class ScriptedUpstream:
         """Scripts not yet taken by a call."""
         return len(self._scripts)
 
-    async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
+    async def complete(
+        self,
+        entry: ModelEntry,
+        messages: list[Message],
+        params: Mapping[str, Any],
+        native: NativeRequest | None = None,
+    ) -> Chunk:
         script = await self._take("complete", entry, messages, params)
         assert script.completion is not None
         return copy.deepcopy(script.completion)
 
     async def open_stream(
-        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
+        self,
+        entry: ModelEntry,
+        messages: list[Message],
+        params: Mapping[str, Any],
+        native: NativeRequest | None = None,
     ) -> AsyncIterator[Chunk]:
         script = await self._take("stream", entry, messages, params)
         return self._chunks(script)

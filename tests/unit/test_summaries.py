@@ -20,7 +20,7 @@ from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import count_message
-from proxy.upstream.litellm_client import LiteLLMUpstream
+from proxy.upstream.router import UpstreamRouter
 from tests.support.fake_upstream import FakeUpstream
 
 TENANT = "t"
@@ -402,7 +402,7 @@ async def test_the_summarizer_stays_within_its_own_model(fake: FakeUpstream) -> 
     tiny = ModelEntry(
         name="tiny", model="openai/fake-model", api_base=fake.url, api_key="k", context_window=4096, max_output=300
     )
-    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (tiny,))
+    upstream = UpstreamRouter(UpstreamConfig(timeout_s=10), (tiny,))
     budgets = Budgets((tiny,), upstream.model_info, ContextConfig().safety_margin)
     summarizer = Summarizer(upstream, tiny, budgets, ContextConfig())
     written = await summarizer.summarize([{"role": "user", "content": "x " * 100}], 2048, tiny)

@@ -55,7 +55,8 @@ PLANTED: list[dict[str, Any]] = [
 
 
 def test_summary_message_is_a_user_message_with_the_header() -> None:
-    assert summary_message("facts") == {"role": "user", "content": "[Earlier conversation summary]\nfacts", "origin": "summary"}
+    expected = {"role": "user", "content": "[Earlier conversation summary]\nfacts", "origin": "summary"}
+    assert summary_message("facts") == expected
 
 
 @pytest.mark.parametrize(

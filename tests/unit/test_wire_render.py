@@ -13,9 +13,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
-from proxy.conversation import Completed, ContextReport, Replayed, Streaming
+from proxy.conversation import Completed, ContextReport, Replayed, Streaming, compact_count, usage_text
 from proxy.doors.chat import render
-from proxy.doors.context_headers import REPLAY_HEADER, compact_count, report_headers, usage_text
+from proxy.doors.context_headers import REPLAY_HEADER, report_headers
 from proxy.doors.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 from proxy.errors import UpstreamError
 from proxy.journal.relay import Journaled
@@ -205,7 +205,7 @@ def test_render_replayed_json() -> None:
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
     }
-    response = render(Replayed(record(), [completion]), False)
+    response = render(Replayed.of(record(), [completion]), False)
     assert isinstance(response, JSONResponse)
     assert json.loads(response.body) == completion
     assert response.headers["x-context-replay"] == "true"
@@ -214,14 +214,14 @@ def test_render_replayed_json() -> None:
 
 
 def test_render_replayed_without_session_has_no_session_header() -> None:
-    response = render(Replayed(record(session_id=None), [{"object": "chat.completion", "choices": []}]), False)
+    response = render(Replayed.of(record(session_id=None), [{"object": "chat.completion", "choices": []}]), False)
     assert response.headers["x-context-replay"] == "true"
     assert "x-session-id" not in response.headers
 
 
 async def test_render_replayed_stream() -> None:
     chunks = [chunk("Hé"), chunk("llo", "stop"), {"object": "chat.completion.chunk", "choices": [], "usage": None}]
-    response = render(Replayed(record(), chunks), True)
+    response = render(Replayed.of(record(), chunks), True)
     assert_sse(response)
     assert response.headers["x-context-replay"] == "true"
     assert response.headers["x-session-id"] == "sess-r"

@@ -25,15 +25,15 @@ function), `metadata.user_id` → `user`. Anthropic's own (`thinking`, `top_k`, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import RequestLimits
-from proxy.conversation import NATIVE_API, Conversation
-from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
-from proxy.errors import InvalidRequest
+from proxy.conversation import Conversation
+from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
-from proxy.types import Message
+from proxy.history.chain import unanswered_output
+from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS
 
 ROLES = ("user", "assistant", "system")
@@ -43,13 +43,7 @@ _NOT_NATIVE = frozenset({"model", "messages", "system", "stream"})
 `system` and `messages`) and the streaming."""
 
 
-@dataclass(frozen=True)
-class MessagesRequest:
-    conversation: Conversation
-    body: Mapping[str, Any]
-
-
-def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool = False) -> MessagesRequest:
+def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool = False) -> Conversation:
     """An Anthropic Messages request as the canonical conversation; a 400 naming the field for anything invalid.
     `counting`: a `count_tokens` request, which has no `max_tokens`."""
     body = parse_json_object(raw)
@@ -70,19 +64,17 @@ def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool 
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")
-    return MessagesRequest(
-        conversation=Conversation(
-            model=model,
-            messages=messages,
-            params=chat_params(body, max_tokens, stream),
-            stream=stream,
-            max_output=max_tokens,
-            max_output_param="max_tokens",
-            identity={key: value for key, value in body.items() if key not in _DELIVERY},
-            native={NATIVE_API: "messages", **{key: value for key, value in body.items() if key not in _NOT_NATIVE}},
-            wire={"door": "messages"},
-        ),
-        body=body,
+    return Conversation(
+        model=model,
+        messages=messages,
+        params=chat_params(body, max_tokens, stream),
+        stream=stream,
+        max_output=max_tokens,
+        max_output_param="max_tokens",
+        identity={key: value for key, value in body.items() if key not in _DELIVERY},
+        native=NativeRequest("messages", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
+        wire={"door": "messages"},
+        fit_output=True,
     )
 
 

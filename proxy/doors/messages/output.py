@@ -35,13 +35,12 @@ ERROR_TYPES = {
 }
 
 
-def anthropic_error(exc: BaseException) -> tuple[int, Event]:
-    """Status and Anthropic's error body for any exception that reaches this door."""
+def anthropic_error(exc: BaseException) -> tuple[int, Event, dict[str, str]]:
+    """Status, Anthropic's error body and extra headers for any exception that reaches this door."""
     if isinstance(exc, ProxyError):
-        status, message = exc.status, exc.message
-    else:
-        status, message = 500, f"The proxy failed unexpectedly ({type(exc).__name__}); the failure was logged."
-    return status, error_body(status, message)
+        return exc.status, error_body(exc.status, exc.message), dict(exc.headers)
+    message = f"The proxy failed unexpectedly ({type(exc).__name__}); the failure was logged."
+    return 500, error_body(500, message), {}
 
 
 def error_body(status: int, message: str | None) -> Event:
@@ -130,7 +129,7 @@ class MessageEvents(ChunkRenderer):
         ]
 
     def fail(self, exc: BaseException) -> list[Event]:
-        _status, body = anthropic_error(exc)
+        _status, body, _headers = anthropic_error(exc)
         return [*self._close(), body]
 
     def native(self, event: Mapping[str, Any]) -> Event:

@@ -8,35 +8,30 @@ upstream's status, as on the chat door; once it has started, a failure is a `res
 The session is `X-Session-Id`, else the session of the `previous_response_id`, else the client's own
 conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
 for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
-`previous_response_id` continues the stored conversation (`proxy.doors.responses.stored`), whatever the upstream.
+`previous_response_id` continues the stored conversation (`proxy.continuations`), whatever the upstream; stored
+responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass
+from typing import ClassVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from proxy.auth import authenticate
-from proxy.config import Config
-from proxy.conversation import Answer, Completed, ContextOptions, Replayed
-from proxy.doors.body import parse_off_loop, read_body
-from proxy.doors.chat import RelayedStream
-from proxy.doors.context_headers import context_options, is_session_id, replay_headers, report_headers, whole_number
+from proxy.auth import Caller
+from proxy.config import Config, RequestLimits
+from proxy.conversation import Answer, Completed, Replayed
+from proxy.doors.context_headers import answer_headers, whole_number
+from proxy.doors.door import Door, DoorRequest, DoorRoute
 from proxy.doors.event_streams import Event, relayed, replayed
-from proxy.doors.responses.input import ResponsesRequest, check_pairs, parse_responses_request
-from proxy.doors.responses.output import (
-    EventStream,
-    ResponseShape,
-    completed_response,
-    native_response,
-)
+from proxy.doors.responses.fields import ToolNames
+from proxy.doors.responses.input import parse_responses_request
+from proxy.doors.responses.output import EventStream, ResponseShape, completed_response, native_response
 from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
-from proxy.doors.sse import SSE_HEADERS, SSE_MEDIA_TYPE
-from proxy.errors import InvalidRequest
-from proxy.observability.requests import observe_model
+from proxy.doors.sse import RelayedStream, sse_response
+from proxy.errors import InvalidRequest, NotFound
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.vocabulary import RESPONSE
@@ -45,44 +40,55 @@ CLIENT_SESSION_HEADER = "session-id"
 """Codex CLI's conversation id, stable for a whole thread."""
 
 
-class Responses:
+@dataclass(frozen=True)
+class Echo:
+    """What rendering a response needs of its request: the fields it repeats, and how tool names map back."""
+
+    body: dict[str, object]
+    tools: ToolNames
+
+
+class Responses(Door[Echo]):
+    name: ClassVar[str] = "responses"
+    path: ClassVar[str] = "/v1/responses"
+    prefix: ClassVar[str] = "/v1/responses"
+    session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    routes: ClassVar[tuple[DoorRoute, ...]] = (
+        DoorRoute("/v1/responses/compact", ("POST",), "compact"),
+        DoorRoute("/v1/responses/{response_id}", ("GET", "DELETE"), "stored_response"),
+        DoorRoute("/v1/responses/{response_id}/input_items", ("GET",), "input_items"),
+    )
+
     def __init__(self, config: Config, pipeline: Pipeline) -> None:
-        self._config = config
-        self._pipeline = pipeline
+        super().__init__(config, pipeline)
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
-    async def __call__(self, request: Request) -> Response:
-        caller = authenticate(request.headers, self._config.auth)
-        limits = self._config.request_limits
-        raw = await read_body(
-            request.stream(),
-            request.headers.get("content-length"),
-            limits.max_body_bytes,
-            self._config.server.body_timeout_s,
-        )
-        parsed = await parse_off_loop(raw, lambda raw: parse_responses_request(raw, limits))
-        options = context_options(request.headers)
-        previous_session = None
-        if parsed.previous_response_id is not None:
-            parsed, previous_session = await self._continue(caller.tenant, parsed)
-        options = _session(options, request.headers, parsed, previous_session)
-        observe_model(request.scope, parsed.conversation.model)
-        answer = await self._pipeline.answer(caller.tenant, parsed.conversation, options)
-        return render(answer, parsed)
+    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
+        parsed = parse_responses_request(raw, limits)
+        keys = () if parsed.session_key is None else (parsed.session_key,)
+        return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools), keys)
 
-    async def retrieve(self, request: Request) -> Response:
-        """`GET /v1/responses/{id}`."""
-        caller = authenticate(request.headers, self._config.auth)
-        return JSONResponse(await self.stored.get(caller.tenant, request.path_params["response_id"]))
+    def render(self, answer: Answer, request: DoorRequest[Echo]) -> Response:
+        conversation = request.conversation
+        echo = request.rendering
+        shape = ResponseShape(answer.step.id, answer.step.created_at, conversation.model, echo.body, echo.tools)
+        headers = answer_headers(answer)
+        if isinstance(answer, Completed | Replayed):
+            completion = answer.response if isinstance(answer, Completed) else answer.chunks[0]
+            if isinstance(answer, Completed) or not conversation.stream:
+                return JSONResponse(_response_object(shape, completion), headers=headers)
+            return sse_response(replayed(EventStream(shape), answer.chunks), headers)
+        return RelayedStream(answer.groups, relayed(EventStream(shape), answer.groups), headers)
 
-    async def delete(self, request: Request) -> Response:
-        """`DELETE /v1/responses/{id}`: hidden from this API; the conversation keeps it."""
-        caller = authenticate(request.headers, self._config.auth)
-        return JSONResponse(await self.stored.delete(caller.tenant, request.path_params["response_id"]))
+    async def stored_response(self, request: Request, caller: Caller) -> Response:
+        """`GET /v1/responses/{id}`; `DELETE` hides it from this API (the conversation keeps it)."""
+        response = request.path_params["response_id"]
+        if request.method == "DELETE":
+            return JSONResponse(await self.stored.delete(caller.tenant, response))
+        return JSONResponse(await self.stored.get(caller.tenant, response))
 
-    async def input_items(self, request: Request) -> Response:
+    async def input_items(self, request: Request, caller: Caller) -> Response:
         """`GET /v1/responses/{id}/input_items?after=&limit=&order=`."""
-        caller = authenticate(request.headers, self._config.auth)
         query = request.query_params
         limit_text = query.get("limit")
         limit = DEFAULT_ITEMS_PAGE if limit_text is None else whole_number(limit_text)
@@ -98,53 +104,17 @@ class Responses:
         )
         return JSONResponse(page)
 
-    async def _continue(self, tenant: str, parsed: ResponsesRequest) -> tuple[ResponsesRequest, str | None]:
-        """The request with the conversation up to its previous response put before its own input."""
-        assert parsed.previous_response_id is not None
-        earlier, session_id = await self.stored.continuation(tenant, parsed.previous_response_id)
-        conversation = parsed.conversation
-        own = conversation.messages[len(parsed.instructions) :]
-        messages = [*parsed.instructions, *earlier, *own]
-        check_pairs(messages)
-        wire = {**conversation.wire, "input_from": len(parsed.instructions) + len(earlier)}
-        return replace(parsed, conversation=replace(conversation, messages=messages, wire=wire)), session_id
-
-
-def _session(
-    options: ContextOptions, headers: Mapping[str, str], parsed: ResponsesRequest, previous_session: str | None
-) -> ContextOptions:
-    """X-Session-Id; else the session of the previous response; else the client's own conversation key."""
-    if options.session_id is not None:
-        return options
-    for key in (previous_session, headers.get(CLIENT_SESSION_HEADER), parsed.session_key):
-        if key is not None and is_session_id(key):
-            return replace(options, session_id=key)
-    return options
-
-
-def render(answer: Answer, parsed: ResponsesRequest) -> Response:
-    stream = parsed.conversation.stream
-    if isinstance(answer, Replayed):
-        shape = _shape(parsed, answer.record.id, answer.record.created_at)
-        headers = replay_headers(answer.record.session_id)
-        if not stream:
-            return JSONResponse(_response_object(shape, answer.chunks[0]), headers=headers)
-        return StreamingResponse(
-            replayed(EventStream(shape), answer.chunks), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+    async def compact(self, request: Request, caller: Caller) -> Response:
+        """OpenAI's remote compaction. Codex calls it only for OpenAI's own provider (docs/research/responses.md,
+        3.5); here the proxy compacts by itself, so the answer says what to do instead."""
+        raise NotFound(
+            "This proxy compacts conversations itself: send the whole input (or a previous_response_id) to "
+            "POST /v1/responses. /v1/responses/compact is not served.",
+            code="unsupported_endpoint",
         )
-    shape = _shape(parsed, answer.step.id, answer.step.created_at)
-    headers = report_headers(answer.report)
-    if isinstance(answer, Completed):
-        return JSONResponse(_response_object(shape, answer.response), headers=headers)
-    events = relayed(EventStream(shape), answer.groups)
-    return RelayedStream(answer.groups, events, {**SSE_HEADERS, **headers})
 
 
 def _response_object(shape: ResponseShape, completion: Chunk) -> Event:
     """The `response` a non-stream answer is: the native upstream's own, or rendered from chat."""
     native = completion.get(RESPONSE)
     return native_response(shape, native) if isinstance(native, dict) else completed_response(shape, completion)
-
-
-def _shape(parsed: ResponsesRequest, step_id: int, created_at: float) -> ResponseShape:
-    return ResponseShape(step_id, created_at, parsed.conversation.model, parsed.body, parsed.tools)

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import RequestLimits
-from proxy.conversation import NATIVE_API, Conversation
-from proxy.doors.body import check_messages, check_shape, json_type, parse_json_object, unanswered_output
+from proxy.conversation import Continuation, Conversation
+from proxy.doors.body import check_messages, check_shape, parse_json_object
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
-from proxy.errors import InvalidRequest
+from proxy.doors.responses.ids import step_of
+from proxy.errors import InvalidRequest, json_type
 from proxy.formats.responses_items import (
     TOOL_OUTPUT_TYPES,
     assistant_message,
@@ -39,11 +40,13 @@ from proxy.formats.responses_items import (
     item_kind,
     output_text,
 )
-from proxy.types import Message
+from proxy.history.chain import unanswered_output
+from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
 
+_PREVIOUS = "previous_response_id"
 _DELIVERY = ("stream", "stream_options")
 _NOT_NATIVE = frozenset({"model", "input", "stream", "stream_options", "previous_response_id"})
 """What a Responses-native upstream does not get as sent: the proxy names the model, sends the working context
@@ -82,10 +85,6 @@ class ResponsesRequest:
     """The request as sent: the Response object echoes its fields (instructions, tools, metadata, ...)."""
     session_key: str | None
     """The client's own conversation key (`prompt_cache_key`), a session id when no header names one."""
-    previous_response_id: str | None
-    instructions: list[Message]
-    """The system message `instructions` became (none or one): it leads the conversation, before a previous
-    response's, whose own instructions are not carried over."""
 
 
 def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
@@ -142,14 +141,14 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
-            native={NATIVE_API: "responses", **{key: value for key, value in body.items() if key not in _NOT_NATIVE}},
+            native=NativeRequest("responses", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
             wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
+            continues=None if previous is None else Continuation(step_of(previous), "responses", previous, _PREVIOUS),
+            instructions=len(instructions),
         ),
         tools=names,
         body=body,
         session_key=key if isinstance(key, str) else None,
-        previous_response_id=previous,
-        instructions=instructions,
     )
 
 

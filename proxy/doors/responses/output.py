@@ -27,6 +27,7 @@ from typing import Any
 
 from proxy.doors.event_streams import ChunkRenderer, Event
 from proxy.doors.responses.fields import ToolNames
+from proxy.doors.responses.ids import response_id
 from proxy.doors.responses.input import ECHOED_FIELDS
 from proxy.errors import error_fields
 from proxy.formats.responses_items import CUSTOM_INPUT
@@ -34,10 +35,6 @@ from proxy.journal.assembly import assemble
 from proxy.types import Chunk
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
-
-
-def response_id(step_id: int) -> str:
-    return f"resp_{step_id:016x}"
 
 
 @dataclass(frozen=True)

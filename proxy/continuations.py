@@ -1,0 +1,56 @@
+"""A request that continues a stored answer (Responses' `previous_response_id`): the conversation up to it, from
+the history, put before the request's own messages.
+
+The answer is a journal step; the door that answered keeps with it whether it may be read back (`StepRecord.
+readable_through`), so a response sent with `store: false` or deleted, another tenant's and an unknown id all
+read as not found. The earlier request's instructions are left out: the new request brings its own. The result
+must still pair every tool output with a call before it, as every provider requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from proxy.conversation import Conversation
+from proxy.errors import InvalidRequest, NotFound
+from proxy.history.chain import unanswered_output
+from proxy.history.messages import StoredMessage
+from proxy.history.store import History
+from proxy.journal.reader import JournalReader
+from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+
+
+async def continued(
+    reader: JournalReader, history: History, tenant: str, conversation: Conversation
+) -> tuple[Conversation, str | None]:
+    """The conversation with what it continues put in, and the session of the answer it continues (None when it
+    continues nothing)."""
+    continuation = conversation.continues
+    if continuation is None:
+        return conversation, None
+    record = None if continuation.step_id is None else await reader.step(tenant, continuation.step_id)
+    if record is None or not record.readable_through(continuation.door):
+        raise NotFound(
+            f"Response with id '{continuation.reference}' not found.",
+            param=continuation.param,
+            code="previous_response_not_found",
+        )
+    if record.message_id is None:
+        raise NotFound(
+            f"Response '{continuation.reference}' has no answer to continue from (status {record.status}).",
+            param=continuation.param,
+            code="previous_response_not_found",
+        )
+    earlier = [stored.message for stored in await history.path_to(record.message_id) if not is_instructions(stored)]
+    own = conversation.messages
+    messages = [*own[: conversation.instructions], *earlier, *own[conversation.instructions :]]
+    orphan = unanswered_output(messages)
+    if orphan is not None:
+        raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
+    wire = {**conversation.wire, "input_from": conversation.instructions + len(earlier)}
+    return replace(conversation, messages=messages, wire=wire, continues=None), record.session_id
+
+
+def is_instructions(stored: StoredMessage) -> bool:
+    """A request's `instructions` enter the conversation as a system message with no items of their own."""
+    return stored.role in SYSTEM_ROLES and stored.message.get(ITEMS) == []
