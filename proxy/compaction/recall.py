@@ -3,8 +3,8 @@
 A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
 original. The significant terms of the latest user message that the working context does not already show
 (`recall_terms`) are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
-the session's hidden messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent as one user message,
-within `context.recall_tokens`.
+the session's hidden messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent
+as one user message, within `context.recall_tokens`.
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
