@@ -20,13 +20,13 @@ from proxy.compaction.builder import cut_points
 from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import builder_item
-from proxy.compaction.strategies import STRATEGY_SETTING
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.chain import SYSTEM_ROLES
 from proxy.history.messages import Session, StoredMessage
 from proxy.history.pins import Pins, pattern_pinned
+from proxy.history.settings import session_strategies
 from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
@@ -280,7 +280,6 @@ class Inspector:
         settings: Mapping[str, Any],
     ) -> CompactionRequest:
         """What the session's next request would ask of the compactor, with its remembered budget and strategies."""
-        strategies = settings.get(STRATEGY_SETTING)
         return CompactionRequest(
             tenant=tenant,
             session_id=session_id,
@@ -290,7 +289,7 @@ class Inspector:
             encoding=encoding,
             budget=self.budgets.budget(entry, None, settings).input_budget,
             preserve_recent=self.config.context.preserve_recent,
-            strategies=tuple(strategies) if isinstance(strategies, list) else None,
+            strategies=session_strategies(settings),
         )
 
     async def require(self, tenant: str, session_id: str) -> Session:

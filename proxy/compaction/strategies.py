@@ -36,9 +36,10 @@ from proxy.compaction.layout import (
     Policy,
     View,
 )
+from proxy.history.settings import STRATEGIES_SETTING
 
-STRATEGY_SETTING = "strategies"
-"""The session setting X-Context-Strategy attaches (`context_settings`), like X-Context-Budget."""
+STRATEGY_SETTING = STRATEGIES_SETTING
+"""The session setting X-Context-Strategy attaches (declared in `proxy.history.settings`)."""
 
 
 class Strategy(Protocol):
