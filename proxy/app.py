@@ -24,14 +24,14 @@ from starlette.routing import BaseRoute, Route
 from proxy.auth import Caller, authenticate
 from proxy.config import Config
 from proxy.doors.body import parse_json_object, parse_off_loop, request_body
-from proxy.doors.context_headers import whole_number
 from proxy.doors.door import Doors, DoorType, error_response
 from proxy.doors.paging import page_params
 from proxy.doors.registry import DOORS
 from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
-from proxy.inspection import checked_ids
+from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
+from proxy.pinning import checked_ids
 from proxy.services import Services, open_services
 from proxy.ui.routes import ui_routes
 
@@ -41,7 +41,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 CallerHandler = Callable[[Request, Caller], Awaitable[Response]]
 
 MAX_PINS_BODY_BYTES = 256 * 1024
-"""A pin request names at most `inspection.MAX_PIN_IDS` ids: far below this."""
+"""A pin request names at most `pinning.MAX_PIN_IDS` ids: far below this."""
 
 
 def create_app(config: Config) -> Starlette:
@@ -233,7 +233,7 @@ async def _journal_step(request: Request, caller: Caller) -> Response:
     text = request.path_params["step_id"]
     if not text.isascii() or not text.isdigit():
         raise InvalidRequest(f"Journal step ids are whole numbers, got '{text[:40]}'.", param="step_id")
-    step_id = whole_number(text)
+    step_id = parse_integer(text)
     if step_id is None:  # past SQLite's integers: no step can have it
         raise NotFound(f"No journal step {text[:40]}….", code="step_not_found")
     return JSONResponse(await services.inspector.step(caller.tenant, step_id))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from proxy.config_sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
-from proxy.config_sections import Section, expand
+from proxy.config_sections import Section, expand, file_key, read_fields, setting
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -61,11 +61,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
-    max_connections: int | None = None
+    port: int = setting(DEFAULT_PORT, minimum=0, maximum=65535)
+    header_timeout_s: float = setting(DEFAULT_HEADER_TIMEOUT_S, low=0.001, high=3600.0)
+    body_timeout_s: float = setting(DEFAULT_BODY_TIMEOUT_S, low=0.001, high=86400.0)
+    keep_alive_s: float = setting(DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0)
+    max_connections: int | None = setting(None, minimum=1)
     """Open client connections; a new one beyond closes the one waiting longest for a request (or itself, when all
     are busy). None: half of what the open-file limit leaves (`proxy.server.default_max_connections`)."""
 
@@ -81,10 +81,10 @@ def redacted_url(url: str) -> str:
 @dataclass(frozen=True)
 class StoreConfig:
     path: Path = Path(DEFAULT_STORE_PATH)
-    url: str | None = field(default=None, repr=False)
+    url: str | None = setting(None, repr=False)
     """`postgresql://…`: the shared store of several replicas instead of the SQLite file (it may hold a
     password, so it is never shown: `location` is)."""
-    pool_size: int = 10
+    pool_size: int = setting(10, minimum=1, maximum=1000)
     """PostgreSQL connections per process for reads, and as many for the locks held across replicas."""
 
     @property
@@ -105,10 +105,10 @@ class ModelEntry:
     name: str
     model: str
     api_base: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    context_window: int | None = None
-    max_output: int | None = None
-    api: str = "chat"
+    api_key: str | None = setting(None, repr=False)
+    context_window: int | None = setting(None, minimum=256)
+    max_output: int | None = setting(None, minimum=1)
+    api: str = setting("chat", choices=UPSTREAM_APIS)
     """What the upstream speaks natively: `chat` (chat completions through LiteLLM, any provider: every door
     reaches it), `responses` (OpenAI's Responses API itself, for the Responses door: input items, encrypted
     reasoning and ids reach it as the client sent them) or `messages` (Anthropic's Messages API itself, for the
@@ -117,34 +117,34 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class ContextConfig:
-    preserve_recent: int = 4
-    target_ratio: float = 0.15
-    safety_margin: float = 0.05
-    trigger_ratio: float = 1.0
-    compact_to: float = 0.55
+    preserve_recent: int = setting(4, minimum=0)
+    target_ratio: float = setting(0.15, low=0.0, high=1.0)
+    safety_margin: float = setting(0.05, low=0.0, high=0.5)
+    trigger_ratio: float = setting(1.0, low=0.1, high=1.0)
+    compact_to: float = setting(0.55, low=0.05, high=1.0)
     summarizer_model: str | None = None
-    max_summarizer_calls: int = DEFAULT_MAX_SUMMARIZER_CALLS
-    summarizer_deadline_s: float = DEFAULT_SUMMARIZER_DEADLINE_S
+    max_summarizer_calls: int = setting(DEFAULT_MAX_SUMMARIZER_CALLS, minimum=0)
+    summarizer_deadline_s: float = setting(DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     """The compaction strategies, in the order they run; a session may choose others (X-Context-Strategy)."""
-    tool_results_keep_turns: int = DEFAULT_TOOL_RESULTS_KEEP_TURNS
+    tool_results_keep_turns: int = setting(DEFAULT_TOOL_RESULTS_KEEP_TURNS, minimum=1, maximum=1000)
     """`tool-results` stubs tool outputs older than this many user turns."""
     precompact_ratio: float | None = DEFAULT_PRECOMPACT_RATIO
     """Past this share of the budget, the next compaction's summaries are written in the background; None: off."""
-    precompact_concurrency: int = DEFAULT_PRECOMPACT_CONCURRENCY
+    precompact_concurrency: int = setting(DEFAULT_PRECOMPACT_CONCURRENCY, minimum=1, maximum=64)
     """Background compactions running at once, over all sessions."""
     pin_patterns: tuple[re.Pattern[str], ...] = ()
     """A message whose text matches one of these is pinned, as if by `POST /sessions/{id}/pins`."""
-    recall_tokens: int = DEFAULT_RECALL_TOKENS
+    recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
     """Tokens of archived originals recalled into the working context when the latest user message refers to
     them; 0: no recall."""
 
 
 @dataclass(frozen=True)
 class JournalConfig:
-    synchronous: str = "NORMAL"
+    synchronous: str = setting("NORMAL", choices=SYNCHRONOUS_MODES)
     finish_on_disconnect: bool = True
-    keep_events_s: float | None = DEFAULT_KEEP_EVENTS_S
+    keep_events_s: float | None = setting(DEFAULT_KEEP_EVENTS_S, key="keep_events")
     """How long a sealed step keeps its events; None keeps them forever, 0 prunes on seal."""
 
 
@@ -152,28 +152,28 @@ class JournalConfig:
 class RequestLimits:
     """The `limits:` section: how much one request may send (not a model's limits: see `proxy.budget`)."""
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, minimum=1024)
+    max_messages: int = setting(DEFAULT_MAX_MESSAGES, minimum=1)
     """Messages (or input items) in one request: far above a real agent's conversation, far below what keeps
     one request's parsing, hashing and storing short."""
-    max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS
+    max_message_chars: int = setting(DEFAULT_MAX_MESSAGE_CHARS, minimum=1024)
     """Characters of text in one message (its strings, keys included); a larger one is a 413."""
-    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
+    max_answer_chars: int = setting(DEFAULT_MAX_ANSWER_CHARS, minimum=1024)
     """Characters of text and tool call arguments in one upstream answer; past it the answer is cut off with an
     `answer_too_large` error (what came is kept in the journal step)."""
 
 
 @dataclass(frozen=True)
 class UpstreamConfig:
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    num_retries: int = 0
-    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
-    stream_deadline_s: float = DEFAULT_STREAM_DEADLINE_S
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, low=0.001, high=86400.0)
+    num_retries: int = setting(0, minimum=0, maximum=10)
+    first_byte_timeout_s: float = setting(DEFAULT_FIRST_BYTE_TIMEOUT_S, low=0.001, high=86400.0)
+    stream_deadline_s: float = setting(DEFAULT_STREAM_DEADLINE_S, low=0.001, high=86400.0)
 
 
 @dataclass(frozen=True)
 class AuthConfig:
-    keys: tuple[str, ...] = field(default=(), repr=False)
+    keys: tuple[str, ...] = setting((), repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -182,15 +182,15 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class ObservabilityConfig:
-    metrics: bool = True
+    metrics: bool = setting(True, section="metrics", key="enabled")
     """Serve `GET /metrics`."""
-    metrics_require_key: bool = True
+    metrics_require_key: bool = setting(True, section="metrics", key="require_key")
     """With `auth.keys` set, a scrape needs a proxy key like every other route; false lets any scraper in."""
-    ui: bool = True
+    ui: bool = setting(True, section="ui", key="enabled")
     """Serve the dashboard at `/ui`."""
-    log_format: str = "text"
+    log_format: str = setting("text", section="logging", key="format", choices=LOG_FORMATS)
     """`text`: one line per record; `json`: one JSON object per line, with the same fields."""
-    log_level: str = "INFO"
+    log_level: str = setting("INFO", section="logging", key="level", choices=LOG_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class Config:
     models: tuple[ModelEntry, ...] = ()
     context: ContextConfig = ContextConfig()
     journal: JournalConfig = JournalConfig()
-    request_limits: RequestLimits = RequestLimits()
+    request_limits: RequestLimits = field(default=RequestLimits(), metadata={"key": "limits"})
     upstream: UpstreamConfig = UpstreamConfig()
     auth: AuthConfig = AuthConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
@@ -232,20 +232,9 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
 
 def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config:
     root = Section(expand(raw, environ), "")
-    server = root.section("server")
+    observability = sorted({str(f.metadata["section"]) for f in fields(ObservabilityConfig)})
+    root.reject_unknown({file_key(f) for f in fields(Config) if f.name != "observability"} | set(observability))
     store = root.section("store")
-    context = root.section("context")
-    journal = root.section("journal")
-    limits = root.section("limits")
-    upstream = root.section("upstream")
-    auth = root.section("auth")
-    metrics = root.section("metrics")
-    ui = root.section("ui")
-    logs = root.section("logging")
-    root.reject_unknown(
-        {"server", "store", "models", "context", "journal", "limits", "upstream", "auth", "metrics", "ui", "logging"}
-    )
-
     store_path = Path(store.string("path", DEFAULT_STORE_PATH))
     if not store_path.is_absolute():
         store_path = base_dir / store_path
@@ -256,82 +245,26 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         if not store_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError(f"store.url: must be a postgresql:// URL, got {redacted_url(store_url)!r}")
 
-    config = Config(
-        server=ServerConfig(
-            host=server.string("host", DEFAULT_HOST),
-            port=server.integer("port", DEFAULT_PORT, minimum=0, maximum=65535),
-            header_timeout_s=server.number("header_timeout_s", DEFAULT_HEADER_TIMEOUT_S, low=0.001, high=3600.0),
-            body_timeout_s=server.number("body_timeout_s", DEFAULT_BODY_TIMEOUT_S, low=0.001, high=86400.0),
-            keep_alive_s=server.number("keep_alive_s", DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0),
-            max_connections=server.optional_integer("max_connections", minimum=1),
-        ),
-        store=StoreConfig(
-            path=store_path, url=store_url, pool_size=store.integer("pool_size", 10, minimum=1, maximum=1000)
-        ),
-        models=_models(root),
-        context=ContextConfig(
-            preserve_recent=context.integer("preserve_recent", 4, minimum=0),
-            target_ratio=context.number("target_ratio", 0.15, low=0.0, high=1.0),
-            safety_margin=context.number("safety_margin", 0.05, low=0.0, high=0.5),
-            trigger_ratio=context.number("trigger_ratio", 1.0, low=0.1, high=1.0),
-            compact_to=context.number("compact_to", 0.55, low=0.05, high=1.0),
-            summarizer_model=context.optional_string("summarizer_model"),
-            max_summarizer_calls=context.integer("max_summarizer_calls", DEFAULT_MAX_SUMMARIZER_CALLS, minimum=0),
-            summarizer_deadline_s=context.number(
-                "summarizer_deadline_s", DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0
-            ),
-            strategies=_strategies(context),
-            tool_results_keep_turns=context.integer(
-                "tool_results_keep_turns", DEFAULT_TOOL_RESULTS_KEEP_TURNS, minimum=1, maximum=1000
-            ),
-            precompact_ratio=_precompact_ratio(context, context.number("trigger_ratio", 1.0, low=0.1, high=1.0)),
-            precompact_concurrency=context.integer(
-                "precompact_concurrency", DEFAULT_PRECOMPACT_CONCURRENCY, minimum=1, maximum=64
-            ),
-            pin_patterns=_patterns(context, "pin_patterns"),
-            recall_tokens=context.integer("recall_tokens", DEFAULT_RECALL_TOKENS, minimum=0),
-        ),
-        journal=JournalConfig(
-            synchronous=journal.choice("synchronous", "NORMAL", SYNCHRONOUS_MODES),
-            finish_on_disconnect=journal.boolean("finish_on_disconnect", True),
-            keep_events_s=journal.duration("keep_events", DEFAULT_KEEP_EVENTS_S),
-        ),
-        request_limits=RequestLimits(
-            max_body_bytes=limits.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024),
-            max_messages=limits.integer("max_messages", DEFAULT_MAX_MESSAGES, minimum=1),
-            max_message_chars=limits.integer("max_message_chars", DEFAULT_MAX_MESSAGE_CHARS, minimum=1024),
-            max_answer_chars=limits.integer("max_answer_chars", DEFAULT_MAX_ANSWER_CHARS, minimum=1024),
-        ),
-        upstream=UpstreamConfig(
-            timeout_s=upstream.number("timeout_s", DEFAULT_TIMEOUT_S, low=0.001, high=86400.0),
-            num_retries=upstream.integer("num_retries", 0, minimum=0, maximum=10),
-            first_byte_timeout_s=upstream.number(
-                "first_byte_timeout_s", DEFAULT_FIRST_BYTE_TIMEOUT_S, low=0.001, high=86400.0
-            ),
-            stream_deadline_s=upstream.number("stream_deadline_s", DEFAULT_STREAM_DEADLINE_S, low=0.001, high=86400.0),
-        ),
-        auth=AuthConfig(keys=auth.string_list("keys")),
-        observability=ObservabilityConfig(
-            metrics=metrics.boolean("enabled", True),
-            metrics_require_key=metrics.boolean("require_key", True),
-            ui=ui.boolean("enabled", True),
-            log_format=logs.choice("format", "text", LOG_FORMATS).lower(),
-            log_level=logs.choice("level", "INFO", LOG_LEVELS).upper(),
-        ),
+    context_section = root.section("context")
+    context = read_fields(
+        ContextConfig,
+        context_section,
+        strategies=_strategies(context_section),
+        pin_patterns=_patterns(context_section, "pin_patterns"),
+        precompact_ratio=None,
     )
-    for section, known in (
-        (server, {f.name for f in ServerConfig.__dataclass_fields__.values()}),
-        (store, {"path", "url", "pool_size"}),
-        (context, {f.name for f in ContextConfig.__dataclass_fields__.values()}),
-        (journal, {"synchronous", "finish_on_disconnect", "keep_events"}),
-        (limits, {f.name for f in RequestLimits.__dataclass_fields__.values()}),
-        (upstream, {"timeout_s", "num_retries", "first_byte_timeout_s", "stream_deadline_s"}),
-        (auth, {"keys"}),
-        (metrics, {"enabled", "require_key"}),
-        (ui, {"enabled"}),
-        (logs, {"format", "level"}),
-    ):
-        section.reject_unknown(known)
+    context = replace(context, precompact_ratio=_precompact_ratio(context_section, context.trigger_ratio))
+    config = Config(
+        server=read_fields(ServerConfig, root.section("server")),
+        store=read_fields(StoreConfig, store, path=store_path, url=store_url),
+        models=_models(root),
+        context=context,
+        journal=read_fields(JournalConfig, root.section("journal")),
+        request_limits=read_fields(RequestLimits, root.section("limits")),
+        upstream=read_fields(UpstreamConfig, root.section("upstream")),
+        auth=read_fields(AuthConfig, root.section("auth")),
+        observability=read_fields(ObservabilityConfig, {name: root.section(name) for name in observability}),
+    )
     if config.context.compact_to > config.context.trigger_ratio:
         raise ConfigError("context.compact_to must not be greater than context.trigger_ratio")
     precompact = config.context.precompact_ratio
@@ -392,17 +325,7 @@ def _models(root: Section) -> tuple[ModelEntry, ...]:
     entries: list[ModelEntry] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
-        section = Section(item, f"models[{index}]")
-        entry = ModelEntry(
-            name=section.required_string("name"),
-            model=section.required_string("model"),
-            api_base=section.optional_string("api_base"),
-            api_key=section.optional_string("api_key"),
-            context_window=section.optional_integer("context_window", minimum=256),
-            max_output=section.optional_integer("max_output", minimum=1),
-            api=section.choice("api", "chat", UPSTREAM_APIS).lower(),
-        )
-        section.reject_unknown({"name", "model", "api_base", "api_key", "context_window", "max_output", "api"})
+        entry = read_fields(ModelEntry, Section(item, f"models[{index}]"))
         if entry.name in seen:
             raise ConfigError(f"models[{index}].name: {entry.name!r} is listed twice")
         if (

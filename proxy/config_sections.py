@@ -1,12 +1,20 @@
 """Reading a config file's sections: `${VAR}` expansion, typed keys with their limits, and errors that name
 the key (`models[1].context_window: must be …`), so that `proxy.config` only says what the keys are.
+
+A key is declared once, as a field of a config dataclass (`setting`: its default, limits, and its name in the
+file when that differs); `read_fields` reads the fields by their types, and refuses the keys no field declares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, get_type_hints
+
+from proxy.numbers import parse_integer
+
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
@@ -80,8 +88,8 @@ class Section:
         value = self._present(name)
         if value is None:
             return None
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value)
+        if isinstance(value, str) and (number := parse_integer(value.strip(), signed=True)) is not None:
+            value = number
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{self.key(name)}: must be a whole number, got {value!r}")
         if minimum is not None and value < minimum:
@@ -144,3 +152,64 @@ class Section:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{self.key(name)}: must be a list of strings")
         return tuple(item for item in value if item)
+
+
+def setting(
+    default: Any,
+    *,
+    key: str | None = None,
+    section: str | None = None,
+    repr: bool = True,
+    **limits: Any,
+) -> Any:
+    """A config dataclass field read from the file: its default; `key` its name in the file when not the field's,
+    `section` the file's section when the dataclass reads several; `limits` what `Section` checks: `minimum` and
+    `maximum` (integers), `low` and `high` (numbers), `choices` (a string, kept in its default's case)."""
+    return dataclasses.field(default=default, repr=repr, metadata={"key": key, "section": section, "limits": limits})
+
+
+def file_key(field: dataclasses.Field[Any]) -> str:
+    return str(field.metadata.get("key") or field.name)
+
+
+def read_fields(cls: type[T], sections: Section | Mapping[str, Section], **given: Any) -> T:
+    """`cls` from the file: each field not `given` read by its type with its default and limits; a key of the
+    section(s) that no field declares is refused."""
+    hints = get_type_hints(cls)
+    values = dict(given)
+    known: dict[str | None, set[str]] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        where = field.metadata.get("section")
+        section = sections if isinstance(sections, Section) else sections[str(where)]
+        known.setdefault(where, set()).add(file_key(field))
+        if field.name not in given:
+            values[field.name] = _read(section, file_key(field), hints[field.name], field)
+    for where, keys in known.items():
+        (sections if isinstance(sections, Section) else sections[str(where)]).reject_unknown(keys)
+    return cls(**values)
+
+
+def _read(section: Section, name: str, hint: Any, field: dataclasses.Field[Any]) -> Any:
+    default, limits = field.default, field.metadata.get("limits", {})
+    if default is dataclasses.MISSING:
+        return section.required_string(name)
+    if hint is bool:
+        return section.boolean(name, default)
+    if hint is int:
+        return section.integer(name, default, limits.get("minimum"), limits.get("maximum"))
+    if hint == int | None:
+        return section.optional_integer(name, limits.get("minimum"), limits.get("maximum"))
+    if hint is float:
+        return section.number(name, default, limits["low"], limits["high"])
+    if hint == float | None:  # a duration; None keeps for ever
+        return section.duration(name, default)
+    if hint is str and "choices" in limits:
+        value = section.choice(name, default, limits["choices"])
+        return value.lower() if default.islower() else value
+    if hint is str:
+        return section.string(name, default)
+    if hint == str | None:
+        return section.optional_string(name)
+    if hint == tuple[str, ...]:
+        return section.string_list(name)
+    raise TypeError(f"{name}: no reader for {hint}; pass it to read_fields")

@@ -1,5 +1,5 @@
 """What the inspection endpoints and the CLI show: sessions, their history, summaries, pins and compaction
-events, the journal; and the one place pins are checked before they are written.
+events, the journal. Pin writes are `proxy.pinning`'s; `Inspector.pin` and `unpin` find the session for them.
 
 The HTTP routes and `context-proxy sessions|journal` share these views (as JSON-ready dicts), so a person
 reading the terminal and a program reading JSON see the same facts. A session's usage is what its last request
@@ -10,36 +10,30 @@ its next request would get.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.budget.budgets import Budgets
 from proxy.budget.limits import ModelLimits
-from proxy.compaction.builder import cut_points
 from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.path_items import builder_item
-from proxy.compaction.strategies import STRATEGY_SETTING
+from proxy.compaction.path_items import pinned_groups
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.config import Config, ModelEntry
 from proxy.conversation import usage_text
-from proxy.errors import InvalidRequest, NotFound, json_type
+from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage
-from proxy.history.pins import Pins, pattern_pinned
+from proxy.history.pins import Pins
+from proxy.history.settings import session_strategies
 from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
+from proxy.pinning import Pinning, checked_ids
 from proxy.tokens import count_prompt, encoding_for_model
-from proxy.vocabulary import SYSTEM_ROLES
 
 YELLOW_AT = 70
 RED_AT = 90
-MAX_PIN_IDS = 1_000
-"""Message ids one pin or unpin request may name."""
-NAMED_IDS = 20
-"""Ids an error lists before it says how many more there are."""
-SHOWN_ID_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -91,6 +85,10 @@ class Inspector:
     budgets: Budgets
     pins: Pins
     events: CompactionEvents
+    _pinning: Pinning = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._pinning = Pinning(self.config, self.history, self.pins, self.budgets)
 
     async def sessions(self, tenant: str, limit: int = DEFAULT_PAGE, offset: int = 0) -> dict[str, Any]:
         infos, has_more = await self.history.sessions(tenant, limit, offset)
@@ -157,7 +155,7 @@ class Inspector:
             usage = usage_view(last["prompt_tokens"], last["budget"], last["summaries"], "last_request")
             path = await self._as_sent(path, last.get("pinned") or {})
         usage["history_tokens"] = count_prompt(m.tokens for m in path)
-        pinned = self._pinned(path, await self.pins.on_session(tenant, session_id))
+        pinned = pinned_groups(path, await self.pins.on_session(tenant, session_id), self.config.context.pin_patterns)
         limits = self.budgets.limits(entry)
         return SessionState(session, settings, limits, usage, path, summaries, view, pinned)
 
@@ -178,64 +176,19 @@ class Inspector:
     async def session_pins(self, tenant: str, session_id: str) -> dict[str, Any]:
         _session, _entry, encoding = await self._model_of(tenant, session_id)
         path = await self.history.path(tenant, session_id, encoding) or []
-        return self._pins_view(session_id, path, await self.pins.on_session(tenant, session_id))
+        return self._pinning.view(session_id, path, await self.pins.on_session(tenant, session_id))
 
     async def pin(self, tenant: str, session_id: str, message_ids: Sequence[str]) -> dict[str, Any]:
-        """Pin messages of the session's current path, each with its whole tool group, if the pinned messages
-        and the system messages still fit the session's input budget; else a 400 and nothing written."""
+        """`Pinning.pin`, for the caller's session (a 404 if it has none by that id)."""
         ids = checked_ids(list(message_ids))
         _session, entry, encoding = await self._model_of(tenant, session_id)
-        async with self.history.lock(tenant, session_id):
-            path = await self.history.path(tenant, session_id, encoding) or []
-            positions = {message.id: position for position, message in enumerate(path)}
-            missing = [message_id for message_id in ids if message_id not in positions]
-            if missing:
-                raise InvalidRequest(
-                    f"Not on the current path of session {session_id}: {_named(missing)}. Only the messages it "
-                    f"shows (GET /sessions/{session_id}) can be pinned.",
-                    param="message_ids",
-                    code="message_not_found",
-                )
-            new = {path[p].id for p in _with_tool_groups(path, [positions[i] for i in ids])}
-            stored = await self.pins.on_session(tenant, session_id)
-            settings = await self.history.settings_on(tenant, path)
-            budget = self.budgets.budget(entry, None, settings).input_budget
-            pinned = self._pinned(path, stored | new)
-            needed = count_prompt(
-                message.tokens for p, message in enumerate(path) if p in pinned or message.role in SYSTEM_ROLES
-            )
-            if needed > budget:
-                raise InvalidRequest(
-                    f"The pinned messages {_named([path[p].id for p in sorted(pinned)])} and the system messages "
-                    f"of session {session_id} need {needed} tokens, but the input budget for model "
-                    f"'{entry.name}' is {budget} tokens. Pin fewer messages, or unpin some "
-                    f"(DELETE /sessions/{session_id}/pins).",
-                    param="message_ids",
-                    code="pins_too_large",
-                )
-            await self.pins.add(tenant, session_id, sorted(new - stored))
-            return self._pins_view(session_id, path, stored | new)
+        return await self._pinning.pin(tenant, session_id, entry, encoding, ids)
 
     async def unpin(self, tenant: str, session_id: str, message_ids: Sequence[str]) -> dict[str, Any]:
-        """Unpin messages (a message of the current path with its whole tool group); an id that is neither
-        pinned nor on the path is a 400 and nothing is removed."""
+        """`Pinning.unpin`, for the caller's session (a 404 if it has none by that id)."""
         ids = checked_ids(list(message_ids))
         _session, _entry, encoding = await self._model_of(tenant, session_id)
-        async with self.history.lock(tenant, session_id):
-            path = await self.history.path(tenant, session_id, encoding) or []
-            positions = {message.id: position for position, message in enumerate(path)}
-            stored = await self.pins.on_session(tenant, session_id)
-            unknown = [message_id for message_id in ids if message_id not in positions and message_id not in stored]
-            if unknown:
-                raise InvalidRequest(
-                    f"Neither pinned nor on the current path of session {session_id}: {_named(unknown)}.",
-                    param="message_ids",
-                    code="message_not_found",
-                )
-            on_path = [positions[i] for i in ids if i in positions]
-            gone = {i for i in ids if i not in positions} | {path[p].id for p in _with_tool_groups(path, on_path)}
-            removed = await self.pins.remove(tenant, session_id, sorted(gone & stored)) if gone & stored else 0
-            return {**self._pins_view(session_id, path, stored - gone), "removed": removed}
+        return await self._pinning.unpin(tenant, session_id, encoding, ids)
 
     async def session_events(
         self, tenant: str, session_id: str, limit: int = DEFAULT_PAGE, offset: int = 0
@@ -279,7 +232,6 @@ class Inspector:
         settings: Mapping[str, Any],
     ) -> CompactionRequest:
         """What the session's next request would ask of the compactor, with its remembered budget and strategies."""
-        strategies = settings.get(STRATEGY_SETTING)
         return CompactionRequest(
             tenant=tenant,
             session_id=session_id,
@@ -289,7 +241,7 @@ class Inspector:
             encoding=encoding,
             budget=self.budgets.budget(entry, None, settings).input_budget,
             preserve_recent=self.config.context.preserve_recent,
-            strategies=tuple(strategies) if isinstance(strategies, list) else None,
+            strategies=session_strategies(settings),
         )
 
     async def require(self, tenant: str, session_id: str) -> Session:
@@ -305,29 +257,6 @@ class Inspector:
         model = session.model or ""
         entry = self.config.model(model) or ModelEntry(name=model, model=model)
         return session, entry, encoding_for_model(entry.model)
-
-    def _pinned(self, path: Sequence[StoredMessage], stored: Set[str]) -> dict[int, str]:
-        """Position → how it is pinned ('api', or 'pattern' by `context.pin_patterns`), tool groups whole."""
-        by_api = _with_tool_groups(path, [p for p, message in enumerate(path) if message.id in stored])
-        patterns = self.config.context.pin_patterns
-        by_pattern = _with_tool_groups(path, sorted(pattern_pinned(patterns, [m.message for m in path])))
-        return {position: "pattern" for position in by_pattern} | {position: "api" for position in by_api}
-
-    def _pins_view(self, session_id: str, path: Sequence[StoredMessage], stored: Set[str]) -> dict[str, Any]:
-        pinned = self._pinned(path, stored)
-        return {
-            "session_id": session_id,
-            "pins": [
-                {
-                    "message_id": path[position].id,
-                    "position": position,
-                    "role": path[position].role,
-                    "tokens": path[position].tokens,
-                    "pinned_by": pinned[position],
-                }
-                for position in sorted(pinned)
-            ],
-        }
 
     async def _as_sent(self, path: list[StoredMessage], pinned: Mapping[str, str]) -> list[StoredMessage]:
         """The path with the system prompts its session last sent (a node keeps the first prompt sent there)."""
@@ -354,49 +283,3 @@ def _last_usage(context: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if context is None:
         return None
     return usage_view(context["prompt_tokens"], context["budget"], context["summaries"], "last_request")
-
-
-def checked_ids(message_ids: Any) -> list[str]:
-    """`message_ids` of a pin request: a non-empty list of at most `MAX_PIN_IDS` strings, without repeats."""
-    if not isinstance(message_ids, list) or not message_ids:
-        raise InvalidRequest(
-            f"'message_ids' must be a non-empty array of message ids, not {json_type(message_ids)}.",
-            param="message_ids",
-        )
-    if len(message_ids) > MAX_PIN_IDS:
-        raise InvalidRequest(
-            f"'message_ids' names {len(message_ids)} messages; at most {MAX_PIN_IDS} fit in one request.",
-            param="message_ids",
-        )
-    for index, message_id in enumerate(message_ids):
-        if not isinstance(message_id, str) or not message_id:
-            raise InvalidRequest(
-                f"message_ids[{index}] must be a message id (a non-empty string), not {json_type(message_id)}.",
-                param="message_ids",
-            )
-    return list(dict.fromkeys(message_ids))
-
-
-def _with_tool_groups(path: Sequence[StoredMessage], positions: Sequence[int]) -> set[int]:
-    """`positions` and every message sharing a tool group with one of them (invariant 4: a call and its results
-    are kept, or summarized, together); the groups are the builder's own (`cut_points`)."""
-    if not positions:
-        return set()
-    cuts = cut_points([builder_item(message) for message in path])
-    whole: set[int] = set()
-    for position in positions:
-        if position in whole:
-            continue
-        start, end = position, position + 1
-        while not cuts[start]:
-            start -= 1
-        while not cuts[end]:
-            end += 1
-        whole.update(range(start, end))
-    return whole
-
-
-def _named(ids: Sequence[str]) -> str:
-    """Ids for an error message: quoted, cut, the first `NAMED_IDS` of them."""
-    shown = ", ".join(f"'{message_id[:SHOWN_ID_CHARS]}'" for message_id in ids[:NAMED_IDS])
-    return shown + (f" and {len(ids) - NAMED_IDS} more" if len(ids) > NAMED_IDS else "")

@@ -26,9 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.budget.budgets import SESSION_BUDGET_SETTING, Budget, Budgets
+from proxy.budget.budgets import Budget, Budgets
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
-from proxy.compaction.strategies import STRATEGY_SETTING
 from proxy.config import Config, ModelEntry
 from proxy.continuations import continued
 from proxy.conversation import (
@@ -45,6 +44,7 @@ from proxy.conversation import (
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
 from proxy.history import chain
 from proxy.history.messages import Reconciled
+from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
 from proxy.journal.reader import JournalReader
@@ -215,7 +215,6 @@ class Pipeline:
             reconciled = await self.history.store(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
             budget = self._budget(entry, conversation, reconciled.settings).input_budget
-            strategies = reconciled.settings.get(STRATEGY_SETTING)
             prepared = await self._prepare(
                 CompactionRequest(
                     tenant=tenant,
@@ -227,7 +226,7 @@ class Pipeline:
                     budget=budget,
                     preserve_recent=self.config.context.preserve_recent,
                     allowance=allowance,
-                    strategies=tuple(strategies) if isinstance(strategies, list) else None,
+                    strategies=session_strategies(reconciled.settings),
                 ),
                 options,
             )
@@ -237,14 +236,13 @@ class Pipeline:
         """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a
         change: a tool that sends the headers on every request writes nothing)."""
         changes: dict[str, Any] = {}
-        in_force = reconciled.settings.get(SESSION_BUDGET_SETTING)
+        in_force = session_budget(reconciled.settings)
         if options.reset_budget and in_force is not None:
-            changes[SESSION_BUDGET_SETTING] = None
+            changes[BUDGET_SETTING] = None
         elif options.budget is not None and options.budget != in_force:
-            changes[SESSION_BUDGET_SETTING] = options.budget
-        strategies = None if options.strategies is None else list(options.strategies)
-        if strategies is not None and strategies != reconciled.settings.get(STRATEGY_SETTING):
-            changes[STRATEGY_SETTING] = strategies
+            changes[BUDGET_SETTING] = options.budget
+        if options.strategies is not None and options.strategies != session_strategies(reconciled.settings):
+            changes[STRATEGIES_SETTING] = list(options.strategies)
         return await self.history.attach_settings(reconciled, changes) if changes else reconciled
 
     def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:

@@ -21,13 +21,12 @@ from proxy.budget.corrections import TokenCorrections
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
 from proxy.config import ModelEntry
 from proxy.errors import ContextOverflow
+from proxy.history.settings import session_budget
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
 OUTPUT_SHARE = 4
 """At most a quarter of a model's window is kept for the answer when a client asks for its own model's limit."""
-SESSION_BUDGET_SETTING = "budget"
-"""The session setting that remembers `X-Context-Budget`."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +57,6 @@ def effective_budget(
     return Budget(limits=limits, reserved_output=reserved, input_budget=input_budget, session_cap=applied_cap)
 
 
-def session_cap(settings: Mapping[str, Any]) -> int | None:
-    """The input cap a session remembered from `X-Context-Budget`, if any."""
-    cap = settings.get(SESSION_BUDGET_SETTING)
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
-
-
 class Budgets:
     """Every configured model's limits (resolved once at startup) and the corrections learned since."""
 
@@ -88,7 +81,7 @@ class Budgets:
             self.limits(entry),
             requested_output,
             self._safety_margin,
-            session_cap(settings or {}),
+            session_budget(settings or {}),
         )
         return Budget(
             budget.limits,

@@ -38,7 +38,7 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import pairwise
 
@@ -182,15 +182,25 @@ def kept_positions(items: Sequence[Item], cuts: Sequence[bool], recent: int) -> 
     """Positions older than the recent block sent verbatim where they stand: system messages, and the messages
     the session pinned, each with its whole tool group (a pinned call keeps its results, and the reverse)."""
     kept = {position for position in range(recent) if items[position].role in PINNED_ROLES}
-    for position in range(recent):
-        if items[position].pinned and position not in kept:
-            start, end = position, position + 1
-            while start > 0 and not cuts[start]:
-                start -= 1
-            while end < recent and not cuts[end]:
-                end += 1
-            kept.update(range(start, end))
-    return frozenset(kept)
+    pinned = [position for position in range(recent) if items[position].pinned and position not in kept]
+    return frozenset(kept | with_tool_groups(cuts, pinned, recent))
+
+
+def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:
+    """`positions` and every message sharing a tool group with one of them (invariant 4: a call and its results
+    are kept, or summarized, together), within the first `end` positions (None: all of them)."""
+    limit = len(cuts) - 1 if end is None else end
+    whole: set[int] = set()
+    for position in positions:
+        if position in whole:
+            continue
+        start, stop = position, position + 1
+        while start > 0 and not cuts[start]:
+            start -= 1
+        while stop < limit and not cuts[stop]:
+            stop += 1
+        whole.update(range(start, stop))
+    return whole
 
 
 def stubbed_positions(

@@ -6,11 +6,8 @@ and fed back in), or says the kept and recent messages alone cannot fit. Because
 steps (down to `compact_to` of the budget) and existing spans are reused, the requests between two compactions
 send prompts that extend each other (docs/architecture.md, invariant 6).
 
-Off the critical path: when a request leaves its session past `context.precompact_ratio` of the budget, the
-spans the next crossing will need are written in the background (one task per session, `precompact_concurrency`
-at once). The crossing request waits for that task, never for a second summarizer call of its own. Replicas
-sharing a PostgreSQL store take the session's pre-compaction lock: one of them writes the spans, and a crossing
-request on another waits for it as for its own.
+Off the critical path, the spans the next crossing of the budget will need are written ahead of it, held back
+until then (`precompaction`); a crossing request first waits for them.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
 (`recall`), within `context.recall_tokens` and what the budget leaves.
@@ -18,18 +15,16 @@ After the context is laid out, archived originals the latest user message refers
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from proxy.compaction.builder import NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.layout import MIN_COMPACT_TO, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.compaction.layout import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from proxy.compaction.path_items import PathReader, PathState
+from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions, ahead_policy
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
@@ -39,20 +34,16 @@ from proxy.compaction.summary_text import acknowledgement_message, summary_messa
 from proxy.config import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.pins import Pins
-from proxy.store.database import Database, lock_name
+from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 from proxy.types import Clock, Message
 
 __all__ = ["Allowance", "CompactionRequest", "Compactor", "Prepared"]
 
-log = logging.getLogger(__name__)
-
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
 MAX_ROUNDS = 32
 """Spans one request may write; each round shrinks the context, so this is never reached in practice."""
-CLOSE_GRACE_S = 5.0
-"""How long shutdown lets running pre-compactions finish before it cancels them."""
 NAMED_PINS = 10
 """Pinned message ids an error names before it says how many more there are."""
 
@@ -103,16 +94,12 @@ class Compactor:
         """`locks`: the store shared with other replicas, whose pre-compaction of a session this one must not
         repeat (none: this process is the only one)."""
         self._config = config
-        self._locks = locks
         self._summaries = summaries
         self._summarizer = summarizer
-        self._clock = clock
         self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock)
         self._paths = PathReader(config, pins)
-        self._background: dict[tuple[str, str], asyncio.Task[None]] = {}
-        """Pre-compactions running, by (tenant, session)."""
-        self._slots = asyncio.Semaphore(config.precompact_concurrency)
+        self._ahead = Precompactions(config, self._write_ahead, clock, locks)
 
     def policy(
         self,
@@ -146,7 +133,7 @@ class Compactor:
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
             return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
         allowance = request.allowance or self.allowance()
-        await self._settled(request, allowance)
+        await self._ahead.wait(request, allowance)
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         policy = self._request_policy(request)
@@ -199,103 +186,34 @@ class Compactor:
     def precompact(self, request: CompactionRequest, prepared: Prepared) -> None:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
-        ratio = self._config.precompact_ratio
-        key = (request.tenant, request.session_id)
-        if ratio is None or prepared.ahead or prepared.tokens <= ratio * request.budget or key in self._background:
-            return
-        task = asyncio.create_task(self._precompact(request, prepared.tokens, ratio))
-        self._background[key] = task
-        task.add_done_callback(functools.partial(self._precompacted, key))
+        self._ahead.start(request, prepared.tokens, ahead=prepared.ahead)
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
-        while self._background:
-            await asyncio.gather(*self._background.values(), return_exceptions=True)
+        await self._ahead.settled()
 
     async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
-        """Stop the pre-compactions (shutdown): a summarizer call under way may finish within `grace_s`, so its
-        connection is closed cleanly and its summary kept; the rest is cancelled and redone when next needed."""
-        tasks = list(self._background.values())
-        if tasks and grace_s > 0:
-            await asyncio.wait(tasks, timeout=grace_s)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop the pre-compactions (shutdown): see `Precompactions.close`."""
+        await self._ahead.close(grace_s)
 
-    def _precompacted(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
-        self._background.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("pre-compaction of session %s failed: %s", key[1], task.exception())
-
-    async def _precompact(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
-        """Compact as the crossing will, ahead of it: to `compact_to` less the room still left before the
-        trigger (the turns until the crossing fill it). What it writes is held back until the crossing
-        (`Span.held`). A summarizer allowance of its own; when it is used up the task stops, and the crossing
-        request writes what is missing."""
-        async with self._slots, self._fleet_lock(request, wait=False) as held:
-            if not held:  # another replica is writing this session's next spans
+    async def _write_ahead(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
+        """The pre-compaction's spans (`ahead_policy`), held back until the crossing (`Span.held`). A summarizer
+        allowance of its own; when it is used up the task stops, and the crossing request writes what is
+        missing."""
+        state = await self._paths.read(request)
+        stored = await self._in_force(request)
+        policy = ahead_policy(self._request_policy(request), tokens, ratio)
+        allowance = self.allowance()
+        render = functools.partial(self._read, request, state)
+        batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
+        for _ in range(MAX_ROUNDS):
+            result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True)
+            if not isinstance(result, NeedsSummary):
                 return
-            state = await self._paths.read(request)
-            stored = await self._in_force(request)
-            trigger = self._config.trigger_ratio
-            headroom = max(0.0, trigger - tokens / request.budget)
-            policy = replace(
-                self._request_policy(request),
-                trigger_ratio=min(trigger, ratio),
-                compact_to=max(MIN_COMPACT_TO, self._config.compact_to - headroom),
-            )
-            allowance = self.allowance()
-            render = functools.partial(self._read, request, state)
-            batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
-            for _ in range(MAX_ROUNDS):
-                spans = [s.span() for s in stored.values()]
-                result = build(state.items, spans, policy, compacting=True)
-                if not isinstance(result, NeedsSummary):
-                    return
-                if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
-                    return
-                summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
-                stored = _superseded(stored, result, summary)
-
-    async def _settled(self, request: CompactionRequest, allowance: Allowance) -> None:
-        """Wait for the session's pre-compaction, within the request's summarizer allowance: the spans it writes
-        are the ones this request would otherwise pay for. If it is still running at the deadline, this request
-        writes what it lacks without the summarizer (extractive), never a second call for the same work."""
-        task = self._background.get((request.tenant, request.session_id))
-        if task is None and self._locks is None:
-            return
-        left = allowance.left(self._clock())
-        try:
-            async with asyncio.timeout(max(0.0, left)):
-                if task is not None:
-                    await asyncio.shield(task)
-                else:  # another replica's pre-compaction of the session, if one is running: until it ends
-                    async with self._fleet_lock(request, wait=True):
-                        pass
-        except TimeoutError:
-            allowance.exhaust()
-            log.warning(
-                "compaction session=%s: the session's pre-compaction is still running after %.1f s; this request's "
-                "summaries are extractive",
-                request.session_id,
-                left,
-            )
-        except Exception:  # logged by `_precompacted`; the request compacts on its own
-            pass
-
-    @contextlib.asynccontextmanager
-    async def _fleet_lock(self, request: CompactionRequest, *, wait: bool) -> AsyncIterator[bool]:
-        """The session's pre-compaction lock across the replicas sharing the store: True if held for the block."""
-        if self._locks is None:
-            yield True
-            return
-        name = lock_name("precompaction", request.tenant, request.session_id)
-        if wait:
-            async with self._locks.lock(name):
-                yield True
-        else:
-            async with self._locks.try_lock(name) as held:
-                yield held
+            if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
+                return
+            summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
+            stored = _superseded(stored, result, summary)
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSummary]:
         return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}

@@ -7,10 +7,13 @@ every turn, and its tool outputs are most of it.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import Any
 
+from proxy.compaction.builder import cut_points, with_tool_groups
 from proxy.compaction.layout import TOOL_RESULTS, Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
@@ -55,12 +58,9 @@ class PathReader:
     async def _pinned(self, request: CompactionRequest) -> frozenset[int]:
         """Positions the session pinned by the API, or whose text matches `context.pin_patterns`."""
         ids = await self._pins.on_session(request.tenant, request.session_id) if self._pins is not None else frozenset()
-        by_api = {position for position, stored in enumerate(request.path) if stored.id in ids}
         patterns = self._config.pin_patterns
-        if not patterns:
-            return frozenset(by_api)
-        size = sum(map(rough_size, request.messages))
-        return frozenset(by_api | await compute(size, pattern_pinned, patterns, request.messages))
+        size = sum(map(rough_size, request.messages)) if patterns else 0
+        return frozenset(await compute(size, pinned_positions, request.path, ids, patterns, request.messages))
 
     async def _stub_costs(self, request: CompactionRequest) -> dict[int, tuple[str, int]]:
         """Position → (stub, what its message costs) for every tool output of the path; each computed once."""
@@ -83,6 +83,32 @@ class PathReader:
             while len(self._stubs) > STUB_CACHE_ENTRIES:
                 self._stubs.popitem(last=False)
         return found
+
+
+def pinned_positions(
+    path: Sequence[StoredMessage],
+    pinned_ids: Set[str],
+    patterns: Sequence[re.Pattern[str]],
+    messages: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[int, str]:
+    """Position → how the session pinned it: 'api' (its id is among `pinned_ids`: `POST /sessions/{id}/pins`) or
+    'pattern' (its text matches `context.pin_patterns`); 'api' when both. `messages`: the texts the patterns
+    are matched against, when not the path's own."""
+    texts = [stored.message for stored in path] if messages is None else messages
+    by_pattern = dict.fromkeys(pattern_pinned(patterns, texts), "pattern")
+    return by_pattern | {position: "api" for position, stored in enumerate(path) if stored.id in pinned_ids}
+
+
+def pinned_groups(
+    path: Sequence[StoredMessage], pinned_ids: Set[str], patterns: Sequence[re.Pattern[str]]
+) -> dict[int, str]:
+    """`pinned_positions`, each with its whole tool group (as the builder keeps them): what the pin views show
+    and what a pin must leave room for."""
+    pinned = pinned_positions(path, pinned_ids, patterns)
+    cuts = cut_points([builder_item(stored) for stored in path])
+    by_api = with_tool_groups(cuts, [position for position, how in pinned.items() if how == "api"])
+    by_pattern = with_tool_groups(cuts, sorted(position for position, how in pinned.items() if how == "pattern"))
+    return dict.fromkeys(by_pattern, "pattern") | dict.fromkeys(by_api, "api")
 
 
 def builder_item(stored: StoredMessage, *, pinned: bool = False, stub_tokens: int | None = None) -> Item:

@@ -1,10 +1,10 @@
 """Recall: original passages of compacted history, brought back when the latest user message refers to them.
 
 A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
-original. The significant terms of the latest user message that the working context does not already show are
-looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over the session's hidden
-messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent as one user message,
-within `context.recall_tokens`.
+original. The significant terms of the latest user message that the working context does not already show
+(`recall_terms`) are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
+the session's hidden messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent
+as one user message, within `context.recall_tokens`.
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import islice
 from typing import Any
 
+from proxy.compaction.recall_terms import Term, match_expression, term_pattern, tsquery, unseen_terms
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
@@ -34,9 +33,6 @@ from proxy.tokens import content_text, count_message, count_text, rough_size
 
 log = logging.getLogger(__name__)
 
-Term = tuple[str, ...]
-"""One query term as the lowercase tokens FTS5's unicode61 tokenizer makes of it: `DEPLOY_REGION` is
-("deploy", "region"), matched as a phrase."""
 
 RECALL_HEADER = "[Recalled from earlier in this conversation]"
 MAX_PASSAGES = 8
@@ -49,10 +45,6 @@ CHARS_PER_TOKEN = 4
 MIN_RELATIVE_SCORE = 0.25
 """A match scoring below this share of the best one is noise (a common word), not a reference."""
 MAX_CANDIDATES = 32
-MAX_QUERY_TERMS = 32
-MAX_SCANNED_TERMS = 256
-"""Terms of a huge query looked up in the visible text at most (identifier-like terms first)."""
-MAX_TERM_TOKENS = 16
 MAX_HITS_PER_TERM = 64
 MAX_INDEX_CHARS = 8 * 1024 * 1024
 """Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
@@ -73,26 +65,6 @@ _RANK = {
     "ORDER BY score, d.id LIMIT ?",
 }
 """Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL."""
-
-_TOKEN = re.compile(r"[^\W_]+")
-"""What unicode61 keeps as a token: letters and digits; everything else separates."""
-_CHUNK = re.compile(r"[^\s\"'`()\[\]{}<>,;!?=|*]+")
-"""A word of the query as written, identifiers, paths and versions whole."""
-_EDGE = ".:-/\\#@~^+&%$"
-_STOPWORD_TEXT = """
-    a about above after again against all also am an and any are as at be because been before being below
-    between both but by can could did do does doing done down during each either else etc even ever every
-    few for from further get gets got had has have having he her here hers him his how however i if in into is
-    it its itself just know let like made make many may me might mine more most much must my myself need no nor
-    not now of off on once one only or other our ours out over own please really right said same say see she
-    should show since so some still such sure tell than thank thanks that the their theirs them then there
-    these they thing things this those though through to too under until up upon us use used using very want
-    was way we well were what when where whether which while who whom whose why will with within without would
-    yes yet you your yours yourself back earlier previous previously told mentioned remember recall agreed
-    discussed decided don didn doesn isn aren wasn weren won wouldn couldn shouldn haven hasn hadn
-"""
-STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-"""Words that refer to nothing in particular, the meta words of a question about the past among them."""
 
 
 @dataclass(frozen=True)
@@ -260,78 +232,6 @@ def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
     return [(message.id, message_text(message.message)) for message in messages]
 
 
-def query_terms(query: str) -> list[Term]:
-    """The significant terms of a query, identifier-like ones (several tokens, digits) first, then names: no
-    stopwords, no short or plain words, no punctuation; each once."""
-    identifiers: dict[Term, None] = {}
-    words: dict[Term, None] = {}
-    chunks: set[str] = set()
-    for match in _CHUNK.finditer(query):
-        if match.group() in chunks:
-            continue
-        chunks.add(match.group())
-        tokens = tuple(_TOKEN.findall(match.group().strip(_EDGE).lower()))[:MAX_TERM_TOKENS]
-        if not any(_significant(token) for token in tokens):
-            continue
-        if len(tokens) > 1 or any(token.isdigit() for token in tokens):
-            identifiers.setdefault(tokens)
-        elif _named(query, match.start(), match.group().strip(_EDGE)):
-            words.setdefault(tokens)
-        if len(identifiers) >= MAX_SCANNED_TERMS:
-            break
-    return [*identifiers, *words][:MAX_SCANNED_TERMS]
-
-
-def _named(query: str, start: int, word: str) -> bool:
-    """Whether a one-word term names something: `camelCase`, `ALLCAPS`, a quoted word, or a capitalized word
-    inside a sentence (`Paris`, `Postgres`). Plain words are left out: prose shares its vocabulary from turn to turn,
-    and recalling passages for them costs tokens and the prompt's prefix for nothing."""
-    if any(character.isupper() for character in word[1:]) or query[start - 1 : start] in ("`", '"', "'"):
-        return True  # camelCase, ALLCAPS, or quoted as a name
-    before = query[:start].rstrip()
-    return word[:1].isupper() and bool(before) and before[-1] not in ".!?:\n"
-
-
-def _significant(token: str) -> bool:
-    if token.isdigit():
-        return len(token) >= 2
-    return len(token) >= 3 and token not in STOPWORDS
-
-
-def unseen_terms(query: str, visible_text: str) -> list[Term]:
-    """The query's terms that `visible_text` does not show (the query's own text aside), at most
-    `MAX_QUERY_TERMS`."""
-    terms = query_terms(query)
-    if query:
-        visible_text = visible_text.replace(query, " ")
-    vocabulary = set(_TOKEN.findall(visible_text.lower()))
-    unseen = [
-        term
-        for term in terms
-        if not all(token in vocabulary for token in term) or (len(term) > 1 and not _pattern(term).search(visible_text))
-    ]
-    return unseen[:MAX_QUERY_TERMS]
-
-
-def tsquery(terms: Sequence[Term]) -> str:
-    """The same query for PostgreSQL's `to_tsquery`: each term's tokens ANDed, the terms ORed; the tokens are
-    letters and digits only, as above. Not a phrase (`a <-> b`): a tsvector keeps no word position past 16,383,
-    so a phrase deep in a long tool output would never match; the excerpt still looks for the phrase."""
-    return " | ".join("(" + " & ".join(term) + ")" for term in terms)
-
-
-def match_expression(terms: Sequence[Term]) -> str:
-    """An FTS5 MATCH expression: each term a quoted phrase, ORed. Tokens are letters and digits only, so nothing
-    in a query (`"`, `*`, `NEAR`, `:`, `-`) can become FTS5 syntax."""
-    return " OR ".join('"' + " ".join(term) + '"' for term in terms)
-
-
-@lru_cache(maxsize=1024)
-def _pattern(term: Term) -> re.Pattern[str]:
-    """The term as a phrase between token boundaries, as FTS5 matches it (case aside)."""
-    return re.compile(r"(?<![^\W_])" + r"[\W_]+".join(map(re.escape, term)) + r"(?![^\W_])", re.IGNORECASE)
-
-
 def message_excerpt(message: Mapping[str, Any], terms: Sequence[Term], max_chars: int) -> str:
     return excerpt(message_text(message), terms, max_chars)
 
@@ -381,7 +281,7 @@ def _best_hit(text: str, terms: Sequence[Term], width: int, lead: int) -> tuple[
 
 def _hits(text: str, terms: Sequence[Term]) -> Iterator[tuple[int, int, int]]:
     for index, term in enumerate(terms):
-        for match in islice(_pattern(term).finditer(text), MAX_HITS_PER_TERM):
+        for match in islice(term_pattern(term).finditer(text), MAX_HITS_PER_TERM):
             yield match.start(), match.end(), index
 
 

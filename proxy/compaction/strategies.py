@@ -37,9 +37,6 @@ from proxy.compaction.layout import (
     View,
 )
 
-STRATEGY_SETTING = "strategies"
-"""The session setting X-Context-Strategy attaches (`context_settings`), like X-Context-Budget."""
-
 
 class Strategy(Protocol):
     @property

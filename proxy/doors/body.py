@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from proxy.config import Config, RequestLimits
 from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, json_type
+from proxy.numbers import parse_integer
 from proxy.offload import OFF_LOOP_CHARS, compute
 
 T = TypeVar("T")
@@ -31,8 +32,11 @@ async def read_body(
 ) -> bytes:
     """Read at most `max_bytes` within `timeout_s` (None: no deadline); a larger body is refused before (or as
     soon as) it is known to be too big, a slower one with a 408 that closes the connection."""
-    if content_length is not None and content_length.isdigit() and int(content_length) > max_bytes:
-        raise PayloadTooLarge(f"Request body is {content_length} bytes; the limit is {max_bytes} bytes.")
+    if content_length is not None and content_length.isascii() and content_length.isdigit():
+        declared = parse_integer(content_length)  # None: more bytes than any store could count
+        if declared is None or declared > max_bytes:
+            shown = content_length if declared is not None else "more than 2^63"
+            raise PayloadTooLarge(f"Request body is {shown} bytes; the limit is {max_bytes} bytes.")
     received = bytearray()
     try:
         async with asyncio.timeout(timeout_s):

@@ -13,12 +13,11 @@ from collections.abc import Mapping
 from proxy.config import STRATEGY_NAMES, parse_strategies
 from proxy.conversation import Answer, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
 from proxy.errors import InvalidRequest
+from proxy.numbers import MAX_STORED_INTEGER, parse_integer
 
 MAX_SESSION_ID_LENGTH = 200
 MAX_PRESERVE_RECENT = 1000
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
-MAX_STORED_INTEGER = 2**63 - 1
-"""SQLite's largest integer: a number past it can name nothing stored, and binding it raises OverflowError."""
 SESSION_ID_CHARACTERS = "ASCII letters, digits and . _ - ~ : @"
 _SESSION_ID = re.compile(r"[A-Za-z0-9._~:@-]+")
 """Characters that read back unchanged in a URL path segment (`GET /sessions/{id}`) and in an HTTP header."""
@@ -88,23 +87,13 @@ def _int_header(headers: Mapping[str, str], name: str, minimum: int, maximum: in
     value = headers.get(name.lower())
     if value is None:
         return None
-    number = whole_number(value.strip())
+    number = parse_integer(value.strip())
     upper = MAX_STORED_INTEGER if maximum is None else maximum
     if number is None or not minimum <= number <= upper:
         limits = f"at least {minimum} and at most {upper}"
         shown = value if len(value) <= 40 else f"{value[:40]}… ({len(value)} characters)"
         raise InvalidRequest(f"Header {name} must be a whole number {limits}, got {shown!r}.", param=name)
     return number
-
-
-def whole_number(text: str) -> int | None:
-    """`text` as a non-negative integer SQLite can store, or None (not digits, or past `MAX_STORED_INTEGER`).
-
-    The length is checked before `int()`: Python refuses more than 4,300 digits with a ValueError."""
-    if not text.isascii() or not text.isdigit() or len(text) > len(str(MAX_STORED_INTEGER)):
-        return None
-    number = int(text)
-    return number if number <= MAX_STORED_INTEGER else None
 
 
 REPLAY_HEADER = "X-Context-Replay"

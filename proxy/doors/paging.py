@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.doors.context_headers import whole_number
 from proxy.errors import InvalidRequest
 from proxy.journal.reader import DEFAULT_PAGE
+from proxy.numbers import parse_integer
 
 MAX_PAGE = 500
 
@@ -19,7 +19,7 @@ def page_params(limit: str | None, offset: str | None) -> tuple[int, int]:
         if text is None:
             values.append(default)
             continue
-        number = whole_number(text)
+        number = parse_integer(text)
         if number is None or (maximum is not None and not 1 <= number <= maximum):
             bound = f" between 1 and {maximum}" if maximum else " below 2^63"
             raise InvalidRequest(f"Query parameter '{name}' must be a whole number{bound}.", param=name)

@@ -1,5 +1,5 @@
-"""The SQL the history runs, and the rows it reads and writes: kept beside `proxy.history.store`, which holds the
-logic (locate, store, sessions, settings), so that each reads on its own.
+"""The SQL the history runs, and the rows it reads and writes: kept beside `proxy.history.store` and
+`proxy.history.reads`, which hold the logic (locate, store, settings; sessions, paths), so that each reads on its own.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,25 +32,20 @@ from proxy import tokens
 from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
-from proxy.history.messages import Reconciled, Session, SessionInfo, StoredMessage
+from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
     KNOWN_SQL,
-    PATH_SQL,
-    SESSION_COLUMNS,
-    SESSION_STATS_SQL,
-    UNCOUNTED_SQL,
     UPSERT_SESSION_SQL,
     insert_tokens,
     lost_races,
     session_from_row,
 )
+from proxy.history.reads import HistoryReads, TokenCounter
+from proxy.history.settings import fold
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, lock_name
-from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Clock, Message
-
-TokenCounter = Callable[[Mapping[str, Any], str], int]
 
 BULK_ROWS = 64
 """A request writing more messages than this is stored on the writer thread (a first request of 20,000
@@ -94,8 +89,8 @@ class Located:
     """(message id, digest, body, created_at) of forms not stored yet."""
 
 
-class History:
-    """The store of sessions and messages on top of `Database`.
+class History(HistoryReads):
+    """The store of sessions and messages on top of `Database`: the write path here, the reads in `HistoryReads`.
 
     A request is reconciled in two halves: `locate` (hashing, reading, counting; no write) finds its session,
     and `store` writes what is new. Hold `lock()` of the located session around `store` and whatever must see
@@ -104,10 +99,8 @@ class History:
     """
 
     def __init__(self, db: Database, *, clock: Clock = time.time, count: TokenCounter | None = None) -> None:
-        self._db = db
+        super().__init__(db, count or _count_with_tiktoken)
         self.clock = clock
-        self.count = count or _count_with_tiktoken
-        """Tokens of one normalized message in one encoding; also what `answers` counts an answer with."""
         self.recent = RecentPaths()
         """The paths this process reconciled last; `answers` extends them with each sealed answer."""
         self._locks = SessionLocks()
@@ -300,38 +293,6 @@ class History:
         self.recent.forget_tenant(tenant)
         return replace(reconciled, settings=fold(reconciled.settings, changes))
 
-    async def settings_on(self, tenant: str, path: Sequence[StoredMessage]) -> dict[str, Any]:
-        """The settings in force at the end of `path`."""
-        if not path:
-            return {}
-        rows = await self._db.fetchall(
-            "SELECT message_id, settings FROM context_settings "
-            "WHERE tenant = ? AND message_id IN (SELECT value FROM json_each(?))",
-            (tenant, json.dumps([stored.id for stored in path])),
-        )
-        attached = {row[0]: json.loads(row[1]) for row in rows}
-        in_force: Mapping[str, Any] = {}
-        for stored in path[: chain.conversation_end([stored.role for stored in path]) + 1]:
-            if stored.id in attached:
-                in_force = fold(in_force, attached[stored.id])
-        return dict(in_force)
-
-    async def message(self, message_id: str) -> Message | None:
-        """One stored node's message (its first form), or None. Not tenant-checked, as `path_to`."""
-        row = await self._db.fetchone("SELECT body FROM messages WHERE id = ?", (message_id,))
-        return None if row is None else dict(json.loads(row[0]))
-
-    async def forms(self, wanted: Mapping[str, str]) -> dict[str, Message]:
-        """The stored forms named by `wanted` (node id → digest, as `Reconciled.pinned_forms`), where found."""
-        if not wanted:
-            return {}
-        rows = await self._db.fetchall(
-            "SELECT message_id, digest, body FROM message_variants "
-            "WHERE message_id IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(wanted)),),
-        )
-        return {row[0]: json.loads(row[2]) for row in rows if wanted[row[0]] == row[1]}
-
     async def _derived(self, tenant: str, path: Sequence[StoredMessage]) -> str | None:
         """The derived session whose anchor lies deepest on `path` (the most recently updated on a tie)."""
         rows = await self._db.fetchall(
@@ -354,84 +315,6 @@ class History:
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
 
-    async def session(self, tenant: str, session_id: str) -> Session | None:
-        row = await self._db.fetchone(
-            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND id = ?", (tenant, session_id)
-        )
-        return None if row is None else session_from_row(row)
-
-    async def sessions(self, tenant: str, limit: int = 50, offset: int = 0) -> tuple[list[SessionInfo], bool]:
-        """A page of the tenant's sessions, most recently updated first, and whether more follow."""
-        rows = await self._db.fetchall(
-            "SELECT id, head_id, model, created_at, updated_at FROM sessions WHERE tenant = ? "
-            "ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?",
-            (tenant, limit + 1, offset),
-        )
-        has_more = len(rows) > limit
-        rows = rows[:limit]
-        heads = json.dumps([[row["id"], row["head_id"]] for row in rows if row["head_id"] is not None])
-        stats: dict[str, tuple[int, int, int]] = {}
-        if rows:
-            stat_rows = await self._db.fetchall(SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
-            if any(row["counted"] < row["messages"] for row in stat_rows):
-                # Messages stored under another encoding only: count them all at once, then read again.
-                await self._count_missing(heads)
-                stat_rows = await self._db.fetchall(SESSION_STATS_SQL, (heads, tenant, DEFAULT_ENCODING))
-            stats = {row["session_id"]: (row["messages"], row["tokens"], row["summaries"] or 0) for row in stat_rows}
-        page = [
-            SessionInfo(
-                row["id"],
-                row["model"],
-                *stats.get(row["id"], (0, 0, 0)),
-                row["created_at"],
-                row["updated_at"],
-            )
-            for row in rows
-        ]
-        return page, has_more
-
-    async def path(self, tenant: str, session_id: str, encoding: str = DEFAULT_ENCODING) -> list[StoredMessage] | None:
-        """The session head's path, root first; None if the tenant has no such session."""
-        session = await self.session(tenant, session_id)
-        if session is None:
-            return None
-        if session.head_id is None:
-            return []
-        return await self.path_to(session.head_id, encoding)
-
-    async def path_to(self, message_id: str, encoding: str = DEFAULT_ENCODING) -> list[StoredMessage]:
-        """The path from the root to `message_id` in one query; tokens missing for `encoding` are counted
-        now and stored, once. Not tenant-checked: callers pass ids they got from a tenant's session."""
-        rows = await self._db.fetchall(PATH_SQL, (message_id, encoding))
-        path: list[StoredMessage] = []
-        counted: list[tuple[str, str, int]] = []
-        for row in rows:
-            normal = json.loads(row["body"])
-            count = row["tokens"]
-            if count is None:
-                count = self.count(normal, encoding)
-                counted.append((row["id"], encoding, count))
-            path.append(
-                StoredMessage(row["id"], row["parent_id"], row["depth"], row["role"], normal, count, row["created_at"])
-            )
-        await self._store_counts(counted)
-        return path
-
-    async def _count_missing(self, heads: str) -> None:
-        rows = await self._db.fetchall(UNCOUNTED_SQL, (heads, DEFAULT_ENCODING))
-        await self._store_counts(
-            [(row[0], DEFAULT_ENCODING, self.count(json.loads(row[1]), DEFAULT_ENCODING)) for row in rows]
-        )
-
-    async def _store_counts(self, counted: Sequence[tuple[str, str, int]]) -> None:
-        if not counted:
-            return
-
-        def write(connection: Connection) -> None:
-            insert_tokens(connection, counted)
-
-        await self._db.write(write, atomic=False)
-
 
 @dataclass(frozen=True)
 class KnownNode:
@@ -442,10 +325,3 @@ class KnownNode:
     body: str
     settings: dict[str, Any] | None
     """The setting changes attached to it, if any."""
-
-
-def fold(in_force: Mapping[str, Any], changes: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Settings after `changes` (None removes a key); `in_force` itself when nothing changes."""
-    merged = {**in_force, **changes}
-    merged = {key: value for key, value in merged.items() if value is not None}
-    return in_force if merged == in_force else merged

@@ -79,3 +79,8 @@ class Outage:
             "The proxy's store is unreachable: nothing of this request was saved. Retry shortly.",
             retry_after_s=retry_after_s,
         )
+
+
+def reason_of(exc: BaseException) -> str:
+    """An exception as the one-line reason an outage records (libpq's messages span lines; a log line is one)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -6,7 +6,7 @@ in a savepoint: PostgreSQL aborts the whole transaction on a failing statement, 
 job that PostgreSQL picks as a deadlock's victim (two replicas' groups inserting the same shared nodes in
 another order) is rolled back to its savepoint and run again. Reads come from an async pool. The locks that
 hold across replicas (`lock`, `try_lock`) are advisory locks, all held on one connection of the process
-(`AdvisoryLocks`), never one pooled connection per holder: a request holding a session's lock must still be
+(`pg_locks`), never one pooled connection per holder: a request holding a session's lock must still be
 able to read, and 32 requests holding locks must not take the whole pool. A process that dies releases its
 locks with its connection. Migrations run under an advisory lock, so replicas starting together apply each
 one once.
@@ -20,8 +20,6 @@ connections, the lock connection is opened anew. Nothing needs a restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +39,8 @@ from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated, translate
 from proxy.store.engine import Outcome, StoreUnavailable, Works, apply_migrations, refuse_newer, run_job
-from proxy.store.outage import Outage
+from proxy.store.outage import Outage, reason_of
+from proxy.store.pg_locks import AdvisoryLocks
 from proxy.store.pg_migrations import MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -53,8 +52,6 @@ RECONNECT_TIMEOUT_S = 3
 """For a connection made again while serving: one caller waits this long at most, the others fail fast."""
 READ_WAIT_S = 5
 """How long a read waits for a pooled connection before the store counts as unreachable."""
-LOCK_POLL_S = 0.005
-LOCK_POLL_MAX_S = 0.1
 MIGRATION_LOCK = "context-proxy: migrations"
 
 
@@ -161,13 +158,9 @@ def _connect(url: str, translations: _Translations, timeout: int = CONNECT_TIMEO
     try:
         connection = psycopg.Connection.connect(url, autocommit=True, row_factory=pg_rows, connect_timeout=timeout)
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {_reason(exc)}") from None
+        raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {reason_of(exc)}") from None
     _adapt(connection)
     return PgConnection(connection, translations)
-
-
-def _reason(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__  # libpq's message spans lines; a log line is one
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -211,11 +204,11 @@ class PostgresEngine:
             open=False,
         )
         outage = Outage()
-        locks = AdvisoryLocks(url, outage)
+        locks = AdvisoryLocks(url, outage, RECONNECT_TIMEOUT_S)
         try:
             await loop.run_in_executor(executor, migrate, writer)
             await reads.open(wait=True, timeout=CONNECT_TIMEOUT_S)
-            await locks.open()
+            await locks.open(CONNECT_TIMEOUT_S)
         except BaseException:
             await reads.close()
             await locks.close()
@@ -229,7 +222,7 @@ class PostgresEngine:
             outcomes = self._run_batch(connection, works)
         except psycopg.OperationalError as exc:
             if connection.raw.closed:  # the server went away: whether the COMMIT happened cannot be known
-                raise self._outage.failed(_reason(exc)) from exc
+                raise self._outage.failed(reason_of(exc)) from exc
             raise
         self._outage.recovered()
         return outcomes
@@ -249,7 +242,7 @@ class PostgresEngine:
             except psycopg.OperationalError as exc:
                 if retry and self._writer.raw.closed:
                     continue
-                raise self._outage.failed(_reason(exc)) from exc
+                raise self._outage.failed(reason_of(exc)) from exc
             return self._writer
         raise AssertionError("unreachable")
 
@@ -297,7 +290,7 @@ class PostgresEngine:
                 async with self._reads.connection(timeout=READ_WAIT_S) as connection:
                     result = await fetch(await connection.execute(translated.sql, parameters))
             except PoolTimeout as exc:
-                raise self._outage.failed(f"no connection within {READ_WAIT_S} s: {_reason(exc)}") from exc
+                raise self._outage.failed(f"no connection within {READ_WAIT_S} s: {reason_of(exc)}") from exc
             except psycopg.OperationalError as exc:
                 if connection is None or not connection.closed:
                     raise  # the statement's own failure
@@ -305,7 +298,7 @@ class PostgresEngine:
                     await self._probe()
                     await self._reads.check()
                     continue
-                raise self._outage.failed(_reason(exc)) from exc
+                raise self._outage.failed(reason_of(exc)) from exc
             self._outage.recovered()
             return result
         raise AssertionError("unreachable")
@@ -340,7 +333,7 @@ class PostgresEngine:
         try:
             connection = await psycopg.AsyncConnection.connect(self._url, connect_timeout=RECONNECT_TIMEOUT_S)
         except psycopg.OperationalError as exc:
-            raise self._outage.failed(_reason(exc)) from exc
+            raise self._outage.failed(reason_of(exc)) from exc
         await connection.close()
 
     @staticmethod
@@ -354,90 +347,6 @@ async def _all(cursor: psycopg.AsyncCursor[PgRow]) -> list[Row]:
 
 async def _one(cursor: psycopg.AsyncCursor[PgRow]) -> Row | None:
     return await cursor.fetchone()
-
-
-class AdvisoryLocks:
-    """Session-level advisory locks of this process, all on one connection of their own.
-
-    A lock another process holds is waited for by asking again (`pg_try_advisory_lock`, from 5 ms backing off to
-    100 ms), not by a blocking `pg_advisory_lock`, which would hold the shared connection for everyone. Callers
-    never hold one name twice at once (the session's asyncio lock, one pre-compaction per session come first),
-    so PostgreSQL's re-entrant counting stays one per name. An acquisition whose caller is cancelled is finished
-    and undone, so a lock never stays held for a caller that has gone. A lost connection released every lock it
-    held: releasing one then has nothing left to do.
-    """
-
-    def __init__(self, url: str, outage: Outage) -> None:
-        self._url = url
-        self._outage = outage
-        self._connection: psycopg.AsyncConnection[Any] | None = None
-        self._undoing: set[asyncio.Task[None]] = set()
-
-    async def open(self, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> None:
-        self._connection = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=connect_timeout_s
-        )
-
-    async def close(self) -> None:
-        if self._undoing:
-            await asyncio.gather(*self._undoing, return_exceptions=True)
-        if self._connection is not None:
-            await self._connection.close()
-
-    async def acquire(self, name: str, *, wait: bool) -> bool:
-        delay = LOCK_POLL_S
-        while True:
-            attempt = asyncio.ensure_future(self._query("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", name))
-            try:
-                held = await asyncio.shield(attempt)
-            except asyncio.CancelledError:
-                attempt.add_done_callback(functools.partial(self._undo, name))
-                raise
-            if held or not wait:
-                return held
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, LOCK_POLL_MAX_S)
-
-    async def release(self, name: str) -> None:
-        connection = self._connection
-        if connection is None or connection.closed:
-            return
-        with contextlib.suppress(StoreUnavailable):  # the connection died, and the lock with it
-            await asyncio.shield(self._query("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", name))
-
-    async def _query(self, sql: str, name: str) -> bool:
-        """A connection the server dropped while it was idle (a restart) is only found dead here: then a new one
-        is made, once."""
-        for retry in (True, False):
-            connection = self._connection
-            if connection is None or connection.closed:
-                # Whatever the lost connection held was released with it; what is held from now on is held again.
-                self._outage.admit()
-                log.warning("the store's lock connection was lost; reconnecting")
-                try:
-                    await self.open(RECONNECT_TIMEOUT_S)
-                except psycopg.OperationalError as exc:
-                    raise self._outage.failed(_reason(exc)) from exc
-                connection = self._connection
-                assert connection is not None
-            try:
-                cursor = await connection.execute(sql, (name,))
-                row = await cursor.fetchone()
-            except psycopg.OperationalError as exc:
-                if not connection.closed:
-                    raise
-                if retry:
-                    continue
-                raise self._outage.failed(_reason(exc)) from exc
-            return bool(row is not None and row[0])
-        raise AssertionError("unreachable")
-
-    def _undo(self, name: str, attempt: asyncio.Future[bool]) -> None:
-        if attempt.cancelled() or attempt.exception() is not None or not attempt.result():
-            return
-        task = asyncio.ensure_future(self.release(name))
-        self._undoing.add(task)
-        task.add_done_callback(self._undoing.discard)
 
 
 async def _configure(connection: psycopg.AsyncConnection[Any]) -> None:

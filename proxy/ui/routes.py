@@ -11,9 +11,9 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from proxy.auth import authenticate
-from proxy.doors.context_headers import whole_number
 from proxy.doors.paging import page_params
 from proxy.errors import InvalidRequest
+from proxy.numbers import parse_integer
 from proxy.services import Services
 from proxy.ui.views import Dashboard
 
@@ -64,7 +64,7 @@ async def _rows(request: Request) -> Response:
 async def _span(request: Request) -> Response:
     dashboard, tenant = _dashboard(request)
     text = request.path_params["span_id"]
-    span_id = whole_number(text) if text.isascii() and text.isdigit() else None
+    span_id = parse_integer(text)
     if span_id is None:
         raise InvalidRequest(f"Span ids are whole numbers below 2^63, got '{text[:40]}'.", param="span_id")
     limit, offset = page_params(request.query_params.get("limit"), request.query_params.get("offset"))

@@ -21,6 +21,7 @@ from proxy.compaction.builder import (
     cut_points,
     recent_block,
     recent_start,
+    with_tool_groups,
 )
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
@@ -187,6 +188,15 @@ def test_cut_points_never_fall_inside_a_tool_group() -> None:
 def test_cut_points_follow_the_call_ids_even_when_answers_are_not_adjacent() -> None:
     items = [assistant(10, ("a",)), user(), tool("a"), user()]
     assert cut_points(items) == [True, False, False, True, True]
+
+
+def test_a_position_widens_to_its_whole_tool_group_within_the_bound() -> None:
+    items = [user(), assistant(10, ("a", "b")), tool("a"), tool("b"), user()]
+    cuts = cut_points(items)
+    assert with_tool_groups(cuts, [2]) == {1, 2, 3}
+    assert with_tool_groups(cuts, [0, 4]) == {0, 4}
+    assert with_tool_groups(cuts, [1], end=3) == {1, 2}
+    assert with_tool_groups(cuts, []) == set()
 
 
 # --- compaction: which range to summarize -------------------------------------------------------------------

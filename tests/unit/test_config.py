@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +365,15 @@ def test_observability_defaults_and_choices() -> None:
 def test_bad_observability_keys_are_named(raw: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(key)}"):
         parse(raw)
+
+
+def test_an_empty_config_is_the_dataclasses_defaults() -> None:
+    config = parse({})
+    assert replace(config, store=Config().store) == Config()
+    assert config.store.pool_size == Config().store.pool_size
+
+
+@pytest.mark.parametrize("text", ["--5", "²", "1" * 5000, "+5", "5.0"])
+def test_an_odd_integer_text_is_named_not_raised(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"server\.port: must be a whole number"):
+        parse({"server": {"port": text}})

@@ -1,16 +1,13 @@
-"""Recall (`proxy.compaction.recall`): query terms, excerpts and the recall message as pure functions; the FTS5
-index and ranking on a real SQLite file, with messages stored through `History`."""
+"""Recall (`proxy.compaction.recall`): excerpts and the recall message as pure functions; the FTS5 index and
+ranking on a real SQLite file, with messages stored through `History`. Query terms: `test_recall_terms`."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, cast
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from proxy.compaction.recall import (
     MAX_PASSAGE_CHARS,
@@ -18,16 +15,12 @@ from proxy.compaction.recall import (
     Passage,
     Recall,
     excerpt,
-    match_expression,
     message_text,
-    query_terms,
     recall_message,
-    unseen_terms,
 )
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.store.database import Database
-from proxy.store.migrations import m001_history, m009_recall
 from proxy.tokens import content_text, count_message, count_text
 
 ENCODING = "cl100k_base"
@@ -87,45 +80,6 @@ async def count(db: Database, sql: str) -> int:
 
 
 # --- the pure parts ----------------------------------------------------------------------------------------------
-
-
-def test_query_terms_keep_identifiers_numbers_and_paths_and_drop_the_rest() -> None:
-    terms = query_terms("What was the DEPLOY_REGION we agreed on? See src/proxy/app.py, port 8080, a 3 on it.")
-    assert ("deploy", "region") in terms
-    assert ("src", "proxy", "app", "py") in terms
-    assert ("8080",) in terms
-    flat = {token for term in terms for token in term}
-    assert not flat & {"what", "was", "the", "we", "agreed", "on", "a", "3", "it", "see", "port"}  # plain words
-    assert query_terms("Did we move the cache to Redis or keep `memcached` and cacheTTL?") == [
-        ("redis",),
-        ("memcached",),
-        ("cachettl",),
-    ]
-    assert query_terms("") == []
-    assert query_terms("?! ... -- the of and") == []
-
-
-def test_terms_the_working_context_shows_are_not_looked_up() -> None:
-    assert unseen_terms(QUESTION, "nothing relevant here") == [("deploy", "region")]
-    assert unseen_terms(QUESTION, f"earlier: {FACT}") == []
-    assert unseen_terms(QUESTION, "we deploy to the region") == [("deploy", "region")], "a phrase, not two words"
-    # The latest user message is part of what is sent: its own words do not count as already shown.
-    assert unseen_terms(QUESTION, f"be brief\n{QUESTION}") == [("deploy", "region")]
-
-
-@given(st.text())
-def test_no_query_becomes_fts_syntax(query: str) -> None:
-    connection = sqlite3.connect(":memory:")
-    try:
-        m001_history(connection)
-        m009_recall(connection)
-        connection.execute("INSERT INTO recall_index (rowid, text) VALUES (1, ?)", (f"{FACT} {query}",))
-        for text in [query, *NASTY_QUERIES]:
-            expression = match_expression(unseen_terms(text, ""))
-            if expression:
-                connection.execute("SELECT rowid FROM recall_index WHERE recall_index MATCH ?", (expression,))
-    finally:
-        connection.close()
 
 
 def test_a_long_text_gives_an_excerpt_of_whole_lines_around_the_best_match() -> None:

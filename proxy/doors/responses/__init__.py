@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.auth import Caller
 from proxy.config import Config, RequestLimits
 from proxy.conversation import Answer, Completed, Replayed
-from proxy.doors.context_headers import answer_headers, whole_number
+from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute
 from proxy.doors.event_streams import Event, relayed, replayed
 from proxy.doors.responses.fields import ToolNames
@@ -32,6 +32,7 @@ from proxy.doors.responses.output import EventStream, ResponseShape, completed_r
 from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.errors import InvalidRequest, NotFound
+from proxy.numbers import parse_integer
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.vocabulary import RESPONSE
@@ -91,7 +92,7 @@ class Responses(Door[Echo]):
         """`GET /v1/responses/{id}/input_items?after=&limit=&order=`."""
         query = request.query_params
         limit_text = query.get("limit")
-        limit = DEFAULT_ITEMS_PAGE if limit_text is None else whole_number(limit_text)
+        limit = DEFAULT_ITEMS_PAGE if limit_text is None else parse_integer(limit_text)
         if limit is None or not 1 <= limit <= MAX_ITEMS_PAGE:
             raise InvalidRequest(
                 f"Query parameter 'limit' must be a whole number between 1 and {MAX_ITEMS_PAGE}.", param="limit"

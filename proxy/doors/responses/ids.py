@@ -3,7 +3,7 @@ a stream, its replay, a JSON answer and a stored response read back all agree.""
 
 from __future__ import annotations
 
-from proxy.doors.context_headers import MAX_STORED_INTEGER
+from proxy.numbers import MAX_STORED_INTEGER
 
 RESPONSE_ID_PREFIX = "resp_"
 

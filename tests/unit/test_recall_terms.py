@@ -1,0 +1,65 @@
+"""Which terms of a question recall looks up (`proxy.compaction.recall_terms`), and that none of them can become
+FTS5 syntax."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.compaction.recall_terms import match_expression, query_terms, unseen_terms
+from proxy.store.migrations import m001_history, m009_recall
+
+QUESTION = "what was the DEPLOY_REGION we agreed on?"
+FACT = "DEPLOY_REGION=eu-west-3"
+NASTY_QUERIES = [
+    'say "hello',
+    "DEPLOY_REGION*",
+    "NEAR(deploy region, 2)",
+    "text:DEPLOY_REGION",
+    "-DEPLOY_REGION",
+    "deploy AND OR NOT region",
+    '"" ^ * : - + ( ) { } NEAR/3',
+    "\x00\ufffd\U0001f600 ☃ ß İ",
+    "x" * 10_000,
+]
+
+
+def test_query_terms_keep_identifiers_numbers_and_paths_and_drop_the_rest() -> None:
+    terms = query_terms("What was the DEPLOY_REGION we agreed on? See src/proxy/app.py, port 8080, a 3 on it.")
+    assert ("deploy", "region") in terms
+    assert ("src", "proxy", "app", "py") in terms
+    assert ("8080",) in terms
+    flat = {token for term in terms for token in term}
+    assert not flat & {"what", "was", "the", "we", "agreed", "on", "a", "3", "it", "see", "port"}  # plain words
+    assert query_terms("Did we move the cache to Redis or keep `memcached` and cacheTTL?") == [
+        ("redis",),
+        ("memcached",),
+        ("cachettl",),
+    ]
+    assert query_terms("") == []
+    assert query_terms("?! ... -- the of and") == []
+
+
+def test_terms_the_working_context_shows_are_not_looked_up() -> None:
+    assert unseen_terms(QUESTION, "nothing relevant here") == [("deploy", "region")]
+    assert unseen_terms(QUESTION, f"earlier: {FACT}") == []
+    assert unseen_terms(QUESTION, "we deploy to the region") == [("deploy", "region")], "a phrase, not two words"
+    # The latest user message is part of what is sent: its own words do not count as already shown.
+    assert unseen_terms(QUESTION, f"be brief\n{QUESTION}") == [("deploy", "region")]
+
+
+@given(st.text())
+def test_no_query_becomes_fts_syntax(query: str) -> None:
+    connection = sqlite3.connect(":memory:")
+    try:
+        m001_history(connection)
+        m009_recall(connection)
+        connection.execute("INSERT INTO recall_index (rowid, text) VALUES (1, ?)", (f"{FACT} {query}",))
+        for text in [query, *NASTY_QUERIES]:
+            expression = match_expression(unseen_terms(text, ""))
+            if expression:
+                connection.execute("SELECT rowid FROM recall_index WHERE recall_index MATCH ?", (expression,))
+    finally:
+        connection.close()
