@@ -84,11 +84,7 @@ def render(table: Table) -> str:
     cells = [[column.cell(row.get(column.key)) for column in table.columns] for row in table.rows]
     headers = [column.header for column in table.columns]
     widths = [max(len(line[i]) for line in [headers, *cells]) for i in range(len(headers))]
-    numeric = [
-        all(isinstance(row.get(c.key), int | float) or row.get(c.key) is None for row in table.rows)
-        and bool(table.rows)
-        for c in table.columns
-    ]
+    numeric = [_numeric(table.column(column.key)) for column in table.columns]
 
     def line(values: list[str]) -> str:
         justified = (
@@ -102,6 +98,12 @@ def render(table: Table) -> str:
     lines += [line(row) for row in cells]
     lines += table.notes
     return "\n".join(lines)
+
+
+def _numeric(values: list[Any]) -> bool:
+    """A column of numbers (missing cells aside) is right-aligned."""
+    present = [value for value in values if value is not None]
+    return bool(present) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
 
 
 @dataclass
@@ -198,7 +200,8 @@ class Report:
         data = {key: value for key, value in asdict(self).items() if not key.startswith("_")}
         ordered = {key: data[key] for key in ("schema", "bench", "started_at", "seconds", "machine", "parameters")}
         ordered.update((key, data[key]) for key in ("tables", "ratios", "notes"))
-        return _plain(ordered)
+        plain: dict[str, Any] = _plain(ordered)
+        return plain
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False, default=str) + "\n")
