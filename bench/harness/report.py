@@ -65,6 +65,8 @@ class Table:
     title: str = ""
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    transposed: bool = False
+    """Printed with one line per column and one column per row: for a few rows of many measurements."""
 
     def add(self, **values: Any) -> dict[str, Any]:
         self.rows.append(values)
@@ -80,11 +82,18 @@ def columns(*specs: tuple[str, ...]) -> list[Column]:
 
 
 def render(table: Table) -> str:
-    """The table as aligned text: numbers right-aligned, text left, a rule under the header, then its notes."""
-    cells = [[column.cell(row.get(column.key)) for column in table.columns] for row in table.rows]
-    headers = [column.header for column in table.columns]
+    """The table as aligned text: numbers right-aligned, text left, a rule under the header, then its notes; a
+    transposed table has a line per column, headed by its first column's values."""
+    if table.transposed:
+        key = table.columns[0]
+        headers = [key.header, *(key.cell(row.get(key.key)) for row in table.rows)]
+        cells = [[c.header, *(c.cell(row.get(c.key)) for row in table.rows)] for c in table.columns[1:]]
+        numeric = [False, *(True for _ in table.rows)]
+    else:
+        headers = [column.header for column in table.columns]
+        cells = [[column.cell(row.get(column.key)) for column in table.columns] for row in table.rows]
+        numeric = [_numeric(table.column(column.key)) for column in table.columns]
     widths = [max(len(line[i]) for line in [headers, *cells]) for i in range(len(headers))]
-    numeric = [_numeric(table.column(column.key)) for column in table.columns]
 
     def line(values: list[str]) -> str:
         justified = (
@@ -177,9 +186,9 @@ class Report:
         parameters = {key: value for key, value in vars(args).items() if key != "json"}
         return cls(bench, parameters)
 
-    def table(self, name: str, title: str, table_columns: list[Column]) -> Table:
+    def table(self, name: str, title: str, table_columns: list[Column], transposed: bool = False) -> Table:
         """A new table, appended to the report."""
-        table = Table(name, table_columns, title)
+        table = Table(name, table_columns, title, transposed=transposed)
         self.tables.append(table)
         return table
 
