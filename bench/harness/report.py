@@ -10,7 +10,8 @@ a reader sees and what a script compares later cannot drift apart. The JSON layo
      "cpus": 2, "cpus_total": 2, "load_average": 0.6},
      "parameters": {"requests": 20, "sizes": "10,500", "baseline": null},
      "tables": [{"name": "latency", "title": "…", "columns": [{"key": "messages", "label": "msgs",
-                 "format": ""}, …], "rows": [{"messages": 10, "direct_p50": 1.9, …}], "notes": ["…"]}],
+                 "format": ""}, …], "rows": [{"messages": 10, "direct_p50": 1.9, …}], "notes": ["…"],
+                 "transposed": false}],
      "ratios": {"proxy/floor added p50, 10 msgs non-stream": 2.7}, "notes": ["…"]}
 
 NaN and infinities are written as null; paths and other objects as their `str`.
