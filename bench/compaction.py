@@ -6,7 +6,7 @@ that cannot be reached (the extractive fallback writes every summary). Facts are
 is "retained" is a fact still present in the last request the model received. Latency is the client's time
 for a turn minus the time of the same request sent straight to the fake, split by whether the turn compacted.
 
-Run by hand: `.venv/bin/python bench/compaction.py [--turns N]`.
+Run by hand: `.venv/bin/python bench/compaction.py [--turns N] [--json PATH]` (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from bench.harness.report import Report, Table, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.proxy_server import ProxyServer, free_port, make_config
 from tests.support.scripted_session import FACT_PATTERN, ScriptedSession, TurnRecord, install_responder, prefix_breaks
@@ -36,18 +37,20 @@ DEFAULT_TURNS = 300
 WINDOW = 4096
 MAX_OUTPUT = 512
 FACT_EVERY = 25
-COMPACTION_LOG = "proxy.compaction.compactor"
+COMPACTION_LOG = "proxy.compaction.events"
+SUMMARY_WRITTEN = "compaction event=complete "
 
 
 class CompactionCounter(logging.Handler):
-    """Counts the compactor's one log line per summary written (also when the summarizer fell back)."""
+    """Counts the compaction events' one `complete` line per summary written (also when the summarizer fell
+    back)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.count = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("compaction "):
+        if record.getMessage().startswith(SUMMARY_WRITTEN):
             self.count += 1
 
 
@@ -143,67 +146,81 @@ def run(name: str, turns: int, broken_summarizer: bool) -> RunResult:
         logger.propagate = True
 
 
-def median(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):.1f}" if values else "-"
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
-def rows(result: RunResult) -> list[tuple[str, str]]:
+METRICS = columns(
+    ("run",),
+    ("turns",),
+    ("summarizer_calls", "summarizer calls reaching the upstream"),
+    ("summaries_written", "summaries written (event log)"),
+    ("compaction_turns", "compaction turns"),
+    ("compaction_turns_share", "compaction turns, share", ".1%"),
+    ("prefix_stable", "prefix-stable requests"),
+    ("prefix_stable_share", "prefix-stable requests, share", ".1%"),
+    ("tokens_max", "tokens sent: max"),
+    ("tokens_mean", "tokens sent: mean", ".0f"),
+    ("budget",),
+    ("tokens_max_share", "tokens sent: max / budget", ".0%"),
+    ("tokens_mean_share", "tokens sent: mean / budget", ".0%"),
+    ("history_tokens", "history at the end (tokens)"),
+    ("facts_retained", "facts retained at the last turn"),
+    ("facts_planted", "facts planted"),
+    ("added_ms_normal", "added ms, normal turn (median)", ".1f"),
+    ("added_ms_compaction", "added ms, compaction turn (median)", ".1f"),
+    ("wall_s", "wall time (s)", ".1f"),
+)
+
+
+def add_row(table: Table, result: RunResult) -> None:
     turns = result.turns
     requests = sum(len(turn.chat_requests) for turn in turns)
     breaks = len(prefix_breaks(turns))
     compaction_turns = [i for i, n in enumerate(result.summaries_written) if n]
     sent = [int(turn.headers["x-context-tokens"]) for turn in turns]
     normal = [ms for i, ms in enumerate(result.added_ms) if i not in compaction_turns]
-    compacting = [result.added_ms[i] for i in compaction_turns]
-    return [
-        ("turns", str(len(turns))),
-        ("summarizer calls reaching the upstream", str(result.summarizer_calls)),
-        ("summaries written (compactor log)", str(sum(result.summaries_written))),
-        ("compaction turns", f"{len(compaction_turns)} ({100 * len(compaction_turns) / len(turns):.1f}%)"),
-        (
-            "prefix-stable requests",
-            f"{requests - 1 - breaks}/{requests - 1} ({100 * (1 - breaks / (requests - 1)):.1f}%)",
-        ),
-        ("tokens sent: max / budget", f"{max(sent)} / {result.budget} ({100 * max(sent) / result.budget:.0f}%)"),
-        (
-            "tokens sent: mean / budget",
-            f"{statistics.mean(sent):.0f} / {result.budget} ({100 * statistics.mean(sent) / result.budget:.0f}%)",
-        ),
-        ("history at the end (tokens)", turns[-1].headers["x-context-history-tokens"]),
-        ("facts retained at the last turn", f"{result.facts_retained}/{result.facts_planted}"),
-        ("added ms, normal turn (median)", median(normal)),
-        ("added ms, compaction turn (median)", median(compacting)),
-        ("wall time (s)", f"{result.seconds:.1f}"),
-    ]
-
-
-def table(results: Sequence[RunResult]) -> str:
-    header = ("metric", *(result.name for result in results))
-    columns = [rows(result) for result in results]
-    lines = [header] + [
-        (label, *(column[index][1] for column in columns)) for index, (label, _) in enumerate(columns[0])
-    ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    rendered = [
-        "| " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) + " |" for line in lines
-    ]
-    rendered.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    return "\n".join(rendered)
+    table.add(
+        run=result.name,
+        turns=len(turns),
+        summarizer_calls=result.summarizer_calls,
+        summaries_written=sum(result.summaries_written),
+        compaction_turns=len(compaction_turns),
+        compaction_turns_share=len(compaction_turns) / len(turns),
+        prefix_stable=requests - 1 - breaks,
+        prefix_stable_share=1 - breaks / (requests - 1),
+        tokens_max=max(sent),
+        tokens_mean=statistics.mean(sent),
+        budget=result.budget,
+        tokens_max_share=max(sent) / result.budget,
+        tokens_mean_share=statistics.mean(sent) / result.budget,
+        history_tokens=int(turns[-1].headers["x-context-history-tokens"]),
+        facts_retained=result.facts_retained,
+        facts_planted=result.facts_planted,
+        added_ms_normal=median(normal),
+        added_ms_compaction=median([result.added_ms[i] for i in compaction_turns]),
+        wall_s=result.seconds,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS)
+    add_json_option(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     # One fallback warning per summary otherwise.
     logging.getLogger("proxy.compaction.summarizer").setLevel(logging.ERROR)
-    results = [
-        run("fact-keeping summarizer", args.turns, broken_summarizer=False),
-        run("extractive fallback", args.turns, broken_summarizer=True),
-    ]
-    print(f"Compaction over {args.turns} turns, {WINDOW}-token window, {MAX_OUTPUT} reserved output")
-    print(table(results))
+    report = Report.start("compaction", args)
+    table = report.table(
+        "runs",
+        f"Compaction over {args.turns} turns, {WINDOW}-token window, {MAX_OUTPUT} reserved output",
+        METRICS,
+        transposed=True,
+    )
+    add_row(table, run("fact-keeping summarizer", args.turns, broken_summarizer=False))
+    add_row(table, run("extractive fallback", args.turns, broken_summarizer=True))
+    report.publish(args.json)
 
 
 if __name__ == "__main__":

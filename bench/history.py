@@ -4,7 +4,7 @@ Every request re-sends the whole conversation, so this is the proxy's per-reques
 the number of stored sessions (lookups are by primary key) and never involve tiktoken (counts are cached):
 the counter is wrapped here, and the table reports how often it ran during the timed calls.
 
-Run by hand: `.venv/bin/python bench/history.py [--runs N]`.
+Run by hand: `.venv/bin/python bench/history.py [--runs N] [--json PATH]` (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 # Run as a script from a checkout that is not installed: make the repository's `proxy` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy import tokens
+from bench.harness.report import Report, add_json_option, columns
+from proxy import environment, tokens
 from proxy.history.store import History
 from proxy.store.database import Database
 
@@ -82,7 +83,7 @@ async def timed(history: History, messages: list[dict[str, Any]]) -> float:
     return elapsed
 
 
-async def measure(directory: Path, stored_sessions: int, length: int, runs: int) -> dict[str, float]:
+async def measure(directory: Path, stored_sessions: int, length: int, runs: int) -> dict[str, Any]:
     rng = random.Random(f"{stored_sessions}-{length}")
     path = directory / f"bench-{stored_sessions}-{length}.sqlite"
     db = await Database.open(path)
@@ -115,32 +116,41 @@ async def measure(directory: Path, stored_sessions: int, length: int, runs: int)
     }
 
 
-async def main(runs: int) -> None:
-    header = (
-        f"{'stored sessions':>15} {'messages':>9} {'warm median ms':>15} {'cold median ms':>15} "
-        f"{'tokens/msg':>10} {'counted on re-send':>19}"
-    )
-    print(f"reconcile of a fully stored history, median of {runs} runs\n")
-    print(header)
-    print("-" * len(header))
-    largest = (0.0, 0.0)
+async def measure_all(runs: int, report: Report) -> None:
+    table = report.table(
+        "reconcile",
+        f"reconcile of a fully stored history, median of {runs} runs",
+        columns(
+            ("stored_sessions", "stored sessions"), ("length", "messages"), ("warm_ms", "warm median ms", ".2f"),
+            ("cold_ms", "cold median ms", ".2f"), ("tokens_per_message", "tokens/msg", ".0f"),
+            ("counted_on_resend", "counted on re-send"),
+        ),
+    )  # fmt: skip
+    largest = (0, 0)
     with tempfile.TemporaryDirectory() as directory:
         for stored_sessions in STORED_SESSIONS:
             for length in LENGTHS:
                 row = await measure(Path(directory), stored_sessions, length, runs)
-                print(
-                    f"{stored_sessions:>15} {length:>9} {row['warm_ms']:>15.2f} {row['cold_ms']:>15.2f} "
-                    f"{row['tokens_per_message']:>10.0f} {row['counted_on_resend']:>19.0f}"
-                )
+                table.add(stored_sessions=stored_sessions, length=length, **row)
                 largest = max(largest, (row["messages"], row["bytes"]))
     messages, size = largest
-    print(
-        f"\nDB size: {size / messages * 1000 / 1024:.0f} KiB per 1,000 messages "
-        f"(file of {size / 2**20:.1f} MiB, {messages:.0f} messages)"
+    table.columns += columns(("messages", "stored messages"), ("bytes", "DB bytes"))
+    table.notes.append(
+        f"DB size: {size / messages * 1000 / 1024:.0f} KiB per 1,000 messages "
+        f"(file of {size / 2**20:.1f} MiB, {messages} messages)"
     )
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
-    asyncio.run(main(parser.parse_args().runs))
+    add_json_option(parser)
+    args = parser.parse_args()
+    environment.prepare()  # tiktoken's encodings from LiteLLM's bundled files, as `proxy serve` has them
+    report = Report.start("history", args)
+    asyncio.run(measure_all(args.runs, report))
+    report.publish(args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ Both targets run with default limits (an older checkout refuses a `limits:` key 
 is another checkout (e.g. `git worktree add /tmp/base 670ace0`); then one line per attack gives the ratios
 this/baseline of the worst `/healthz` latency, the peak memory and the request's duration, measured side by side
 in one run. A request gets 300 s; `--only` picks attacks, since an unprotected baseline can take minutes on one.
+Each row is told on stderr as it is measured; `--json PATH` writes the table (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -31,14 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import HARNESS, HOST, ROOT, WORDS, free_port, process, proxy_config
+from bench.harness import servers
+from bench.harness.clients import WORDS, percentile
+from bench.harness.processes import ROOT, peak_rss_mib
+from bench.harness.report import Report, Table, add_json_option, checkout_state, columns
 
 REQUEST_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 120.0
@@ -174,24 +175,16 @@ def _send(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
         return f"{response.status_code} {done} ({received / 1e6:.1f} MB)"
 
 
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def measure(attack: Attack, body: bytes, upstream: str, root: Path, workdir: Path, name: str) -> dict[str, Any]:
     """One hostile request against a fresh proxy from the checkout `root`."""
-    port = free_port()
-    base = f"http://{HOST}:{port}"
+    port = servers.free_port()
+    base = servers.base_url(port)
     storedir = workdir / name
     storedir.mkdir()
-    config = proxy_config(storedir, upstream, name)
-    args = ["-m", "proxy", "serve", "--config", str(config), "--port", str(port), "--log-level", "warning"]
+    config = servers.proxy_config(storedir, upstream, name)
     row: dict[str, Any] = {"attack": attack.name, "target": name}
-    with process(args, f"{base}/healthz", log=workdir / f"{name}.log", root=root) as child:
-        row["start_mib"] = _peak_rss_mib(child.pid)
+    with servers.proxy_process(config, port, root=root, log=workdir / f"{name}.log") as child:
+        row["start_mib"] = peak_rss_mib(child.pid)
         prober = Prober(f"{base}/healthz")
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
             prober.start()
@@ -205,82 +198,80 @@ def measure(attack: Attack, body: bytes, upstream: str, root: Path, workdir: Pat
             row["request_s"] = time.perf_counter() - started
             time.sleep(PROBE_AFTER_S)
             prober.stop()
-        row["peak_mib"] = _peak_rss_mib(child.pid)
+        row["peak_mib"] = peak_rss_mib(child.pid)
         child.kill()  # a proxy still busy with the attack would hold up a graceful shutdown
     shutil.rmtree(storedir, ignore_errors=True)
     latencies = sorted(prober.latencies) or [float("nan")]
     row["worst_ms"] = latencies[-1] * 1000
-    p99 = statistics.quantiles(latencies, n=100, method="inclusive")[98] if len(latencies) > 1 else latencies[0]
-    row["p99_ms"] = p99 * 1000
+    row["p99_ms"] = percentile(latencies, 99, method="inclusive") * 1000
     row["probes"] = len(prober.latencies)
     row["probe_failures"] = prober.failures
     return row
 
 
-def run(attacks: list[Attack], baseline: Path | None) -> list[dict[str, Any]]:
+def run(attacks: list[Attack], baseline: Path | None, table: Table) -> None:
+    """Every attack against every target; each row is told on stderr as soon as it is measured."""
     targets = [("this", ROOT), *([("baseline", baseline)] if baseline is not None else [])]
     workdir = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     bodies = {attack.name: attack.build() for attack in attacks}
-    rows: list[dict[str, Any]] = []
     for attack in attacks:
-        fake_port = free_port()
-        upstream = f"http://{HOST}:{fake_port}/v1"
-        fake = [str(HARNESS), "--serve-fake", str(fake_port)]
-        if attack.reply_chars is None:
-            fake.append(str(SHORT_REPLY_WORDS))
-        else:
-            fake += ["--reply-chars", str(attack.reply_chars)]
-        with ExitStack() as stack:
-            stack.enter_context(process(fake, f"{upstream}/models"))
+        fake_port = servers.free_port()
+        upstream = f"{servers.base_url(fake_port)}/v1"
+        words = SHORT_REPLY_WORDS if attack.reply_chars is None else None
+        with servers.fake_upstream(fake_port, reply_words=words, reply_chars=attack.reply_chars):
             for name, root in targets:
                 attack_dir = workdir / attack.name
                 attack_dir.mkdir(exist_ok=True)
-                rows.append(measure(attack, bodies[attack.name], upstream, root, attack_dir, name))
-                print(_line(rows[-1]), flush=True)
-    print(f"(proxy logs in {workdir})")
-    return rows
+                row = table.add(**measure(attack, bodies[attack.name], upstream, root, attack_dir, name))
+                print(
+                    f"  {row['attack']} / {name}: {row['outcome']}, {row['request_s']:.2f} s, "
+                    f"worst /healthz {row['worst_ms']:.1f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    table.notes.append(f"proxy logs in {workdir}")
 
 
-HEADER = (
-    f"{'attack':<27} {'target':<8} {'outcome':<36} {'request s':>9} {'worst ms':>9} {'p99 ms':>8} "
-    f"{'start MiB':>9} {'peak MiB':>8} {'probes':>6}"
-)
+ATTACK_COLUMNS = columns(
+    ("attack",), ("target",), ("outcome",), ("request_s", "request s", ".2f"), ("worst_ms", "worst ms", ".1f"),
+    ("p99_ms", "p99 ms", ".1f"), ("start_mib", "start MiB", ".0f"), ("peak_mib", "peak MiB", ".0f"),
+    ("probes",), ("probe_failures", "failed"),
+)  # fmt: skip
 
 
-def _line(r: dict[str, Any]) -> str:
-    failures = f" ({r['probe_failures']} failed)" if r["probe_failures"] else ""
-    return (
-        f"{r['attack']:<27} {r['target']:<8} {r['outcome']:<36} {r['request_s']:>9.2f} {r['worst_ms']:>9.1f} "
-        f"{r['p99_ms']:>8.1f} {r['start_mib']:>9.0f} {r['peak_mib']:>8.0f} {r['probes']:>6}{failures}"
-    )
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print()
-    print(HEADER)
-    print("-" * len(HEADER))
-    for r in rows:
-        print(_line(r))
+def ratios(table: Table, result: Report) -> None:
+    """this/baseline per attack, when a baseline ran: a table of its own, and the report's ratios."""
     pairs = [
         (this, base)
-        for this in rows
-        for base in rows
+        for this in table.rows
+        for base in table.rows
         if this["target"] == "this" and base["target"] == "baseline" and this["attack"] == base["attack"]
     ]
-    if pairs:
-        ratios = f"{'worst /healthz this/base':>24} {'peak RSS this/base':>19} {'request s this/base':>20}"
-        print(f"\n{'attack':<27} {ratios}")
-        for this, base in pairs:
-            print(
-                f"{this['attack']:<27} {this['worst_ms'] / base['worst_ms']:>24.3f} "
-                f"{this['peak_mib'] / base['peak_mib']:>19.2f} {this['request_s'] / base['request_s']:>20.3f}"
-            )
+    if not pairs:
+        return
+    against = result.table(
+        "baseline",
+        "this checkout over the baseline's",
+        columns(
+            ("attack",), ("worst_ratio", "worst /healthz this/base", ".3f"),
+            ("peak_ratio", "peak RSS this/base", ".2f"), ("request_ratio", "request s this/base", ".3f"),
+        ),
+    )  # fmt: skip
+    for this, base in pairs:
+        row = against.add(
+            attack=this["attack"],
+            worst_ratio=this["worst_ms"] / base["worst_ms"],
+            peak_ratio=this["peak_mib"] / base["peak_mib"],
+            request_ratio=this["request_s"] / base["request_s"],
+        )
+        result.ratios[f"worst /healthz this/base, {this['attack']}"] = row["worst_ratio"]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout whose proxy is attacked beside this one")
     parser.add_argument("--only", help="comma-separated attack names: " + ", ".join(a.name for a in ATTACKS))
+    add_json_option(parser)
     args = parser.parse_args(argv)
     attacks = list(ATTACKS)
     if args.only:
@@ -289,13 +280,18 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             parser.error(f"unknown attacks: {', '.join(unknown)}")
         attacks = [a for a in ATTACKS if a.name in names]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"CPUs: {cpus} usable ({os.cpu_count()} in the machine); Python {sys.version.split()[0]}")
-    started = time.monotonic()
-    print(HEADER, flush=True)
-    rows = run(attacks, args.baseline.resolve() if args.baseline else None)
-    print_table(rows)
-    print(f"({len(rows)} hostile requests, {time.monotonic() - started:.0f} s)")
+    result = Report.start("hostile", args)
+    machine = result.machine
+    print(f"CPUs: {machine.cpus} usable ({machine.cpus_total} in the machine); Python {machine.python}")
+    baseline = args.baseline.resolve() if args.baseline else None
+    if baseline is not None:
+        result.parameters["baseline_commit"] = checkout_state(baseline)[0]
+    table = result.table("attacks", "hostile requests", ATTACK_COLUMNS)
+    run(attacks, baseline, table)
+    ratios(table, result)
+    result.notes.append(f"{len(table.rows)} hostile requests")
+    print()
+    result.publish(args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ delay) and the client reads it through each target, in separate processes, alter
     NORMAL, FULL  context-proxy with the journal on, `journal.synchronous` NORMAL or FULL
 
 It prints median chunks/s, MB/s and time to the first chunk, with ratios to `off` (target: NORMAL ≥ 90 %).
-`--profile FILE` writes a pyinstrument profile of the NORMAL proxy (HTML) for the same run.
+`--profile FILE` writes a pyinstrument profile of the NORMAL proxy (HTML) for the same run. Both sections take
+`--json PATH` (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import httpx
 # Run as a script from a checkout that is not installed: make the repository's `proxy` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import HARNESS, HOST, free_port, process, proxy_config
+from bench.harness import servers
+from bench.harness.clients import StreamRead, round_order, stream_once
+from bench.harness.processes import process, python
+from bench.harness.report import Report, add_json_option, columns
 from proxy.config import JournalConfig
 from proxy.history.answers import Answers
 from proxy.history.store import History
@@ -114,18 +118,24 @@ async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], bat
         await db.close()
 
 
-async def storage_section(chunk_count: int, folder_root: Path | None) -> None:
+async def storage_section(chunk_count: int, folder_root: Path | None, result: Report) -> None:
     chunks = small_chunks(chunk_count)
+    table = result.table(
+        "storage",
+        f"{chunk_count} chunks; chunks/s (ratio to journal off)",
+        columns(
+            ("batch",), ("off", "journal off", ",.0f"),
+            *((mode, mode, ",.0f") for mode in MODES), *((f"{mode}_ratio", f"{mode}/off", ".1%") for mode in MODES),
+        ),
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(dir=folder_root) as folder:
-        print(f"{chunk_count} chunks; chunks/s (ratio to journal off)")
-        print(f"{'batch':>6} {'journal off':>12} " + " ".join(f"{mode:>20}" for mode in MODES))
         for batch in BATCHES:
             off = max([await relay_cost(chunks, batch) for _ in range(3)])
-            cells = []
+            row: dict[str, Any] = {"batch": batch, "off": off}
             for mode in MODES:
-                on = await journal_cost(Path(folder) / f"{mode}-{batch}.sqlite", mode, chunks, batch)
-                cells.append(f"{on:>11,.0f} ({on / off:6.1%})")
-            print(f"{batch:>6} {off:>12,.0f} " + " ".join(f"{cell:>20}" for cell in cells))
+                row[mode] = await journal_cost(Path(folder) / f"{mode}-{batch}.sqlite", mode, chunks, batch)
+                row[f"{mode}_ratio"] = row[mode] / off
+            table.add(**row)
 
 
 # --- end to end: served proxies, a fake upstream, all in their own processes ---------------------------------
@@ -193,14 +203,14 @@ def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | N
         disable_journal()
     app = create_app(load_config(config_path))
     if profile is None:
-        uvicorn.run(app, host=HOST, port=port, log_level="warning", lifespan="on")
+        uvicorn.run(app, host=servers.HOST, port=port, log_level="warning", lifespan="on")
         return
     import signal
 
     from pyinstrument import Profiler
 
     profiler = Profiler(async_mode="enabled")
-    server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host=servers.HOST, port=port, log_level="warning", lifespan="on"))
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     profiler.start()
     try:
@@ -211,89 +221,63 @@ def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | N
         profile.with_suffix(".txt").write_text(profiler.output_text(unicode=True, color=False))
 
 
-def stream_once(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float, int, int]:
-    """(time to the first chunk, total time, SSE chunks, bytes) of one streamed answer."""
-    started = time.perf_counter()
-    first: float | None = None
-    received = events = 0
-    with client.stream("POST", url, json=body) as response:
-        response.raise_for_status()
-        for data in response.iter_bytes():
-            if first is None:
-                first = time.perf_counter() - started
-            received += len(data)
-            events += data.count(b"data: ")
-    total = time.perf_counter() - started
-    return first if first is not None else total, total, events - 1, received  # `[DONE]` is not a chunk
-
-
-def e2e_run(rounds: int, reply_words: int, workdir: Path, profile: Path | None) -> dict[str, list[tuple[float, ...]]]:
-    fake_port = free_port()
-    upstream = f"http://{HOST}:{fake_port}/v1"
-    ports = {target: free_port() for target in PROXIES}
+def e2e_run(rounds: int, reply_words: int, workdir: Path, profile: Path | None) -> dict[str, list[StreamRead]]:
+    fake_port = servers.free_port()
+    upstream = f"{servers.base_url(fake_port)}/v1"
+    ports = {target: servers.free_port() for target in PROXIES}
     urls = {"direct": f"{upstream}/chat/completions"}
     this = str(Path(__file__).resolve())
     body = {"model": "fake", "messages": [{"role": "user", "content": "Count."}], "stream": True}
-    samples: dict[str, list[tuple[float, ...]]] = {target: [] for target in TARGETS}
+    samples: dict[str, list[StreamRead]] = {target: [] for target in TARGETS}
     with ExitStack() as stack:
-        stack.enter_context(
-            process(
-                [str(HARNESS), "--serve-fake", str(fake_port), str(reply_words)],
-                f"{upstream}/models",
-                workdir / "fake.log",
-            )
-        )
+        stack.enter_context(servers.fake_upstream(fake_port, reply_words=reply_words, log=workdir / "fake.log"))
         for target, synchronous in PROXIES.items():
-            config_path = proxy_config(workdir, upstream, target, journal={"synchronous": synchronous})
-            args = [
-                this,
-                "--serve-proxy",
-                str(config_path),
-                str(ports[target]),
-                "--journal",
-                "off" if target == "off" else "on",
-            ]
+            config_path = servers.proxy_config(workdir, upstream, target, journal={"synchronous": synchronous})
+            journal = "off" if target == "off" else "on"
+            args = python(this, "--serve-proxy", str(config_path), str(ports[target]), "--journal", journal)
             if profile is not None and target == "NORMAL":
                 args += ["--profile", str(profile)]
-            url = f"http://{HOST}:{ports[target]}"
-            stack.enter_context(process(args, f"{url}/healthz", workdir / f"{target}.log"))
-            urls[target] = f"{url}/v1/chat/completions"
+            url = servers.base_url(ports[target])
+            stack.enter_context(process(args, f"{url}/healthz", log=workdir / f"{target}.log"))
+            urls[target] = url + servers.CHAT_PATH
         client = stack.enter_context(httpx.Client(timeout=120))
         for target in TARGETS:  # warm-up: lazy imports, the session's first write, connection pools
             for _ in range(E2E_WARMUP):
                 stream_once(client, urls[target], body)
         for round_index in range(rounds):
-            shift = round_index % len(TARGETS)
-            order = TARGETS[shift:] + TARGETS[:shift]
-            for target in order if round_index % 2 == 0 else order[::-1]:
+            for target in round_order(TARGETS, round_index):
                 samples[target].append(stream_once(client, urls[target], body))
     return samples
 
 
-def e2e_table(samples: dict[str, list[tuple[float, ...]]]) -> None:
-    rows = {}
+def e2e_table(samples: dict[str, list[StreamRead]], words: int, result: Report) -> None:
+    table = result.table(
+        "e2e",
+        f"{words}-word reply streamed through each target",
+        columns(
+            ("target",), ("chunks", "chunks", ".0f"), ("total_ms", "total ms", ".1f"), ("rate", "chunks/s", ",.0f"),
+            ("mbps", "MB/s", ".2f"), ("vs_off", "vs off", ".1%"), ("ttfc_ms", "TTFC ms", ".2f"),
+            ("ttfc_over_off_ms", "TTFC − off", "+.2f"),
+        ),
+    )  # fmt: skip
     for target, runs in samples.items():
-        ttfc = statistics.median(run[0] for run in runs) * 1000
-        total = statistics.median(run[1] for run in runs)
-        chunks = statistics.median(run[2] for run in runs)
-        rate = statistics.median(run[2] / run[1] for run in runs)
-        mbps = statistics.median(run[3] / run[1] for run in runs) / 1e6
-        rows[target] = (ttfc, total * 1000, chunks, rate, mbps)
-    off_rate, off_ttfc = rows["off"][3], rows["off"][0]
-    header = (
-        f"{'target':<8} {'chunks':>7} {'total ms':>9} {'chunks/s':>10} {'MB/s':>7} {'vs off':>7} "
-        f"{'TTFC ms':>8} {'TTFC − off':>11}"
-    )
-    print(header)
-    print("-" * len(header))
-    for target, (ttfc, total_ms, chunks, rate, mbps) in rows.items():
-        print(
-            f"{target:<8} {chunks:>7.0f} {total_ms:>9.1f} {rate:>10,.0f} {mbps:>7.2f} {rate / off_rate:>7.1%} "
-            f"{ttfc:>8.2f} {ttfc - off_ttfc:>+11.2f}"
+        table.add(
+            target=target,
+            chunks=statistics.median(run.chunks for run in runs),
+            total_ms=statistics.median(run.total_s for run in runs) * 1000,
+            rate=statistics.median(run.chunks / run.total_s for run in runs),
+            mbps=statistics.median(run.bytes / run.total_s for run in runs) / 1e6,
+            ttfc_ms=statistics.median(run.first_s for run in runs) * 1000,
         )
+    off = next(row for row in table.rows if row["target"] == "off")
+    for row in table.rows:
+        row["vs_off"] = row["rate"] / off["rate"]
+        row["ttfc_over_off_ms"] = row["ttfc_ms"] - off["ttfc_ms"]
+        if row["target"] != "off":
+            result.ratios[f"{row['target']} chunks/s / off's"] = row["vs_off"]
     rounds = len(next(iter(samples.values())))
-    print(
-        f"\nmedians of {rounds} alternating rounds; 'vs off' = chunks/s ÷ the journal-off proxy's; "
+    table.notes.append(
+        f"medians of {rounds} alternating rounds; 'vs off' = chunks/s ÷ the journal-off proxy's; "
         "MB/s counts the SSE bytes the client received"
     )
 
@@ -308,20 +292,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile", type=Path, help="profile the NORMAL proxy with pyinstrument into this HTML (and a .txt beside it)"
     )
+    add_json_option(parser)
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--journal", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_proxy:
         serve_proxy(args.serve_proxy[0], int(args.serve_proxy[1]), args.journal == "on", args.profile)
-    elif args.e2e:
-        started = time.monotonic()
+        return
+    result = Report.start("journal-e2e" if args.e2e else "journal", args)
+    del result.parameters["serve_proxy"], result.parameters["journal"]
+    if args.e2e:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-journal-") as folder:
             samples = e2e_run(args.rounds, args.words, Path(folder), args.profile)
-        print(f"{args.words}-word reply streamed through each target")
-        e2e_table(samples)
-        print(f"({time.monotonic() - started:.0f} s)")
+        e2e_table(samples, args.words, result)
     else:
-        asyncio.run(storage_section(args.chunks, args.dir))
+        asyncio.run(storage_section(args.chunks, args.dir, result))
+    result.publish(args.json)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ dependency of this project: the script installs `litellm[proxy]` (the version we
    client is its own conversation (`X-Session-Id`) re-sending the same history.
 3. Memory: peak RSS (VmHWM from /proc) of each server's process tree over the whole run.
 
-Targets (issue 6): our added latency at most 1/3 of LiteLLM proxy's, our throughput at least its.
+Targets (issue 6): our added latency at most 1/3 of LiteLLM proxy's, our throughput at least its. `--json PATH`
+writes the three tables (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -30,20 +31,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import HARNESS, HOST, free_port, messages, process, proxy_config, timed  # noqa: E402
+from bench.harness import servers  # noqa: E402
+from bench.harness.clients import Load, load, messages, percentile, round_order, timed  # noqa: E402
+from bench.harness.processes import Memory, MemoryWatch, checkout_env, process  # noqa: E402
+from bench.harness.report import Report, add_json_option, columns  # noqa: E402
 
 LITELLM_VERSION = "1.106.2"
 DEFAULT_VENV = Path("/tmp/litellm-proxy-venv")
@@ -51,10 +53,8 @@ TARGETS = ("direct", "floor", "litellm", "ours")
 SERVERS = ("floor", "litellm", "ours")
 WARMUP = 20
 START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 15.0
 PROFILE_STOP_TIMEOUT_S = 300.0
 COOL_DOWN_S = 3.0
-RSS_POLL_S = 0.25
 LATENCY_TARGET = 1 / 3
 THROUGHPUT_TARGET = 1.0
 
@@ -124,136 +124,6 @@ def litellm_env(venv: Path) -> dict[str, str]:
     return env
 
 
-# --- processes and their memory ------------------------------------------------------------------------------
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found.extend(int(c) for c in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return found
-
-
-def process_tree(pid: int) -> list[int]:
-    tree, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        tree.append(current)
-        pending.extend(_children(current))
-    return tree
-
-
-def _status_kb(pid: int, key: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-@dataclass
-class Memory:
-    """Per server: the peak VmHWM of every process seen in its tree, and the peak of the tree's summed VmRSS."""
-
-    hwm_kb: dict[int, int] = field(default_factory=dict)
-    peak_sum_rss_kb: int = 0
-
-    def sample(self, root: int) -> None:
-        tree = process_tree(root)
-        total = 0
-        for pid in tree:
-            total += _status_kb(pid, "VmRSS")
-            self.hwm_kb[pid] = max(self.hwm_kb.get(pid, 0), _status_kb(pid, "VmHWM"))
-        self.peak_sum_rss_kb = max(self.peak_sum_rss_kb, total)
-
-    @property
-    def hwm_sum_mib(self) -> float:
-        return sum(self.hwm_kb.values()) / 1024
-
-    @property
-    def hwm_max_mib(self) -> float:
-        return max(self.hwm_kb.values(), default=0) / 1024
-
-
-class MemoryWatch:
-    """A thread that samples each server's process tree until stopped (and once more at the end)."""
-
-    def __init__(self) -> None:
-        self.roots: dict[str, int] = {}
-        self.memory: dict[str, Memory] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def watch(self, name: str, pid: int) -> None:
-        self.memory[name] = Memory()
-        self.roots[name] = pid
-
-    def sample(self) -> None:
-        for name, pid in list(self.roots.items()):
-            self.memory[name].sample(pid)
-
-    def _run(self) -> None:
-        while not self._stop.wait(RSS_POLL_S):
-            self.sample()
-
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-@contextmanager
-def server(
-    argv: list[str],
-    health: str,
-    env: dict[str, str],
-    log: Path,
-    stop_timeout: float = STOP_TIMEOUT_S,
-    stop_signal: signal.Signals = signal.SIGTERM,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Start argv, wait for `health` to answer, yield the child; on exit stop it and any process it spawned."""
-    with log.open("wb") as sink:
-        child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        spawned: set[int] = set()
-        try:
-            _wait_healthy(child, health, log, sink)
-            spawned.update(process_tree(child.pid)[1:])
-            yield child
-        finally:
-            spawned.update(process_tree(child.pid)[1:])
-            child.send_signal(stop_signal)
-            try:
-                child.wait(stop_timeout)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait(STOP_TIMEOUT_S)
-            for pid in spawned:  # a worker its parent did not take down
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-def _wait_healthy(child: subprocess.Popen[bytes], health: str, log: Path, sink: IO[bytes]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            httpx.get(health, timeout=2)
-            return
-        except httpx.TransportError:
-            if time.monotonic() > deadline or child.poll() is not None:
-                sink.flush()
-                tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{child.args!r} did not start:\n{tail}") from None
-            time.sleep(0.2)
-
-
 # --- measurements --------------------------------------------------------------------------------------------
 
 
@@ -270,9 +140,7 @@ def latency_rows(
                     timed(client, urls[target], payload, stream)
             samples: dict[str, list[float]] = {target: [] for target in TARGETS}
             for round_index in range(requests):
-                shift = round_index % len(TARGETS)
-                order = TARGETS[shift:] + TARGETS[:shift]
-                for target in order if round_index % 2 == 0 else order[::-1]:
+                for target in round_order(TARGETS, round_index):
                     samples[target].append(timed(client, urls[target], payload, stream) * 1000)
             rows.append(_latency_row(size, stream, samples))
             print(f"  latency {size} msgs {'stream' if stream else 'non-stream'} done", file=sys.stderr)
@@ -283,54 +151,15 @@ def _latency_row(size: int, stream: bool, samples: dict[str, list[float]]) -> di
     row: dict[str, Any] = {"messages": size, "kind": "TTFC stream" if stream else "non-stream"}
     for target in TARGETS:
         row[f"{target}_p50"] = statistics.median(samples[target])
-        row[f"{target}_p95"] = statistics.quantiles(samples[target], n=100)[94]
+        row[f"{target}_p95"] = percentile(samples[target], 95)
     for target in SERVERS:
         row[f"{target}_added_p50"] = row[f"{target}_p50"] - row["direct_p50"]
         row[f"{target}_added_p95"] = row[f"{target}_p95"] - row["direct_p95"]
     for q in ("p50", "p95"):
         row[f"ratio_{q}"] = row[f"ours_added_{q}"] / max(row[f"litellm_added_{q}"], 0.01)
+    ok = row["ratio_p50"] <= LATENCY_TARGET and row["ratio_p95"] <= LATENCY_TARGET
+    row["verdict"] = "ok" if ok else "MISSED"
     return row
-
-
-@dataclass
-class Load:
-    ok: int
-    errors: int
-    seconds: float
-    latencies_ms: list[float]
-
-    @property
-    def rps(self) -> float:
-        return self.ok / self.seconds
-
-
-async def load(url: str, body: bytes, concurrency: int, seconds: float) -> Load:
-    """`concurrency` workers posting `body` back to back until a shared deadline; worker i is session bench-i."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    latencies: list[float] = []
-    counts = {"ok": 0, "errors": 0}
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        deadline = time.perf_counter() + seconds
-
-        async def worker(index: int) -> None:
-            headers = {"content-type": "application/json", "x-session-id": f"bench-load-{index}"}
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                try:
-                    response = await client.post(url, content=body, headers=headers)
-                except httpx.HTTPError:
-                    counts["errors"] += 1
-                    continue
-                if response.status_code == 200:
-                    counts["ok"] += 1
-                    latencies.append((time.perf_counter() - started) * 1000)
-                else:
-                    counts["errors"] += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return Load(counts["ok"], counts["errors"], elapsed, latencies)
 
 
 def throughput(urls: dict[str, str], concurrency: int, seconds: float) -> dict[str, Load]:
@@ -353,63 +182,59 @@ class Results:
     latency: list[dict[str, Any]]
     load: dict[str, Load]
     memory: dict[str, Memory]
-    seconds: float
 
 
 def run(args: argparse.Namespace) -> Results:
     started = time.monotonic()
     venv = Path(args.litellm_venv)
     litellm = ensure_litellm_venv(venv)
-    fake_port, floor_port, litellm_port, ours_port = (free_port() for _ in range(4))
-    upstream = f"http://{HOST}:{fake_port}/v1"
+    fake_port, floor_port, litellm_port, ours_port = (servers.free_port() for _ in range(4))
+    upstream = f"{servers.base_url(fake_port)}/v1"
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    ours_config = proxy_config(workdir, upstream, "ours")
+    ours_config = servers.proxy_config(workdir, upstream, "ours")
     (workdir / "litellm.yaml").write_text(json.dumps(litellm_config(upstream), indent=2))  # JSON is YAML
     urls = {
         "direct": f"{upstream}/chat/completions",
-        "floor": f"http://{HOST}:{floor_port}/v1/chat/completions",
-        "litellm": f"http://{HOST}:{litellm_port}/v1/chat/completions",
-        "ours": f"http://{HOST}:{ours_port}/v1/chat/completions",
+        "floor": servers.base_url(floor_port) + servers.CHAT_PATH,
+        "litellm": servers.base_url(litellm_port) + servers.CHAT_PATH,
+        "ours": servers.base_url(ours_port) + servers.CHAT_PATH,
     }
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ours_argv = [sys.executable, "-m", "proxy", "serve", "--config", str(ours_config)]
-    ours_argv += ["--port", str(ours_port), "--log-level", "warning"]
-    stop_timeout, stop_signal = STOP_TIMEOUT_S, signal.SIGTERM
+    ours_argv = servers.proxy_argv(ours_config, ours_port)
+    ours_options: dict[str, Any] = {}
     if args.profile_ours:
         # uvicorn re-raises SIGTERM after its shutdown, which would kill pyinstrument before it writes its report;
         # SIGINT ends in a KeyboardInterrupt that pyinstrument catches. Rendering takes a while.
-        stop_timeout, stop_signal = PROFILE_STOP_TIMEOUT_S, signal.SIGINT
+        ours_options = {"stop_timeout": PROFILE_STOP_TIMEOUT_S, "stop_signal": signal.SIGINT}
         report = Path(args.profile_ours).resolve()
         renderer = ["-r", "session"] if report.suffix == ".pyisession" else ["-r", "text", "-p", "flat=true"]
         prefix = ["-m", "pyinstrument", *renderer, "-o", str(report)]
         ours_argv[1:1] = prefix
-    litellm_argv = [str(litellm), "--config", str(workdir / "litellm.yaml"), "--host", HOST]
+    litellm_argv = [str(litellm), "--config", str(workdir / "litellm.yaml"), "--host", servers.HOST]
     litellm_argv += ["--port", str(litellm_port), "--telemetry", "False"]
     print(f"logs in {workdir}", file=sys.stderr)
     with ExitStack() as stack:
-        stack.enter_context(process([str(HARNESS), "--serve-fake", str(fake_port)], f"{upstream}/models"))
+        stack.enter_context(servers.fake_upstream(fake_port, log=workdir / "fake.log"))
         watch = stack.enter_context(MemoryWatch())
-        floor = stack.enter_context(
-            server(
-                [sys.executable, str(HARNESS), "--serve-floor", str(floor_port), upstream],
-                f"http://{HOST}:{floor_port}/",
-                env,
-                workdir / "floor.log",
-            )
-        )
+        floor = stack.enter_context(servers.floor(floor_port, upstream, log=workdir / "floor.log"))
         watch.watch("floor", floor.pid)
         peer = stack.enter_context(
-            server(
+            process(
                 litellm_argv,
-                f"http://{HOST}:{litellm_port}/health/liveliness",
-                litellm_env(venv),
-                workdir / "litellm.log",
+                f"{servers.base_url(litellm_port)}/health/liveliness",
+                env=litellm_env(venv),
+                log=workdir / "litellm.log",
+                start_timeout=START_TIMEOUT_S,
             )
         )
         watch.watch("litellm", peer.pid)
         ours = stack.enter_context(
-            server(
-                ours_argv, f"http://{HOST}:{ours_port}/healthz", env, workdir / "ours.log", stop_timeout, stop_signal
+            process(
+                ours_argv,
+                f"{servers.base_url(ours_port)}/healthz",
+                env=checkout_env(),
+                log=workdir / "ours.log",
+                start_timeout=START_TIMEOUT_S,
+                **ours_options,
             )
         )
         watch.watch("ours", ours.pid)
@@ -419,56 +244,74 @@ def run(args: argparse.Namespace) -> Results:
         loads = throughput(urls, args.concurrency, args.seconds)
         watch.sample()  # VmHWM is a high-water mark: one last read before the servers stop
         memory = dict(watch.memory)
-    return Results(rows, loads, memory, time.monotonic() - started)
+    return Results(rows, loads, memory)
 
 
-def print_report(results: Results, args: argparse.Namespace) -> None:
-    header = (
-        f"{'msgs':>5} {'kind':<12} {'direct p50/p95':>16} {'floor +p50/+p95':>17} {'litellm +p50/+p95':>19} "
-        f"{'ours +p50/+p95':>17} {'ours/litellm p50/p95':>21}  target<=0.33"
+def report(results: Results, args: argparse.Namespace, result: Report) -> None:
+    latency = result.table(
+        "latency",
+        "latency added over calling the fake upstream directly (ms)",
+        columns(
+            ("messages", "msgs"), ("kind",), ("direct_p50", "direct p50", ".2f"), ("direct_p95", "p95", ".2f"),
+            ("floor_added_p50", "floor +p50", ".2f"), ("floor_added_p95", "+p95", ".2f"),
+            ("litellm_added_p50", "litellm +p50", ".2f"), ("litellm_added_p95", "+p95", ".2f"),
+            ("ours_added_p50", "ours +p50", ".2f"), ("ours_added_p95", "+p95", ".2f"),
+            ("ratio_p50", "ours/litellm p50", ".2f"), ("ratio_p95", "p95", ".2f"), ("verdict", "target<=0.33"),
+        ),
+    )  # fmt: skip
+    latency.rows = results.latency
+    latency.notes.append(
+        f"ms; '+' = latency added over calling the fake upstream directly; {args.requests} alternating rounds/row"
     )
-    print(header)
-    print("-" * len(header))
-    for r in results.latency:
-        verdict = "ok" if r["ratio_p50"] <= LATENCY_TARGET and r["ratio_p95"] <= LATENCY_TARGET else "MISSED"
-        print(
-            f"{r['messages']:>5} {r['kind']:<12} {r['direct_p50']:>7.2f}/{r['direct_p95']:<8.2f} "
-            f"{r['floor_added_p50']:>8.2f}/{r['floor_added_p95']:<8.2f} "
-            f"{r['litellm_added_p50']:>9.2f}/{r['litellm_added_p95']:<9.2f} "
-            f"{r['ours_added_p50']:>8.2f}/{r['ours_added_p95']:<8.2f} "
-            f"{r['ratio_p50']:>10.2f}/{r['ratio_p95']:<10.2f}  {verdict}"
-        )
-    print(f"\nms; '+' = latency added over calling the fake upstream directly; {args.requests} alternating rounds/row")
+    for row in results.latency:
+        result.ratios[f"ours/litellm added p50, {row['messages']} msgs {row['kind']}"] = row["ratio_p50"]
 
-    print(f"\nthroughput: concurrency {args.concurrency}, {args.seconds:.0f} s each, non-stream, 10-message history")
-    header = f"{'target':<8} {'req/s':>8} {'ok':>7} {'errors':>6} {'p50 ms':>8} {'vs litellm':>10}"
-    print(header)
-    print("-" * len(header))
+    load_table = result.table(
+        "throughput",
+        f"throughput: concurrency {args.concurrency}, {args.seconds:.0f} s each, non-stream, 10-message history",
+        columns(
+            ("target",), ("rps", "req/s", ".0f"), ("ok",), ("errors",), ("p50_ms", "p50 ms", ".1f"),
+            ("vs_litellm", "vs litellm", ".2f"),
+        ),
+    )  # fmt: skip
     peer = results.load["litellm"].rps
     for target in TARGETS:
-        result = results.load[target]
-        p50 = statistics.median(result.latencies_ms) if result.latencies_ms else float("nan")
-        ratio = result.rps / peer if peer else float("nan")
-        print(f"{target:<8} {result.rps:>8.0f} {result.ok:>7} {result.errors:>6} {p50:>8.1f} {ratio:>10.2f}")
+        measured = results.load[target]
+        load_table.add(
+            target=target,
+            rps=measured.rps,
+            ok=measured.ok,
+            errors=measured.errors,
+            p50_ms=measured.p50,
+            vs_litellm=measured.rps / peer if peer else None,
+        )
     ours_ratio = results.load["ours"].rps / peer if peer else 0.0
-    print(
+    result.ratios["ours/litellm throughput"] = ours_ratio
+    load_table.notes.append(
         f"ours/litellm throughput {ours_ratio:.2f} (target >= {THROUGHPUT_TARGET:.0f}: "
         f"{'ok' if ours_ratio >= THROUGHPUT_TARGET else 'MISSED'})"
     )
 
-    print("\npeak RSS over the run (MiB; VmHWM per process, summed over the server's process tree)")
-    header = f"{'target':<8} {'procs':>5} {'sum HWM':>8} {'largest':>8} {'peak sum RSS':>12} {'vs litellm':>10}"
-    print(header)
-    print("-" * len(header))
+    memory_table = result.table(
+        "memory",
+        "peak RSS over the run (MiB; VmHWM per process, summed over the server's process tree)",
+        columns(
+            ("target",), ("procs",), ("hwm_sum_mib", "sum HWM", ".0f"), ("hwm_max_mib", "largest", ".0f"),
+            ("peak_sum_rss_mib", "peak sum RSS", ".0f"), ("vs_litellm", "vs litellm", ".2f"),
+        ),
+    )  # fmt: skip
     peer_mib = results.memory["litellm"].hwm_sum_mib
     for target in SERVERS:
         memory = results.memory[target]
-        ratio = memory.hwm_sum_mib / peer_mib if peer_mib else float("nan")
-        print(
-            f"{target:<8} {len(memory.hwm_kb):>5} {memory.hwm_sum_mib:>8.0f} {memory.hwm_max_mib:>8.0f} "
-            f"{memory.peak_sum_rss_kb / 1024:>12.0f} {ratio:>10.2f}"
+        memory_table.add(
+            target=target,
+            procs=len(memory.hwm_kb),
+            hwm_sum_mib=memory.hwm_sum_mib,
+            hwm_max_mib=memory.hwm_max_mib,
+            peak_sum_rss_mib=memory.peak_sum_rss_kb / 1024,
+            vs_litellm=memory.hwm_sum_mib / peer_mib if peer_mib else None,
         )
-    print(f"\n(total {results.seconds:.0f} s)")
+    result.ratios["ours/litellm peak memory"] = results.memory["ours"].hwm_sum_mib / peer_mib if peer_mib else 0.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -482,8 +325,11 @@ def main(argv: list[str] | None = None) -> None:
         "--profile-ours",
         help="run our proxy under pyinstrument, writing a flat text report here (or a session if *.pyisession)",
     )
+    add_json_option(parser)
     args = parser.parse_args(argv)
-    print_report(run(args), args)
+    result = Report.start("peers", args)
+    report(run(args), args, result)
+    result.publish(args.json)
 
 
 if __name__ == "__main__":

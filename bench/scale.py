@@ -2,7 +2,7 @@
 
 Run by hand: `python bench/scale.py [--seconds 8] [--concurrency 32] [--only sqlite|pg1|pg2]`. Every server is a
 process of its own on 127.0.0.1, all started before any measurement and all behind one fake upstream
-(`bench/harness.py --serve-fake`, echo answers):
+(`bench/harness/servers.py`, echo answers):
 
     direct        the fake upstream itself: the reference for added latency, and the machine's ceiling
     sqlite        `python -m proxy serve` with `store.path` (the default backend)
@@ -28,6 +28,7 @@ messages and an answer.
 
 The machine's CPUs are shared by the client, the fake upstream, the proxies and PostgreSQL: on a small
 machine requests/s says how much CPU each request costs, not how far replicas scale on separate hosts.
+`--json PATH` writes the table (bench/harness/report.py's format).
 """
 
 from __future__ import annotations
@@ -37,10 +38,8 @@ import asyncio
 import itertools
 import json
 import math
-import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -57,8 +56,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import HARNESS, HOST, free_port, proxy_config  # noqa: E402
-from bench.peers import server  # noqa: E402
+from bench.harness import servers  # noqa: E402
+from bench.harness.clients import FAILURES_KEPT, MESSAGE_BODY, SYSTEM_PROMPT, Load, load_client, round_order  # noqa: E402
+from bench.harness.report import Report, add_json_option, columns  # noqa: E402
 from tests.support.postgres_server import PostgresServer  # noqa: E402
 
 CONCURRENCY = 32
@@ -70,11 +70,6 @@ LATENCY_WARMUP_ROUNDS = 10
 WARMUP_S = 2.0
 COOL_DOWN_S = 2.0
 POOL_SIZE = 10
-TIMEOUT_S = 60.0
-FAILURES_KEPT = 5
-BODY = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor " * 12
-"""~200 tokens: the size of every message the clients write (as `bench.harness.messages`)."""
-SYSTEM = "You are helpful. " + BODY
 JSON_HEADERS = {"content-type": "application/json"}
 T = TypeVar("T")
 INTERRUPTED = threading.Event()
@@ -117,10 +112,10 @@ class Chat:
         """Open a new conversation, distinct from every other one from its first user message on."""
         tag = f"{self.owner} chat {next(self._ids)}"
         opening = self.history - 2 * (self.turns - 1)
-        self.messages = [{"role": "system", "content": SYSTEM}]
+        self.messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         for index in range(opening - 1):
             role = "user" if index % 2 == 0 else "assistant"
-            self.messages.append({"role": role, "content": f"{tag} message {index} {BODY}"})
+            self.messages.append({"role": role, "content": f"{tag} message {index} {MESSAGE_BODY}"})
         self.tag = tag
         self.turn = 0
 
@@ -133,7 +128,7 @@ class Chat:
             self.restart()
             return
         self.messages.append({"role": "assistant", "content": content})
-        self.messages.append({"role": "user", "content": f"{self.tag} turn {self.turn} {BODY}"})
+        self.messages.append({"role": "user", "content": f"{self.tag} turn {self.turn} {MESSAGE_BODY}"})
 
 
 @dataclass
@@ -146,28 +141,6 @@ class Target:
 
     def url(self) -> str:
         return self.urls[next(self._turn) % len(self.urls)]
-
-
-@dataclass
-class Load:
-    ok: int = 0
-    errors: int = 0
-    seconds: float = 0.0
-    latencies_ms: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def rps(self) -> float:
-        return self.ok / self.seconds if self.seconds else 0.0
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
-
-    def fail(self, reason: str) -> None:
-        self.errors += 1
-        if len(self.failures) < FAILURES_KEPT:
-            self.failures.append(reason)
 
 
 async def turn(client: httpx.AsyncClient, target: Target, chat: Chat, load: Load) -> None:
@@ -190,22 +163,15 @@ async def turn(client: httpx.AsyncClient, target: Target, chat: Chat, load: Load
     load.latencies_ms.append(elapsed_ms)
 
 
-def _client(concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    return httpx.AsyncClient(timeout=TIMEOUT_S, limits=limits)
-
-
 async def latencies(targets: list[Target], rounds: int, history: int, turns: int) -> dict[str, Load]:
     """Concurrency 1: each round sends one request to every target, the order shifting and reversing per round."""
     chats = {target.name: Chat(f"{target.name} sequential", history, turns) for target in targets}
     loads = {target.name: Load() for target in targets}
-    async with _client(1) as client:
+    async with load_client(1) as client:
         for round_index in range(LATENCY_WARMUP_ROUNDS + rounds):
-            shift = round_index % len(targets)
-            order = targets[shift:] + targets[:shift]
             if INTERRUPTED.is_set():
                 break
-            for target in order if round_index % 2 == 0 else order[::-1]:
+            for target in round_order(targets, round_index):
                 load = loads[target.name] if round_index >= LATENCY_WARMUP_ROUNDS else Load()
                 await turn(client, target, chats[target.name], load)
     return loads
@@ -214,7 +180,7 @@ async def latencies(targets: list[Target], rounds: int, history: int, turns: int
 async def throughput(target: Target, concurrency: int, seconds: float, history: int, turns: int) -> Load:
     """`concurrency` clients, each with its own conversations, back to back: a warm-up, then `seconds` measured."""
     chats = [Chat(f"{target.name} load {index}", history, turns) for index in range(concurrency)]
-    async with _client(concurrency) as client:
+    async with load_client(concurrency) as client:
 
         async def run(duration: float, load: Load) -> None:
             deadline = time.perf_counter() + duration
@@ -248,18 +214,15 @@ def start_cell(
         store = {"url": database_url, "pool_size": POOL_SIZE}
     else:
         store = {"path": str(workdir / f"{cell.name}.db")}
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     urls: list[str] = []
     try:
         with ExitStack() as replicas:
             for replica in range(cell.replicas):
                 name = f"{cell.name}-{replica}"
-                config = proxy_config(workdir, upstream, name, store=store)
-                port = free_port()
-                argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
-                argv += ["--log-level", "warning"]
-                replicas.enter_context(server(argv, f"http://{HOST}:{port}/healthz", env, workdir / f"{name}.log"))
-                urls.append(f"http://{HOST}:{port}/v1/chat/completions")
+                config = servers.proxy_config(workdir, upstream, name, store=store)
+                port = servers.free_port()
+                replicas.enter_context(servers.proxy_process(config, port, log=workdir / f"{name}.log"))
+                urls.append(servers.base_url(port) + servers.CHAT_PATH)
             stack.enter_context(replicas.pop_all())
     except RuntimeError as exc:
         return _last_lines(str(exc).split("did not start:", 1)[-1])
@@ -288,17 +251,13 @@ def _last_lines(text: str, count: int = 3) -> str:
 @dataclass
 class Results:
     processes: dict[str, int]
-    load_average: float
-    """The machine's 1-minute load average before the run: others' work on a shared machine."""
     sequential: dict[str, Load]
     loads: dict[str, Load]
     not_started: dict[str, str]
-    seconds: float
 
 
 def run(args: argparse.Namespace) -> Results:
     started = time.monotonic()
-    load_average = os.getloadavg()[0]
     cells = [cell for cell in CELLS if args.only in (None, cell.name)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     not_started: dict[str, str] = {}
@@ -307,11 +266,9 @@ def run(args: argparse.Namespace) -> Results:
             print(f"logs in {workdir}", file=sys.stderr)
         else:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        fake_port = free_port()
-        upstream = f"http://{HOST}:{fake_port}/v1"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        fake_argv = [sys.executable, str(HARNESS), "--serve-fake", str(fake_port)]
-        stack.enter_context(server(fake_argv, f"{upstream}/models", env, workdir / "fake.log"))
+        fake_port = servers.free_port()
+        upstream = f"{servers.base_url(fake_port)}/v1"
+        stack.enter_context(servers.fake_upstream(fake_port, log=workdir / "fake.log"))
         targets = [Target(DIRECT, [f"{upstream}/chat/completions"])]
         postgres: PostgresServer | None = None
         if any(cell.database is not None for cell in cells):
@@ -341,53 +298,56 @@ def run(args: argparse.Namespace) -> Results:
             )
             print(f"  {target.name}: {loads[target.name].rps:.0f} req/s", file=sys.stderr)
     processes = {cell.name: cell.replicas for cell in cells}
-    return Results(processes, load_average, sequential, loads, not_started, time.monotonic() - started)
+    return Results(processes, sequential, loads, not_started)
 
 
-def _ratio(value: float, reference: float | None) -> str:
+def _ratio(value: float, reference: float | None) -> float | None:
     if reference is None or reference <= 0 or math.isnan(value):
-        return "-"
-    return f"{value / reference:.2f}"
+        return None
+    return value / reference
 
 
-def print_report(results: Results, args: argparse.Namespace) -> None:
-    print(f"CPUs: {os.cpu_count()} (load average {results.load_average:.1f} before the run)")
-    print(f"concurrency {args.concurrency}, {args.seconds:g} s per cell, non-stream, ", end="")
+def report(results: Results, args: argparse.Namespace, result: Report) -> None:
     opening = args.history - 2 * (args.turns - 1)
-    print(f"conversations of {opening}..{args.history} messages ({args.turns} turns each, ~200 tokens a message)\n")
+    table = result.table(
+        "cells",
+        f"concurrency {args.concurrency}, {args.seconds:g} s per cell, non-stream, conversations of "
+        f"{opening}..{args.history} messages ({args.turns} turns each, ~200 tokens a message)",
+        columns(
+            ("cell",), ("procs",), ("rps", "req/s", ".0f"), ("rps_vs_sqlite", "vs sqlite", ".2f"), ("errors",),
+            ("p50_at_load_ms", "p50@load", ".1f"), ("added_p50_ms", "added p50@1", ".2f"),
+            ("added_vs_sqlite", "vs sqlite", ".2f"), ("p50_ms", "p50@1", ".2f"),
+        ),
+    )  # fmt: skip
     direct_p50 = results.sequential[DIRECT].p50 if DIRECT in results.sequential else float("nan")
     added = {name: load.p50 - direct_p50 for name, load in results.sequential.items() if name != DIRECT}
     reference_rps = results.loads["sqlite"].rps if "sqlite" in results.loads else None
     reference_added = added.get("sqlite")
-    header = (
-        f"{'cell':<7} {'procs':>5} {'req/s':>8} {'vs sqlite':>9} {'errors':>6} {'p50@load':>9} "
-        f"{'added p50@1':>11} {'vs sqlite':>9}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, load in results.loads.items():
-        procs = str(results.processes.get(name, "-"))
+    for name, measured in results.loads.items():
         sequential = results.sequential[name]
-        errors = load.errors + sequential.errors
-        if name == DIRECT:
-            added_text, added_ratio = f"({sequential.p50:.2f})", ""
-        else:
-            added_text, added_ratio = f"{added[name]:.2f}", _ratio(added[name], reference_added)
-        print(
-            f"{name:<7} {procs:>5} {load.rps:>8.0f} {_ratio(load.rps, reference_rps):>9} {errors:>6} "
-            f"{load.p50:>9.1f} {added_text:>11} {added_ratio:>9}"
+        table.add(
+            cell=name,
+            procs=results.processes.get(name),
+            rps=measured.rps,
+            rps_vs_sqlite=_ratio(measured.rps, reference_rps),
+            errors=measured.errors + sequential.errors,
+            p50_at_load_ms=measured.p50,
+            added_p50_ms=added.get(name),
+            added_vs_sqlite=_ratio(added[name], reference_added) if name in added else None,
+            p50_ms=sequential.p50,
         )
+        if name in added and name != "sqlite":
+            result.ratios[f"{name}/sqlite req/s"] = _ratio(measured.rps, reference_rps) or float("nan")
     for name, reason in results.not_started.items():
-        print(f"{name:<7} did not start: {reason}")
-    print(
-        "\nms; p50@load: client-observed p50 at the load's concurrency; added p50@1: p50 at concurrency 1 minus "
-        "direct's (in brackets), requests alternating between targets"
+        table.add(cell=name, procs=results.processes.get(name))
+        table.notes.append(f"{name} did not start: {reason}")
+    table.notes.append(
+        "ms; p50@load: client-observed p50 at the load's concurrency; added p50@1: p50 at concurrency 1 minus "
+        "direct's, requests alternating between targets"
     )
     for name in results.loads:
         failures = results.sequential[name].failures + results.loads[name].failures
-        for failure in failures[:FAILURES_KEPT]:
-            print(f"  {name} error: {failure}")
-    print(f"(total {results.seconds:.0f} s)")
+        table.notes.extend(f"  {name} error: {failure}" for failure in failures[:FAILURES_KEPT])
 
 
 def _until_done(clients: Coroutine[Any, Any, T]) -> T:
@@ -415,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--history", type=int, default=HISTORY, help="messages of a conversation's last request")
     parser.add_argument("--turns", type=int, default=TURNS, help="requests per conversation")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with configs and server logs")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     if args.history % 2 or args.turns < 1 or args.history - 2 * (args.turns - 1) < 2:
         parser.error("--history must be even and leave at least 2 messages to open a conversation of --turns turns")
@@ -422,12 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     # can swallow mid-request, and the run would go on against stopped servers.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    result = Report.start("scale", args)
     try:
         results = run(args)
     except KeyboardInterrupt:
         print("interrupted; servers stopped", file=sys.stderr)
         raise SystemExit(130) from None
-    print_report(results, args)
+    report(results, args, result)
+    result.publish(args.json)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ Columns:
 Jobs (a row, a session, a summarizer) run in worker processes, `--jobs` at once: sleeps dominate, but on a
 small machine the parsing of large re-sent histories competes for the CPUs, so latencies carry some noise.
 
-Run by hand: `python bench/strategies.py [--turns N] [--only ROW ...] [--session agent|chat] [--jobs N]`. The
+Run by hand: `python bench/strategies.py [--turns N] [--only ROW ...] [--session agent|chat] [--jobs N]
+[--json PATH]` (bench/harness/report.py's format). The
 issue asks for 300 turns per session; the default is `DEFAULT_TURNS` (150) because 60 turns took 4.7 minutes
 with 3 jobs on a 2-CPU machine and the agent's re-sent history (its parsing grows with the square of the turns)
 puts 300 turns well past 25 minutes: `--turns 300` runs the issue's length.
@@ -69,6 +70,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from bench.harness.report import Report, add_json_option, columns
 from proxy.tokens import DEFAULT_ENCODING, count_message, count_text
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text, count_prompt_tokens
 from tests.support.proxy_server import HOST, ProxyServer, make_config
@@ -484,22 +486,32 @@ def run_job(job: Job) -> JobResult:
     return result
 
 
-def ratio(values: Sequence[float], quantile: float, normal: float) -> str:
+def ratio(values: Sequence[float], quantile: float, normal: float) -> float | None:
     if not values or normal <= 0:
-        return "-"
+        return None
     ordered = sorted(values)
-    value = ordered[min(len(ordered) - 1, math.ceil(quantile * len(ordered)) - 1)]
-    return f"{value / normal:.2f}"
+    return ordered[min(len(ordered) - 1, math.ceil(quantile * len(ordered)) - 1)] / normal
 
 
-def table(results: Sequence[JobResult]) -> str:
+SESSION_COLUMNS = columns(
+    ("session",), ("strategy_set", "strategy set"), ("calls",), ("crossings",), ("x_p50", "x p50", ".2f"),
+    ("x_p95", "x p95", ".2f"), ("normal_p50_ms", "normal p50 ms", ".0f"), ("spans_fg", "spans fg"),
+    ("spans_bg", "bg"), ("summarizer_calls", "summ calls"), ("tokens_k", "tokens (k)", ".0f"),
+    ("summarizer_tokens_k", "summ (k)", ".0f"), ("vs_truncation", "vs truncation", ".2f"),
+    ("prefix_stable", "prefix-stable", ".1%"), ("facts_llm", "facts llm"), ("facts_fallback", "facts fallback"),
+    ("recall_hits", "recall"), ("recalled",),
+)  # fmt: skip
+
+
+def report_sessions(results: Sequence[JobResult], args: argparse.Namespace, report: Report) -> None:
+    title = (
+        f"Strategies over {args.turns} turns per session; main model {args.main_latency} s per answer, summarizer "
+        f"{args.summarizer_latency} s per call; agent {SHAPES['agent'].window}-token window, chat "
+        f"{SHAPES['chat'].window}; {args.jobs} jobs at once"
+    )
+    table = report.table("sessions", title, SESSION_COLUMNS)
     timed = {(r.job.row, r.job.shape): r for r in results if not r.job.fallback}
     fallback = {(r.job.row, r.job.shape): r for r in results if r.job.fallback}
-    header = (
-        "session", "strategy set", "calls", "crossings", "x p50", "x p95", "normal p50 ms", "spans fg/bg",
-        "summ calls", "tokens (k)", "vs truncation", "prefix-stable", "facts llm", "facts fallback", "recall",
-    )  # fmt: skip
-    lines = [header]
     for (row_name, shape_name), result in timed.items():
         crossing = [s for s, c in zip(result.latencies, result.crossings, strict=True) if c]
         normal = [s for s, c in zip(result.latencies, result.crossings, strict=True) if not c]
@@ -507,34 +519,39 @@ def table(results: Sequence[JobResult]) -> str:
         tokens = result.main_tokens + result.summarizer_tokens
         baseline = timed.get(("client truncation", shape_name))
         base_tokens = baseline.main_tokens + baseline.summarizer_tokens if baseline else 0
-        stable = result.prefix_stable
         other = fallback.get((row_name, shape_name))
-        facts_fallback = (
-            f"{other.facts_kept}/{FACT_COUNT}" + ("!" if other.error else "") if other else "n/a (no summarizer)"
+        table.add(
+            session=shape_name,
+            strategy_set=row_name + (" (ERROR)" if result.error else ""),
+            calls=len(result.latencies),
+            crossings=len(crossing),
+            x_p50=ratio(crossing, 0.5, normal_p50),
+            x_p95=ratio(crossing, 0.95, normal_p50),
+            normal_p50_ms=normal_p50 * 1000,
+            spans_fg=result.spans_foreground,
+            spans_bg=result.spans_background,
+            summarizer_calls=result.summarizer_calls,
+            tokens_k=tokens / 1000,
+            summarizer_tokens_k=result.summarizer_tokens / 1000,
+            vs_truncation=tokens / base_tokens if base_tokens else None,
+            prefix_stable=sum(result.prefix_stable) / len(result.prefix_stable) if result.prefix_stable else None,
+            facts_llm=f"{result.facts_kept}/{FACT_COUNT}",
+            facts_fallback=(
+                f"{other.facts_kept}/{FACT_COUNT}" + ("!" if other.error else "") if other else "n/a (no summarizer)"
+            ),
+            recall_hits=f"{result.recall_hits}/{FACT_COUNT}",
+            recalled=result.recalled,
         )
-        lines.append(
-            (
-                shape_name,
-                row_name + (" (ERROR)" if result.error else ""),
-                str(len(result.latencies)),
-                str(len(crossing)),
-                ratio(crossing, 0.5, normal_p50),
-                ratio(crossing, 0.95, normal_p50),
-                f"{normal_p50 * 1000:.0f}",
-                f"{result.spans_foreground}/{result.spans_background}",
-                str(result.summarizer_calls),
-                f"{tokens / 1000:.0f} ({result.summarizer_tokens / 1000:.0f} summ)",
-                f"{tokens / base_tokens:.2f}" if base_tokens else "-",
-                f"{100 * sum(stable) / len(stable):.1f}%" if stable else "-",
-                f"{result.facts_kept}/{FACT_COUNT}",
-                facts_fallback,
-                f"{result.recall_hits}/{FACT_COUNT} ({result.recalled} recalled)",
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    rendered = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |" for line in lines]
-    rendered.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(rendered)
+    for result in results:
+        kind = "fallback" if result.job.fallback else "llm-like"
+        label = f"{result.job.shape} / {result.job.row} / {kind}"
+        if result.error:
+            table.notes.append(f"ERROR {label}: {result.error}")
+        table.notes.extend(f"REJECTED by the main fake {label}: {rejected}" for rejected in result.rejected)
+    seconds = ", ".join(
+        f"{r.job.shape}/{r.job.row}/{'fb' if r.job.fallback else 'llm'} {r.seconds:.0f}" for r in results
+    )
+    table.notes.append(f"seconds per job: {seconds}")
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:
@@ -559,27 +576,14 @@ def main() -> None:
     parser.add_argument("--main-latency", type=float, default=DEFAULT_MAIN_LATENCY_S, help="seconds per answer")
     parser.add_argument("--summarizer-latency", type=float, default=DEFAULT_SUMMARIZER_LATENCY_S)
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="sessions run at once (processes)")
+    add_json_option(parser)
     args = parser.parse_args()
+    report = Report.start("strategies", args)
     planned = jobs(args)
-    started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(run_job, planned))
-    elapsed = time.perf_counter() - started
-    print(
-        f"Strategies over {args.turns} turns per session; main model {args.main_latency} s per answer, summarizer "
-        f"{args.summarizer_latency} s per call; agent {SHAPES['agent'].window}-token window, chat "
-        f"{SHAPES['chat'].window}; {args.jobs} jobs at once; {elapsed:.0f} s in all"
-    )
-    print(table(results))
-    for result in results:
-        kind = "fallback" if result.job.fallback else "llm-like"
-        label = f"{result.job.shape} / {result.job.row} / {kind}"
-        if result.error:
-            print(f"\nERROR {label}: {result.error}")
-        for rejected in result.rejected:
-            print(f"\nREJECTED by the main fake {label}: {rejected}")
-    print("\nseconds per job: " + ", ".join(f"{r.job.shape}/{r.job.row}/{'fb' if r.job.fallback else 'llm'} "
-                                             f"{r.seconds:.0f}" for r in results))  # fmt: skip
+    report_sessions(results, args, report)
+    report.publish(args.json)
 
 
 if __name__ == "__main__":

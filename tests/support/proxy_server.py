@@ -15,12 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 from proxy.app import create_app
 from proxy.config import Config, parse_config
@@ -59,12 +61,16 @@ def make_config(tmp_path: Path, upstream_url: str, **overrides: Any) -> dict[str
 
 
 class ProxyServer:
-    def __init__(self, raw_config: dict[str, Any], base_dir: Path) -> None:
+    def __init__(
+        self, raw_config: dict[str, Any], base_dir: Path, middleware: Callable[[ASGIApp], ASGIApp] | None = None
+    ) -> None:
+        """`middleware` wraps the app (a benchmark's recorder of what a client sent)."""
         self.config: Config = parse_config(raw_config, base_dir=base_dir, environ=os.environ)
         self.port = free_port()
+        app: ASGIApp = create_app(self.config)
         self._server = uvicorn.Server(
             uvicorn.Config(
-                create_app(self.config),
+                middleware(app) if middleware is not None else app,
                 host=HOST,
                 port=self.port,
                 log_level="warning",

@@ -1,0 +1,157 @@
+"""The servers benchmarks measure against, each a child process on 127.0.0.1: the fake upstream, the floor, the proxy.
+
+    fake upstream   tests/support/fake_upstream.py's strict fake, with a long window (`BIG_WINDOW`) and
+                    optionally a fixed answer of N words or N characters
+    floor           a bare pass-through (uvicorn + one httpx.AsyncClient): the least a Python proxy adds
+    proxy           `python -m proxy serve` from a checkout (this one, or a baseline's) with its own store
+
+This module is also the entry point of the first two: `python -m bench.harness.servers --serve-fake PORT [WORDS]
+[--reply-chars N]` / `--serve-floor PORT URL`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness.clients import WORDS
+from bench.harness.processes import ROOT, python
+from bench.harness.processes import process as child_process
+from tests.support.proxy_server import HOST, free_port
+
+BIG_WINDOW = 1_000_000
+"""A context window no benchmark history reaches: benchmarks of forwarding must not compact."""
+CHAT_PATH = "/v1/chat/completions"
+UPSTREAM_TIMEOUT_S = 60.0
+ENTRY = "bench.harness.servers"
+
+__all__ = ["BIG_WINDOW", "HOST", "base_url", "fake_upstream", "floor", "free_port", "proxy_config", "proxy_process"]
+
+
+def base_url(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def proxy_config(workdir: Path, upstream: str, name: str, **sections: Any) -> Path:
+    """Write a config with one model "fake" on `upstream` (no compaction) and its own store; return its path.
+    `sections` are top-level config sections (`journal`, `store`, …)."""
+    config: dict[str, Any] = {
+        "store": {"path": str(workdir / f"{name}.db")},
+        "models": [
+            {
+                "name": "fake",
+                "model": "openai/fake-model",
+                "api_base": upstream,
+                "api_key": "sk-bench",
+                "context_window": BIG_WINDOW,
+                "max_output": 4096,
+            }
+        ],
+        **sections,
+    }
+    path = workdir / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@contextmanager
+def fake_upstream(
+    port: int, *, reply_words: int | None = None, reply_chars: int | None = None, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The fake upstream on `port` (its API at `base_url(port)/v1`); see `serve_fake`."""
+    argv = python("-m", ENTRY, "--serve-fake", str(port))
+    argv += [str(reply_words)] if reply_words is not None else []
+    argv += ["--reply-chars", str(reply_chars)] if reply_chars is not None else []
+    with child_process(argv, f"{base_url(port)}/v1/models", log=log) as child:
+        yield child
+
+
+@contextmanager
+def floor(port: int, upstream: str, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """The bare pass-through on `port`, forwarding to the API at `upstream`."""
+    with child_process(
+        python("-m", ENTRY, "--serve-floor", str(port), upstream), f"{base_url(port)}/", log=log
+    ) as child:
+        yield child
+
+
+def proxy_argv(config: Path, port: int) -> list[str]:
+    return python("-m", "proxy", "serve", "--config", str(config), "--port", str(port), "--log-level", "warning")
+
+
+@contextmanager
+def proxy_process(
+    config: Path, port: int, *, root: Path = ROOT, log: Path | None = None, **options: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`context-proxy serve` from the checkout `root` on `port`; `options` go to `processes.process`."""
+    with child_process(proxy_argv(config, port), f"{base_url(port)}/healthz", log=log, root=root, **options) as child:
+        yield child
+
+
+def serve_fake(port: int, reply_words: int | None = None, reply_chars: int | None = None) -> None:
+    """The fake upstream; with `reply_words`, every answer is that many words, streamed as fast as it can; with
+    `reply_chars`, every answer is that many characters of 100-character hyphenated words (one chunk each)."""
+    import uvicorn
+
+    from tests.support.fake_upstream import FakeUpstream, Reply
+
+    fake = FakeUpstream(context_window=BIG_WINDOW)
+    if reply_words is not None:
+        words_reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
+        fake.responder = lambda body: words_reply
+    if reply_chars is not None:
+        word = "-".join(WORDS.split())
+        piece = (word * (99 // len(word) + 1))[:99] + " "
+        chars_reply = Reply(content=(piece * (reply_chars // len(piece) + 1))[:reply_chars])
+        fake.responder = lambda body: chars_reply
+    uvicorn.run(fake._app, host=HOST, port=port, log_level="warning", lifespan="off")
+
+
+def serve_floor(port: int, upstream: str) -> None:
+    """The floor: forward bytes to the upstream and stream its answer back, nothing else."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(base_url=upstream, timeout=UPSTREAM_TIMEOUT_S)
+
+    async def chat(request: Request) -> Response:
+        body = await request.body()
+        upstream_request = client.build_request(
+            "POST", "/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+        response = await client.send(upstream_request, stream=True)
+        return StreamingResponse(
+            response.aiter_raw(), status_code=response.status_code, media_type=response.headers.get("content-type")
+        )
+
+    app = Starlette(routes=[Route(CHAT_PATH, chat, methods=["POST"])])
+    uvicorn.run(app, host=HOST, port=port, log_level="warning", lifespan="off")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="entry points of the benchmarks' helper servers")
+    parser.add_argument("--serve-fake", nargs="+", metavar=("PORT", "WORDS"))
+    parser.add_argument("--reply-chars", type=int, help="with --serve-fake: every answer is this many characters")
+    parser.add_argument("--serve-floor", nargs=2, metavar=("PORT", "UPSTREAM"))
+    args = parser.parse_args(argv)
+    if args.serve_fake:
+        words = int(args.serve_fake[1]) if len(args.serve_fake) > 1 else None
+        serve_fake(int(args.serve_fake[0]), words, args.reply_chars)
+    elif args.serve_floor:
+        serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
+    else:
+        parser.error("nothing to serve")
+
+
+if __name__ == "__main__":
+    main()
