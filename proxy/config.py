@@ -46,9 +46,13 @@ DEFAULT_MAX_SUMMARIZER_CALLS = 2
 DEFAULT_SUMMARIZER_DEADLINE_S = 60.0
 """Wall time one request may spend waiting on the summarizer model."""
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
-STRATEGY_NAMES = ("tool-results", "summarize", "goal-batch", "sliding-window")
+TOOL_RESULTS = "tool-results"
+SUMMARIZE = "summarize"
+GOAL_BATCH = "goal-batch"
+SLIDING_WINDOW = "sliding-window"
+STRATEGY_NAMES = (TOOL_RESULTS, SUMMARIZE, GOAL_BATCH, SLIDING_WINDOW)
 """The compaction strategies (`proxy.compaction.strategies`), for `context.strategies` and X-Context-Strategy."""
-DEFAULT_STRATEGIES = ("tool-results", "summarize")
+DEFAULT_STRATEGIES = (TOOL_RESULTS, SUMMARIZE)
 """Old tool outputs become stubs first (no model call, most of an agent's context), then summaries."""
 DEFAULT_TOOL_RESULTS_KEEP_TURNS = 2
 DEFAULT_PRECOMPACT_RATIO = 0.8

@@ -25,7 +25,6 @@ from proxy.conversation import usage_text
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage
 from proxy.history.pins import Pins
-from proxy.history.settings import session_strategies
 from proxy.history.store import History
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
@@ -232,16 +231,16 @@ class Inspector:
         settings: Mapping[str, Any],
     ) -> CompactionRequest:
         """What the session's next request would ask of the compactor, with its remembered budget and strategies."""
-        return CompactionRequest(
-            tenant=tenant,
+        return CompactionRequest.for_session(
+            tenant,
+            path,
+            settings,
             session_id=session_id,
             messages=[m.message for m in path],
-            path=path,
             entry=entry,
             encoding=encoding,
             budget=self.budgets.budget(entry, None, settings).input_budget,
             preserve_recent=self.config.context.preserve_recent,
-            strategies=session_strategies(settings),
         )
 
     async def require(self, tenant: str, session_id: str) -> Session:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.budget.budgets import Budget, Budgets
-from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, Prepared
+from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config import Config, ModelEntry
 from proxy.continuations import continued
 from proxy.conversation import (
@@ -70,7 +70,7 @@ class Plan:
     entry: ModelEntry
     reconciled: Reconciled
     budget: int
-    prepared: Prepared
+    prepared: WorkingContext
     encoding: str
     allowance: Allowance
     wire: Mapping[str, Any]
@@ -212,21 +212,21 @@ class Pipeline:
         encoding = encoding_for_model(entry.model)
         located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
         async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.store(located, conversation.model)
+            reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
             budget = self._budget(entry, conversation, reconciled.settings).input_budget
             prepared = await self._prepare(
-                CompactionRequest(
-                    tenant=tenant,
+                CompactionRequest.for_session(
+                    tenant,
+                    reconciled.path,
+                    reconciled.settings,
                     session_id=reconciled.session.id,
                     messages=conversation.messages,
-                    path=reconciled.path,
                     entry=entry,
                     encoding=encoding,
                     budget=budget,
                     preserve_recent=self.config.context.preserve_recent,
                     allowance=allowance,
-                    strategies=session_strategies(reconciled.settings),
                 ),
                 options,
             )
@@ -255,10 +255,10 @@ class Pipeline:
             )
         return budget
 
-    async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> Prepared:
+    async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:
             tokens = count_prompt(m.tokens for m in request.path)
-            return Prepared([dict(message) for message in request.messages], tokens, summaries=0, written=0)
+            return WorkingContext([dict(message) for message in request.messages], tokens, summaries=0, written=0)
         if options.preserve_recent is not None:
             request = replace(request, preserve_recent=options.preserve_recent)
         prepared = await self.compactor.prepare(request)

@@ -86,14 +86,16 @@ def rough_size(message: Mapping[str, Any]) -> int:
     return size
 
 
-def content_text(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a content-part list."""
+def content_text(content: Any, separator: str = "") -> str:
+    """The text of a message's content: a string, or the text parts of a content-part list joined by
+    `separator`. The one way the proxy reads a message's text."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping) and "text" in part)
+        texts = (str(part.get("text", "")) for part in content if isinstance(part, Mapping) and "text" in part)
+        return separator.join(texts)
     return str(content)
 
 

@@ -14,7 +14,7 @@ database or a model. Its rules:
    messages alone exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
 3. Older messages form blocks: each usable summary span (shown as its summary, or as its originals when they
    are cheaper) and atomic units of unsummarized messages (a tool group is one unit).
-4. If the result fits `trigger_ratio * budget` it is the `WorkingContext`. Otherwise `NeedsSummary` names the
+4. If the result fits `trigger_ratio * budget` it is the `ContextLayout`. Otherwise `NeedsSummary` names the
    oldest unsummarized range worth summarizing, extended just far enough that the total drops to
    `compact_to * budget`: compaction happens in big steps so that the following requests are prefix-extensions
    of each other and provider prompt caches keep hitting (invariant 6).
@@ -32,7 +32,7 @@ purpose: as the conversation grows it would flip restored spans back to summarie
 break the prompt prefix on every such flip, without calling the summarizer.
 
 The caller loop is: build → on `NeedsSummary` write a summary of `parts` (span ids in `replaces` become
-orphaned) and build again with `compacting=True`, a bounded number of rounds → `WorkingContext`.
+orphaned) and build again with `compacting=True`, a bounded number of rounds → `ContextLayout`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from proxy.compaction.layout import (
     PINNED_ROLES,
     Block,
     BuildResult,
+    ContextLayout,
     Item,
     Layout,
     NeedsSummary,
@@ -60,7 +61,6 @@ from proxy.compaction.layout import (
     RecentTooLarge,
     Span,
     View,
-    WorkingContext,
 )
 from proxy.compaction.strategies import next_span
 from proxy.compaction.summary_text import SUMMARY_ROLE
@@ -74,13 +74,13 @@ __all__ = [
     "DEFAULT_TRIGGER_RATIO",
     "PINNED_ROLES",
     "BuildResult",
+    "ContextLayout",
     "Item",
     "NeedsSummary",
     "Part",
     "Policy",
     "RecentTooLarge",
     "Span",
-    "WorkingContext",
     "acknowledgements",
     "build",
     "cut_points",
@@ -112,7 +112,7 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     trigger = policy.trigger_ratio * budget
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
-        return WorkingContext(parts=tuple(range(count)), tokens=everything)
+        return ContextLayout(parts=tuple(range(count)), tokens=everything)
 
     arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
     if compacting:
@@ -158,7 +158,7 @@ def _arrange(
     cuts: Sequence[bool],
     fixed: int,
     spans: Sequence[Span],
-) -> tuple[WorkingContext, Layout, frozenset[int]]:
+) -> tuple[ContextLayout, Layout, frozenset[int]]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
     stubbed = stubbed_positions(items, spans, recent, kept)
     shown = [0]
@@ -174,7 +174,7 @@ def _arrange(
         + len(acknowledged) * policy.acknowledgement_tokens
     )
     shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
-    context = WorkingContext(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
+    context = ContextLayout(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
     return context, layout, stubbed
 
 

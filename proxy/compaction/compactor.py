@@ -20,9 +20,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from proxy.compaction.builder import NeedsSummary, Policy, RecentTooLarge, Span, WorkingContext, build
+from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.layout import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions, ahead_policy
 from proxy.compaction.recall import Recall, recall_message
@@ -31,14 +30,15 @@ from proxy.compaction.stubs import marker_message, stubbed_message
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
-from proxy.config import ContextConfig
+from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 from proxy.types import Clock, Message
+from proxy.vocabulary import SYSTEM_ROLES
 
-__all__ = ["Allowance", "CompactionRequest", "Compactor", "Prepared"]
+__all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
@@ -49,8 +49,8 @@ NAMED_PINS = 10
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """The messages to send upstream and what they cost."""
+class WorkingContext:
+    """The working context: the messages one request sends upstream for its session's path, and what they cost."""
 
     messages: list[Message]
     tokens: int
@@ -126,12 +126,12 @@ class Compactor:
         """A fresh allowance of summarizer work, for one request."""
         return Allowance(self._config.max_summarizer_calls, self._config.summarizer_deadline_s)
 
-    async def prepare(self, request: CompactionRequest) -> Prepared:
+    async def prepare(self, request: CompactionRequest) -> WorkingContext:
         everything = count_prompt(stored.tokens for stored in request.path)
         if everything <= self._config.trigger_ratio * request.budget:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
-            return Prepared([dict(message) for message in request.messages], everything, summaries=0, written=0)
+            return WorkingContext([dict(message) for message in request.messages], everything, summaries=0, written=0)
         allowance = request.allowance or self.allowance()
         await self._ahead.wait(request, allowance)
         state = await self._paths.read(request)
@@ -139,7 +139,7 @@ class Compactor:
         policy = self._request_policy(request)
         for written in range(MAX_ROUNDS):
             result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
-            if isinstance(result, WorkingContext):
+            if isinstance(result, ContextLayout):
                 return await self._recalled(request, result, self._render(request, result, stored, state, written))
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
@@ -160,7 +160,7 @@ class Compactor:
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         result = build(state.items, [s.span() for s in stored.values()], self._request_policy(request))
-        if not isinstance(result, WorkingContext):
+        if not isinstance(result, ContextLayout):
             waiting = tuple(s for s in stored.values() if not s.held and s.strategy != TOOL_RESULTS)
             return ContextView(waiting, {}, everything, compacts=True)
         spans = tuple(stored[part.id] for part in result.parts if isinstance(part, Span))
@@ -183,7 +183,7 @@ class Compactor:
         render = functools.partial(self._read, request, state)
         return await self._writer.write(request, result, stored, request.allowance or self.allowance(), render)
 
-    def precompact(self, request: CompactionRequest, prepared: Prepared) -> None:
+    def precompact(self, request: CompactionRequest, prepared: WorkingContext) -> None:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         self._ahead.start(request, prepared.tokens, ahead=prepared.ahead)
@@ -239,11 +239,11 @@ class Compactor:
     @staticmethod
     def _render(
         request: CompactionRequest,
-        context: WorkingContext,
+        context: ContextLayout,
         stored: Mapping[int, StoredSummary],
         state: PathState,
         written: int,
-    ) -> Prepared:
+    ) -> WorkingContext:
         messages: list[Message] = []
         summaries = 0
         for index, part in enumerate(context.parts):
@@ -256,9 +256,11 @@ class Compactor:
                 messages.append(stubbed_message(request.messages[part], state.stubs[part]))
             else:
                 messages.append(dict(request.messages[part]))
-        return Prepared(messages, context.tokens, summaries, written, ahead=context.held_back)
+        return WorkingContext(messages, context.tokens, summaries, written, ahead=context.held_back)
 
-    async def _recalled(self, request: CompactionRequest, context: WorkingContext, prepared: Prepared) -> Prepared:
+    async def _recalled(
+        self, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext
+    ) -> WorkingContext:
         """The working context with the archived passages the latest user message refers to, placed just before
         that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
         the budget leaves. Nothing is recalled while every original is sent."""
@@ -281,7 +283,7 @@ class Compactor:
         at = _message_index(context, latest)
         recalled = recall_message(passages)
         before = prepared.messages[:at]
-        previous = next((m for m in reversed(before) if m.get("role") not in ("system", "developer")), None)
+        previous = next((m for m in reversed(before) if m.get("role") not in SYSTEM_ROLES), None)
         inserted = [recalled, acknowledgement_message()]
         if previous is not None and previous.get("role") == "user":
             inserted.insert(0, acknowledgement_message())
@@ -302,7 +304,7 @@ def _span_message(summary: StoredSummary) -> Message:
     return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
 
 
-def _message_index(context: WorkingContext, position: int) -> int:
+def _message_index(context: ContextLayout, position: int) -> int:
     """Where item `position` is in the rendered messages (acknowledgements included)."""
     index = context.parts.index(position)
     return index + sum(1 for acknowledged in context.acknowledgements if acknowledged <= index)

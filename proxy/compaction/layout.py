@@ -11,13 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.compaction.summary_text import DEFAULT_SUMMARY_MAX, DEFAULT_SUMMARY_MIN, DEFAULT_TARGET_RATIO, target_tokens
+from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.vocabulary import SYSTEM_ROLES
 
-PINNED_ROLES = frozenset({"system", "developer"})
+PINNED_ROLES = frozenset(SYSTEM_ROLES)
 """Roles sent verbatim where they stand; pinned by the client's own protocol, and no turn for role order."""
-SUMMARIZE = "summarize"
-GOAL_BATCH = "goal-batch"
-SLIDING_WINDOW = "sliding-window"
-TOOL_RESULTS = "tool-results"
 DEFAULT_PRESERVE_RECENT = 4
 DEFAULT_TRIGGER_RATIO = 1.0
 DEFAULT_COMPACT_TO = 0.55
@@ -105,7 +103,10 @@ Part = int | Span
 
 
 @dataclass(frozen=True)
-class WorkingContext:
+class ContextLayout:
+    """The working context as the builder lays it out: which originals, spans and stubs, in order, and their cost
+    (the compactor renders it as messages: `WorkingContext`)."""
+
     parts: tuple[Part, ...]
     """In chronological order."""
     tokens: int
@@ -146,7 +147,7 @@ class RecentTooLarge:
     pinned_tokens: int = 0
 
 
-BuildResult = WorkingContext | NeedsSummary | RecentTooLarge
+BuildResult = ContextLayout | NeedsSummary | RecentTooLarge
 
 
 @dataclass(frozen=True)

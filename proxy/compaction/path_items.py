@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.compaction.builder import cut_points, with_tool_groups
-from proxy.compaction.layout import TOOL_RESULTS, Item
+from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
-from proxy.config import ContextConfig
+from proxy.config import TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute

@@ -30,6 +30,7 @@ from proxy.offload import compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.tokens import content_text, count_message, count_text, rough_size
+from proxy.vocabulary import ORIGIN, Origin
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,7 @@ def recall_message(passages: Sequence[Passage]) -> dict[str, Any]:
     in the conversation and its role. The same passages always give the same bytes."""
     parts = [RECALL_HEADER]
     parts.extend(_label(passage.position, passage.role) + passage.text for passage in passages)
-    return {"role": "user", "content": "\n\n".join(parts)}
+    return {"role": "user", "content": "\n\n".join(parts), ORIGIN: Origin.RECALL}
 
 
 def _label(position: int, role: str) -> str:

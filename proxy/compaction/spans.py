@@ -21,13 +21,14 @@ from typing import Any
 
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
 from proxy.compaction.extractive import fallback_summary
-from proxy.compaction.layout import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, NeedsSummary, Span
+from proxy.compaction.layout import NeedsSummary, Span
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
-from proxy.config import ContextConfig, ModelEntry
+from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
 from proxy.history.messages import StoredMessage
+from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.tokens import count_message, rough_size
 from proxy.types import Clock, Message
@@ -59,6 +60,35 @@ class CompactionRequest:
     again); None gives this compaction a fresh `Compactor.allowance()`."""
     strategies: tuple[str, ...] | None = None
     """The session's compaction strategies (X-Context-Strategy); None: `context.strategies`."""
+
+    @classmethod
+    def for_session(
+        cls,
+        tenant: str,
+        path: Sequence[StoredMessage],
+        settings: Mapping[str, Any],
+        *,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        entry: ModelEntry,
+        encoding: str,
+        budget: int,
+        preserve_recent: int,
+        allowance: Allowance | None = None,
+    ) -> CompactionRequest:
+        """A request on a session's path, with what the session remembered (`settings`: its strategies)."""
+        return cls(
+            tenant,
+            session_id,
+            messages,
+            path,
+            entry,
+            encoding,
+            budget,
+            preserve_recent,
+            allowance,
+            session_strategies(settings),
+        )
 
 
 class Allowance:

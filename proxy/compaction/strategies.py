@@ -25,17 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.compaction.layout import (
-    GOAL_BATCH,
-    SLIDING_WINDOW,
-    SUMMARIZE,
-    TOOL_RESULTS,
-    Block,
-    NeedsSummary,
-    Neighbours,
-    Policy,
-    View,
-)
+from proxy.compaction.layout import Block, NeedsSummary, Neighbours, Policy, View
+from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 
 
 class Strategy(Protocol):

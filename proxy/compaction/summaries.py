@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.compaction.layout import SUMMARIZE, TOOL_RESULTS, Span
+from proxy.compaction.layout import Span
+from proxy.config import SUMMARIZE, TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database

@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from proxy.tokens import content_text
 from proxy.types import Message
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
@@ -106,9 +107,4 @@ def _blocks(message: Message) -> list[Block]:
 
 
 def _text(message: Message) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
+    return content_text(message.get("content"), "\n")

@@ -121,7 +121,7 @@ class History(HistoryReads):
         encoding: str,
     ) -> Reconciled:
         """Map a request's messages onto the chain, store what is new, and move the session head to the last."""
-        return await self.store(await self.locate(tenant, session_id, messages, encoding), model)
+        return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
 
     async def locate(self, tenant: str, session_id: str | None, messages: list[Message], encoding: str) -> Located:
         """Which stored nodes the request's messages are, which session it belongs to, what must be written.
@@ -227,7 +227,7 @@ class History(HistoryReads):
             entries.append(entry)
         return entries, variants
 
-    async def store(self, located: Located, model: str) -> Reconciled:
+    async def save(self, located: Located, model: str) -> Reconciled:
         """Write what `locate` found new, and move the session's head to the request's last message."""
         tenant, session_id = located.tenant, located.session_id
         now = self.clock()

@@ -171,7 +171,7 @@ _RECORD_JSON_FIELDS = (
 
 
 @dataclass(frozen=True)
-class Replayed:
+class StoredAnswer:
     """What the stored events of a step add up to."""
 
     assembly: Assembly
@@ -181,7 +181,7 @@ class Replayed:
     """The `error` event's body, or None."""
 
 
-def replay_events(stream: bool, events: Iterable[StoredEvent]) -> Replayed:
+def replay_events(stream: bool, events: Iterable[StoredEvent]) -> StoredAnswer:
     assembly, done, error = Assembly(), False, None
     for _seq, kind, content in events:
         if kind in CHUNK_EVENTS:
@@ -192,7 +192,7 @@ def replay_events(stream: bool, events: Iterable[StoredEvent]) -> Replayed:
                 assembly = assemble([json.loads(content)])
         elif kind == EventType.ERROR:
             error = json.loads(content)
-    return Replayed(assembly, done, error)
+    return StoredAnswer(assembly, done, error)
 
 
 async def stored_events(db: Database, step_ids: Sequence[int]) -> dict[int, list[StoredEvent]]:

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from proxy.compaction.builder import (
     BuildResult,
+    ContextLayout,
     Item,
     NeedsSummary,
     Policy,
     RecentTooLarge,
     Span,
-    WorkingContext,
     build,
     cut_points,
     recent_block,
@@ -112,7 +112,7 @@ def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Po
     assert need.target == policy.summary_target(input_tokens(items, need.parts))
 
 
-def check_context(items: Sequence[Item], policy: Policy, context: WorkingContext) -> None:
+def check_context(items: Sequence[Item], policy: Policy, context: ContextLayout) -> None:
     assert context.tokens <= policy.budget
     acknowledgements = len(context.acknowledgements) * policy.acknowledgement_tokens
     assert context.tokens == input_tokens(items, context.parts) + acknowledgements + PRIMING
@@ -139,11 +139,11 @@ def check_context(items: Sequence[Item], policy: Policy, context: WorkingContext
 def test_everything_fits_verbatim() -> None:
     items = chat(3)
     result = build(items, [], Policy(budget=10_000))
-    assert result == WorkingContext(parts=tuple(range(7)), tokens=610 + PRIMING)
+    assert result == ContextLayout(parts=tuple(range(7)), tokens=610 + PRIMING)
 
 
 def test_empty_path_costs_only_the_priming() -> None:
-    assert build([], [], Policy(budget=100)) == WorkingContext(parts=(), tokens=PRIMING)
+    assert build([], [], Policy(budget=100)) == ContextLayout(parts=(), tokens=PRIMING)
 
 
 def test_recent_too_large_names_what_pinned_and_recent_need() -> None:
@@ -227,7 +227,7 @@ def test_after_the_summary_the_context_uses_it_and_fits() -> None:
     policy = Policy(budget=3_000)
     loop = Loop(policy)
     result = loop.run(items)
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert loop.summaries == 1
     assert result.parts[0] == 0
     assert result.parts[1] == loop.spans[0]
@@ -296,7 +296,7 @@ def test_a_compaction_goes_on_to_compact_to_through_hierarchy() -> None:
     assert isinstance(first, NeedsSummary)
     assert (first.start, first.end, first.replaces) == (41, 57, ())
     spans.append(Span(3, 41, 57, policy.estimated_summary(1_600)))
-    assert isinstance(build(items, spans, policy), WorkingContext)  # fits again: a new request stops here
+    assert isinstance(build(items, spans, policy), ContextLayout)  # fits again: a new request stops here
     second = build(items, spans, policy, compacting=True)  # but this compaction is not done yet
     assert isinstance(second, NeedsSummary)
     assert (second.start, second.end, second.replaces) == (1, 41, (1, 2))
@@ -330,14 +330,14 @@ def test_a_run_whose_summary_would_not_be_smaller_is_left_alone() -> None:
 
 def test_trigger_ratio_compacts_before_the_budget_is_reached() -> None:
     items = chat(10)
-    assert isinstance(build(items, [], Policy(budget=2_500)), WorkingContext)
+    assert isinstance(build(items, [], Policy(budget=2_500)), ContextLayout)
     assert isinstance(build(items, [], Policy(budget=2_500, trigger_ratio=0.8)), NeedsSummary)
 
 
 def test_over_trigger_but_within_budget_and_nothing_to_summarize_is_a_context() -> None:
     items = [system(), user(900), assistant(900)]
     result = build(items, [], Policy(budget=2_000, trigger_ratio=0.5, compact_to=0.4))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts == (0, 1, 2)
 
 
@@ -348,14 +348,14 @@ def test_spans_are_used_as_summaries_when_the_originals_do_not_all_fit() -> None
     items = chat(20)
     span = Span(1, 1, 21, 200)
     result = build(items, [span], Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts == (0, span, *range(21, 41))
 
 
 def test_originals_are_restored_when_everything_fits_again() -> None:
     items = chat(20)
     result = build(items, [Span(1, 1, 21, 200)], Policy(budget=100_000))
-    assert result == WorkingContext(parts=tuple(range(41)), tokens=4_010 + PRIMING)
+    assert result == ContextLayout(parts=tuple(range(41)), tokens=4_010 + PRIMING)
 
 
 def test_a_summarized_span_stays_summarized_while_the_whole_path_does_not_fit() -> None:
@@ -364,7 +364,7 @@ def test_a_summarized_span_stays_summarized_while_the_whole_path_does_not_fit() 
     items = chat(20)
     span = Span(1, 1, 21, 200)
     result = build(items, [span], Policy(budget=4_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert span in result.parts
 
 
@@ -372,7 +372,7 @@ def test_a_span_whose_summary_is_not_smaller_is_shown_as_originals() -> None:
     items = chat(20)
     spans = [Span(1, 1, 3, 500), Span(2, 3, 21, 300)]
     result = build(items, spans, Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts[:4] == (0, 1, 2, spans[1])
 
 
@@ -389,7 +389,7 @@ def test_overlapping_spans_prefer_the_widest() -> None:
     items = chat(20)
     spans = [Span(1, 1, 11, 100), Span(2, 11, 21, 100), Span(3, 1, 21, 150), Span(4, 5, 15, 100)]
     result = build(items, spans, Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts == (0, spans[2], *range(21, 41))
 
 
@@ -397,14 +397,14 @@ def test_of_two_spans_over_the_same_range_the_newest_wins() -> None:
     items = chat(20)
     spans = [Span(5, 1, 21, 100), Span(6, 1, 21, 120)]
     result = build(items, spans, Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts[1] == spans[1]
 
 
 def test_developer_messages_are_pinned_like_system_messages() -> None:
     items = [Item("developer", 10), *chat(20, head=())]
     result = Loop(Policy(budget=2_000)).run(items)
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts[0] == 0
 
 
@@ -412,7 +412,7 @@ def test_preserve_recent_zero_may_summarize_up_to_the_last_message() -> None:
     items = chat(10)
     loop = Loop(Policy(budget=600, preserve_recent=0))
     result = loop.run(items)
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     check_context(items, loop.policy, result)
 
 
@@ -463,7 +463,7 @@ def older_segments(items: Sequence[Item], recent: int) -> int:
 
 def check_result(items: Sequence[Item], policy: Policy, result: BuildResult) -> None:
     recent, fixed = pinned_and_recent(items, policy)
-    if isinstance(result, WorkingContext):
+    if isinstance(result, ContextLayout):
         check_context(items, policy, result)
         return
     assert isinstance(result, RecentTooLarge)
@@ -491,16 +491,16 @@ def test_property_loop_always_ends_in_a_valid_result(items: list[Item], policy: 
 def test_property_prompts_are_prefix_extensions_between_compactions(data: st.DataObject, policy: Policy) -> None:
     loop = Loop(policy)
     items: list[Item] = [system(data.draw(st.integers(1, 300)))]
-    previous: WorkingContext | None = None
+    previous: ContextLayout | None = None
     for turn in range(data.draw(st.integers(1, 40))):
         items += data.draw(turn_items(turn, st.integers(1, 2_000)))
         before = loop.summaries
         result = loop.run(items)
         check_result(items, policy, result)
         compacted = loop.summaries > before
-        if isinstance(result, WorkingContext) and previous is not None and not compacted:
+        if isinstance(result, ContextLayout) and previous is not None and not compacted:
             assert result.parts[: len(previous.parts)] == previous.parts
-        previous = result if isinstance(result, WorkingContext) else None
+        previous = result if isinstance(result, ContextLayout) else None
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -519,7 +519,7 @@ def test_typical_conversation_compacts_rarely(seed: int) -> None:
         items.append(assistant(rng.randint(20, 400)))
         before = loop.summaries
         result = loop.run(items)
-        assert isinstance(result, WorkingContext)
+        assert isinstance(result, ContextLayout)
         check_context(items, policy, result)
         if loop.summaries > before:
             compactions += 1

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from proxy.budget.budgets import Budgets
 from proxy.compaction.builder import (
     DEFAULT_ACKNOWLEDGEMENT_TOKENS,
+    ContextLayout,
     Item,
     Policy,
     Span,
-    WorkingContext,
     build,
     cut_points,
     recent_start,
@@ -94,7 +94,7 @@ def fresh_ids(turns: int, tokens: int = 100) -> list[Item]:
     return items
 
 
-def roles(items: Sequence[Item], context: WorkingContext) -> list[dict[str, Any]]:
+def roles(items: Sequence[Item], context: ContextLayout) -> list[dict[str, Any]]:
     """The working context as the roles of the messages it renders to."""
     messages: list[dict[str, Any]] = []
     for index, part in enumerate(context.parts):
@@ -104,7 +104,7 @@ def roles(items: Sequence[Item], context: WorkingContext) -> list[dict[str, Any]
     return messages
 
 
-def rendering(context: WorkingContext) -> list[object]:
+def rendering(context: ContextLayout) -> list[object]:
     """Parts and acknowledgements in the order they are sent: what prefix stability is judged on."""
     shown: list[object] = []
     for index, part in enumerate(context.parts):
@@ -147,7 +147,7 @@ def test_a_reused_call_id_pairs_each_result_with_the_nearest_call_before_it() ->
 def test_a_conversation_reusing_call_ids_compacts_like_one_with_fresh_ids() -> None:
     policy = Policy(budget=1_500)
     reused = Loop(policy).run(reused_ids(20))
-    assert isinstance(reused, WorkingContext)
+    assert isinstance(reused, ContextLayout)
     check_context(reused_ids(20), policy, reused)
     assert reused == Loop(policy).run(fresh_ids(20))
 
@@ -159,24 +159,24 @@ def test_a_summary_is_a_user_turn_acknowledged_before_the_next_user_turn() -> No
     items = chat(20)  # system, then user/assistant pairs: users at odd positions
     span = Span(1, 1, 21, 200)
     result = build(items, [span], Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts == (0, span, *range(21, 41))
     assert result.acknowledgements == (2,)
     assert result.tokens == 10 + 200 + DEFAULT_ACKNOWLEDGEMENT_TOKENS + 20 * 100 + PRIMING
     assert role_order_error(roles(items, result)) is None
     # Only where needed: none before an assistant turn, none in a conversation sent as it came.
     before_assistant = build(items, [Span(1, 1, 20, 200)], Policy(budget=3_000))
-    assert isinstance(before_assistant, WorkingContext)
+    assert isinstance(before_assistant, ContextLayout)
     assert before_assistant.acknowledgements == ()
     assert before_assistant.tokens == 10 + 200 + 21 * 100 + PRIMING
-    assert build(items, [span], Policy(budget=10_000)) == WorkingContext(tuple(range(41)), 4_010 + PRIMING)
+    assert build(items, [span], Policy(budget=10_000)) == ContextLayout(tuple(range(41)), 4_010 + PRIMING)
 
 
 def test_a_user_turn_before_a_summary_is_acknowledged_too() -> None:
     items = chat(20)
     span = Span(1, 2, 21, 200)  # the first user message stays an original
     result = build(items, [span], Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts == (0, 1, span, *range(21, 41))
     assert result.acknowledgements == (2, 3)
     assert role_order_error(roles(items, result)) is None
@@ -187,7 +187,7 @@ def test_adjacent_summaries_are_separated_by_an_acknowledgement_after_a_pinned_m
     # 0 system, 1 user, 2 assistant, 3 user, 4 system, 5 user, 6 assistant, ...
     spans = [Span(1, 1, 4, 50), Span(2, 5, 25, 200)]
     result = build(items, spans, Policy(budget=3_000))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert result.parts[:4] == (0, spans[0], 4, spans[1])
     assert result.acknowledgements == (3, 4)  # before the second summary, and before the user turn after it
     assert (
@@ -200,11 +200,11 @@ def test_acknowledgements_count_against_the_budget() -> None:
     items = chat(20)
     span = Span(1, 1, 21, 200)
     fitting_without = 10 + 200 + 20 * 100 + PRIMING
-    assert build(items, [span], Policy(budget=fitting_without + DEFAULT_ACKNOWLEDGEMENT_TOKENS)) == WorkingContext(
+    assert build(items, [span], Policy(budget=fitting_without + DEFAULT_ACKNOWLEDGEMENT_TOKENS)) == ContextLayout(
         parts=(0, span, *range(21, 41)), tokens=fitting_without + DEFAULT_ACKNOWLEDGEMENT_TOKENS, acknowledgements=(2,)
     )
     squeezed = build(items, [span], Policy(budget=fitting_without, compact_to=0.9))
-    assert not isinstance(squeezed, WorkingContext) or squeezed.tokens <= fitting_without
+    assert not isinstance(squeezed, ContextLayout) or squeezed.tokens <= fitting_without
 
 
 tight_policies = st.builds(
@@ -224,7 +224,7 @@ def test_property_every_working_context_of_a_valid_conversation_is_valid_for_str
 ) -> None:
     result = Loop(policy).run(items)
     check_result(items, policy, result)
-    if isinstance(result, WorkingContext):
+    if isinstance(result, ContextLayout):
         assert role_order_error(roles(items, result)) is None
 
 
@@ -240,7 +240,7 @@ def test_property_acknowledgements_keep_prompts_prefix_extensions_between_compac
     for end in turns:
         before = loop.summaries
         result = loop.run(whole[:end])
-        shown = rendering(result) if isinstance(result, WorkingContext) else None
+        shown = rendering(result) if isinstance(result, ContextLayout) else None
         if shown is not None and previous is not None and loop.summaries == before:
             assert shown[: len(previous)] == previous
         previous = shown

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import RECALL_HEADER, Recall
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
@@ -331,7 +331,7 @@ async def test_a_crossing_waits_for_the_running_precompaction_and_makes_no_secon
     budget = int(total(path) / 0.85)
     fake = RecordingSummarizer(seconds=0.5)
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
-    engine.precompact(request(path, budget), Prepared([], total(path), 0, 0))
+    engine.precompact(request(path, budget), WorkingContext([], total(path), 0, 0))
 
     crossing = await grow(history, messages, 6)
     after = await engine.prepare(request(crossing, budget))
@@ -348,7 +348,7 @@ async def test_one_precompaction_per_session_at_a_time(history: History, summari
     fake = RecordingSummarizer(seconds=0.3)
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
     for _ in range(5):
-        engine.precompact(request(path, budget), Prepared([], total(path), 0, 0))
+        engine.precompact(request(path, budget), WorkingContext([], total(path), 0, 0))
     await asyncio.wait_for(engine.settled(), 10)
 
     assert len(fake.calls) == 1
@@ -362,7 +362,7 @@ async def test_below_the_precompact_ratio_nothing_runs_in_the_background(
     fake = RecordingSummarizer()
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
     budget = int(total(path) / 0.7)
-    engine.precompact(request(path, budget), Prepared([], total(path), 0, 0))
+    engine.precompact(request(path, budget), WorkingContext([], total(path), 0, 0))
     await asyncio.wait_for(engine.settled(), 10)
     assert fake.calls == []
 
@@ -371,7 +371,7 @@ async def test_close_stops_the_background_work(history: History, summaries: Summ
     path = await stored_path(history, conversation(20))
     fake = RecordingSummarizer(seconds=30)
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
-    engine.precompact(request(path, int(total(path) / 0.85)), Prepared([], total(path), 0, 0))
+    engine.precompact(request(path, int(total(path) / 0.85)), WorkingContext([], total(path), 0, 0))
     await asyncio.sleep(0.05)
     await asyncio.wait_for(engine.close(grace_s=0.1), 5)
     assert await summaries.on_path(TENANT, path) == []

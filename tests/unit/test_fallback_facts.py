@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.extractive import extractive_summary, fallback_summary
 from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
@@ -127,13 +127,13 @@ def answer(turn: int) -> str:
     return " ".join(part.format(topic=topic) for part in parts)
 
 
-def visible(prepared: Prepared) -> list[str]:
+def visible(prepared: WorkingContext) -> list[str]:
     """The planted facts the working context still shows, key and value as they were written."""
     context = "\n".join(content_text(message.get("content")) for message in prepared.messages)
     return [fact for fact, _ in FACTS.values() if fact in context]
 
 
-async def session_with_the_summarizer_down(db: Database, config: ContextConfig) -> Prepared:
+async def session_with_the_summarizer_down(db: Database, config: ContextConfig) -> WorkingContext:
     """TURNS user turns through the real compactor and summarizer, whose model refuses every call."""
     upstream = ScriptedUpstream()
 
@@ -146,7 +146,7 @@ async def session_with_the_summarizer_down(db: Database, config: ContextConfig) 
     compactor = Compactor(config, summaries, Summarizer(upstream, None, budgets, config))
     history = History(db)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You help a small web shop run its product."}]
-    prepared: Prepared | None = None
+    prepared: WorkingContext | None = None
     for turn in range(1, TURNS + 1):
         messages.append({"role": "user", "content": user_turn(turn)})
         path = (await history.reconcile(TENANT, "s", messages, SMALL.model, ENCODING)).path

@@ -9,17 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.builder import (
+    ContextLayout,
     Item,
     NeedsSummary,
     Policy,
     RecentTooLarge,
     Span,
-    WorkingContext,
     build,
     cut_points,
     recent_block,
 )
-from proxy.compaction.layout import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, BuildResult
+from proxy.compaction.layout import BuildResult
+from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
 STUB = 30
@@ -87,7 +88,7 @@ def shown_tokens(items: Sequence[Item], parts: Sequence[int | Span], stubbed: fr
     )
 
 
-def rendering(context: WorkingContext) -> list[object]:
+def rendering(context: ContextLayout) -> list[object]:
     """What is sent, in order: prefix stability is judged on it (a stub is not its original)."""
     shown: list[object] = []
     for index, part in enumerate(context.parts):
@@ -97,7 +98,7 @@ def rendering(context: WorkingContext) -> list[object]:
     return shown
 
 
-def check(items: Sequence[Item], policy: Policy, context: WorkingContext) -> None:
+def check(items: Sequence[Item], policy: Policy, context: ContextLayout) -> None:
     """The builder's invariants, with stubs counted at their cost: the budget, every item shown once and in
     order, system, pinned and recent messages verbatim (a stub only for an older tool output), tool pairs whole."""
     acknowledgements = len(context.acknowledgements) * policy.acknowledgement_tokens
@@ -138,7 +139,7 @@ def test_tool_results_runs_first_and_masks_every_output_older_than_the_last_turn
     assert (result.start, result.end) == (0, boundary)
     mask = Span(1, result.start, result.end, 0, TOOL_RESULTS)
     context = build(items, [mask], policy, compacting=True)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     outputs = {p for p, item in enumerate(items) if item.role == "tool"}
     assert context.stubbed == {p for p in outputs if p < boundary}
     assert context.parts == tuple(range(len(items)))  # in place: every call keeps its result next to it
@@ -163,7 +164,7 @@ def test_masked_outputs_are_sent_whole_again_when_everything_fits() -> None:
     items = agent(4)
     mask = Span(1, 0, len(items) - 4, 0, TOOL_RESULTS)
     result = build(items, [mask], Policy(budget=100_000, strategies=(TOOL_RESULTS,)))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert not result.stubbed
 
 
@@ -172,7 +173,7 @@ def test_outputs_of_pinned_and_recent_messages_are_never_stubbed() -> None:
     items[3] = Item("tool", 1_000, tool_call_id="t0s0", stub_tokens=STUB, pinned=True)
     mask = Span(1, 0, len(items), 0, TOOL_RESULTS)
     result = build(items, [mask], Policy(budget=12_000, strategies=(TOOL_RESULTS,), preserve_recent=4))
-    assert isinstance(result, WorkingContext)
+    assert isinstance(result, ContextLayout)
     assert 3 not in result.stubbed
     assert not result.stubbed & set(range(len(items) - 4, len(items)))
 
@@ -199,7 +200,7 @@ def test_sliding_window_takes_just_the_oldest_turns_a_marker_saves() -> None:
     assert window.end < summary.end  # a marker costs less than a summary: fewer turns reach the target
     loop = Loop(Policy(budget=budget, strategies=(SLIDING_WINDOW,)))
     context = loop.run(items)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     assert context.tokens <= 0.55 * budget
     assert {need.strategy for need in loop.written} == {SLIDING_WINDOW}
 
@@ -209,7 +210,7 @@ def test_goal_batch_ranges_are_whole_user_turns() -> None:
     policy = Policy(budget=6_000, strategies=(GOAL_BATCH,))
     loop = Loop(policy)
     context = loop.run(items)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     assert loop.written
     for need in loop.written:
         assert items[need.start].role == "user"
@@ -224,7 +225,7 @@ def test_a_pinned_message_is_sent_verbatim_and_never_summarized() -> None:
     items[5] = Item("user", 200, pinned=True)
     loop = Loop(Policy(budget=6_000, strategies=(SUMMARIZE,)))
     context = loop.run(items)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     assert 5 in context.parts
     assert all(not span.start <= 5 < span.end for span in loop.spans)
 
@@ -235,7 +236,7 @@ def test_a_pinned_tool_output_keeps_its_call_and_the_reverse() -> None:
     items[call + 1] = Item("tool", 1_000, tool_call_id=items[call].tool_call_ids[0], pinned=True)
     loop = Loop(Policy(budget=9_000, strategies=(SUMMARIZE,)))
     context = loop.run(items)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     assert {call, call + 1} <= set(context.parts)
 
 
@@ -280,7 +281,7 @@ strategy_policies = st.builds(
 @given(items=agent_sessions(), policy=strategy_policies)
 def test_property_every_strategy_set_ends_in_a_valid_result(items: list[Item], policy: Policy) -> None:
     result = Loop(policy).run(items)
-    if isinstance(result, WorkingContext):
+    if isinstance(result, ContextLayout):
         check(items, policy, result)
     else:
         assert isinstance(result, RecentTooLarge)
@@ -297,7 +298,7 @@ def test_property_prompts_are_prefix_extensions_between_compactions(data: st.Dat
     for end in ends:
         before = len(loop.written)
         result = loop.run(whole[:end])
-        shown = rendering(result) if isinstance(result, WorkingContext) else None
+        shown = rendering(result) if isinstance(result, ContextLayout) else None
         if shown is not None and previous is not None and len(loop.written) == before:
             assert shown[: len(previous)] == previous
         previous = shown
@@ -308,7 +309,7 @@ def test_tool_pairs_stay_whole_under_every_strategy_set(strategies: tuple[str, .
     items = agent(15, steps=2, size=700)
     policy = Policy(budget=7_000, strategies=strategies)
     context = Loop(policy).run(items)
-    assert isinstance(context, WorkingContext)
+    assert isinstance(context, ContextLayout)
     where: dict[int, object] = {}
     for part in context.parts:
         for position in [part] if isinstance(part, int) else range(part.start, part.end):

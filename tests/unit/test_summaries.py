@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, Prepared
+from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
@@ -215,7 +215,7 @@ async def test_a_conversation_that_fits_is_sent_as_it_is_without_a_summary(
 
     prepared = await Compactor(ContextConfig(), summaries, fake).prepare(request(path, total(path)))
 
-    assert prepared == Prepared([dict(m.message) for m in path], total(path), summaries=0, written=0)
+    assert prepared == WorkingContext([dict(m.message) for m in path], total(path), summaries=0, written=0)
     assert fake.calls == []
 
 

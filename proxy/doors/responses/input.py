@@ -42,7 +42,7 @@ from proxy.formats.responses_items import (
 )
 from proxy.history.chain import unanswered_output
 from proxy.types import Message, NativeRequest
-from proxy.vocabulary import ITEMS
+from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
 
@@ -108,7 +108,7 @@ def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesReque
         raise InvalidRequest(
             f"'input' must be a string or an array of items, not {json_type(raw_input)}.", param="input"
         )
-    if not any(message["role"] not in ("system", "developer") for message in messages):
+    if not any(message["role"] not in SYSTEM_ROLES for message in messages):
         raise InvalidRequest("'input' must contain at least one item.", param="input")
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
