@@ -19,7 +19,7 @@ from proxy.budget.limits import ModelLimits
 from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import pinned_groups
-from proxy.compaction.summaries import StoredSummary, Summaries
+from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.config import Config, ModelEntry
 from proxy.conversation import usage_text
 from proxy.errors import InvalidRequest, NotFound
@@ -42,7 +42,7 @@ class SessionState:
     limits: ModelLimits
     usage: dict[str, Any]
     path: list[StoredMessage]
-    summaries: list[StoredSummary]
+    summaries: list[StoredSpan]
     """Every span on the path, orphaned ones included."""
     view: ContextView
     pinned: dict[int, str]
@@ -78,7 +78,7 @@ def severity(percent: float) -> str:
 class Inspector:
     config: Config
     history: History
-    summaries: Summaries
+    summaries: SpanStore
     journal: JournalReader
     compactor: Compactor
     budgets: Budgets

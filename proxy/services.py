@@ -20,7 +20,7 @@ from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import Recall
-from proxy.compaction.summaries import Summaries
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
 from proxy.config import Config
 from proxy.history.answers import Answers
@@ -82,7 +82,7 @@ async def open_services(
         upstream = UpstreamRouter(config.upstream, config.models, Redactor.from_config(config))
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
-        summaries = Summaries(db)
+        summaries = SpanStore(db)
         pins = Pins(db)
         events = CompactionEvents(db, metrics=metrics)
         summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context, metrics)

@@ -25,9 +25,9 @@ from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions, ahead_policy
 from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
-from proxy.compaction.summaries import StoredSummary, Summaries, in_force
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
 from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
@@ -68,7 +68,7 @@ class WorkingContext:
 class ContextView:
     """What a session's next request would send, worked out without writing anything (the inspection views)."""
 
-    spans: tuple[StoredSummary, ...]
+    spans: tuple[StoredSpan, ...]
     """The summaries and markers in the working context, in order (masks are `stubs`)."""
     stubs: Mapping[int, str]
     """Path position → the stub sent in place of that tool output."""
@@ -82,7 +82,7 @@ class Compactor:
     def __init__(
         self,
         config: ContextConfig,
-        summaries: Summaries,
+        summaries: SpanStore,
         summarizer: Summarizer,
         clock: Clock = time.monotonic,
         *,
@@ -166,7 +166,7 @@ class Compactor:
         spans = tuple(stored[part.id] for part in result.parts if isinstance(part, Span))
         return ContextView(spans, {p: state.stubs[p] for p in result.stubbed}, result.tokens)
 
-    async def force(self, request: CompactionRequest) -> StoredSummary | None:
+    async def force(self, request: CompactionRequest) -> StoredSpan | None:
         """Summarize the oldest eligible range now (`POST /sessions/{id}/summarize`); None if there is none.
 
         The builder is asked as if any context were too large, so it names the oldest unsummarized range older
@@ -215,7 +215,7 @@ class Compactor:
             summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
             stored = _superseded(stored, result, summary)
 
-    async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSummary]:
+    async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSpan]:
         return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
 
     def _request_policy(self, request: CompactionRequest) -> Policy:
@@ -224,7 +224,7 @@ class Compactor:
 
     @staticmethod
     def _read(
-        request: CompactionRequest, state: PathState, need: NeedsSummary, stored: Mapping[int, StoredSummary]
+        request: CompactionRequest, state: PathState, need: NeedsSummary, stored: Mapping[int, StoredSpan]
     ) -> list[Message]:
         """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
         return [
@@ -240,7 +240,7 @@ class Compactor:
     def _render(
         request: CompactionRequest,
         context: ContextLayout,
-        stored: Mapping[int, StoredSummary],
+        stored: Mapping[int, StoredSpan],
         state: PathState,
         written: int,
     ) -> WorkingContext:
@@ -294,13 +294,13 @@ class Compactor:
 
 
 def _superseded(
-    stored: Mapping[int, StoredSummary], need: NeedsSummary, summary: StoredSummary
-) -> dict[int, StoredSummary]:
+    stored: Mapping[int, StoredSpan], need: NeedsSummary, summary: StoredSpan
+) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
 
 
-def _span_message(summary: StoredSummary) -> Message:
+def _span_message(summary: StoredSpan) -> Message:
     return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
 
 

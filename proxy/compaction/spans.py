@@ -22,8 +22,8 @@ from typing import Any
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
 from proxy.compaction.extractive import fallback_summary
 from proxy.compaction.layout import NeedsSummary, Span
+from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.stubs import marker_message, marker_text
-from proxy.compaction.summaries import StoredSummary, Summaries
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
@@ -124,7 +124,7 @@ class Allowance:
         return 0.0 if self.started is None else now - self.started
 
 
-Render = Callable[[NeedsSummary, Mapping[int, StoredSummary]], list[Message]]
+Render = Callable[[NeedsSummary, Mapping[int, StoredSpan]], list[Message]]
 """The messages a span's parts stand for, as the model saw them (stubs and markers included)."""
 
 
@@ -132,7 +132,7 @@ class SpanWriter:
     def __init__(
         self,
         config: ContextConfig,
-        summaries: Summaries,
+        summaries: SpanStore,
         summarizer: Summarizer,
         events: CompactionEvents | None = None,
         clock: Clock = time.monotonic,
@@ -142,19 +142,19 @@ class SpanWriter:
         self._summarizer = summarizer
         self._events = events
         self._clock = clock
-        self._running: dict[SummaryKey, asyncio.Future[StoredSummary]] = {}
+        self._running: dict[SummaryKey, asyncio.Future[StoredSpan]] = {}
         """Spans being written now, by range: what a second request needing one waits for."""
 
     async def write(
         self,
         request: CompactionRequest,
         need: NeedsSummary,
-        stored: Mapping[int, StoredSummary],
+        stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
         *,
         held: int = 0,
-    ) -> StoredSummary:
+    ) -> StoredSpan:
         """The span `need` names, written once however many requests need it at the same moment.
 
         Two sessions can be one chain (the same conversation sent under two ids, or two clients in step), and a
@@ -177,7 +177,7 @@ class SpanWriter:
             running.add_done_callback(functools.partial(self._finished, key))
         return await asyncio.shield(running)
 
-    def _finished(self, key: SummaryKey, task: asyncio.Future[StoredSummary]) -> None:
+    def _finished(self, key: SummaryKey, task: asyncio.Future[StoredSpan]) -> None:
         del self._running[key]
         if not task.cancelled():
             task.exception()  # retrieved here: every waiter may have gone away
@@ -186,11 +186,11 @@ class SpanWriter:
         self,
         request: CompactionRequest,
         need: NeedsSummary,
-        stored: Mapping[int, StoredSummary],
+        stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
         held: int,
-    ) -> StoredSummary:
+    ) -> StoredSpan:
         mask = need.strategy == TOOL_RESULTS
         written_since = [
             summary
@@ -346,7 +346,7 @@ def _ended(
     kind: EventKind,
     seconds: float,
     *,
-    summary: StoredSummary | None = None,
+    summary: StoredSpan | None = None,
     detail: str | None = None,
 ) -> CompactionEvent:
     ended = replace(event, event=kind, duration_ms=round(seconds * 1000, 1), detail=detail)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.summaries import StoredSummary
+from proxy.compaction.span_store import StoredSpan
 from proxy.errors import NotFound
 from proxy.history.messages import StoredMessage
 from proxy.inspection import Inspector, SessionState
@@ -56,7 +56,7 @@ class Dashboard:
         rows = _rows(state)
         page = [
             {"kind": "span", "span": _span(row)}
-            if isinstance(row, StoredSummary)
+            if isinstance(row, StoredSpan)
             else {"kind": "message", "message": _message(state, row)}
             for row in rows[offset : offset + limit]
         ]
@@ -120,10 +120,10 @@ class Dashboard:
         }
 
 
-def _rows(state: SessionState) -> list[StoredSummary | int]:
+def _rows(state: SessionState) -> list[StoredSpan | int]:
     """The path in order: a summary or marker in the working context stands for its range, once."""
     starts = {summary.start_depth: summary for summary in state.view.spans}
-    rows: list[StoredSummary | int] = []
+    rows: list[StoredSpan | int] = []
     position = 0
     while position < len(state.path):
         summary = starts.get(position)
@@ -136,7 +136,7 @@ def _rows(state: SessionState) -> list[StoredSummary | int]:
     return rows
 
 
-def _span(summary: StoredSummary) -> dict[str, Any]:
+def _span(summary: StoredSpan) -> dict[str, Any]:
     start, end = summary.start_depth, summary.end_depth + 1
     return {
         "id": summary.id,

@@ -34,7 +34,7 @@ from proxy.compaction.builder import (
 )
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.extractive import fallback_summary
-from proxy.compaction.summaries import Summaries
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import (
     ACKNOWLEDGEMENT,
@@ -62,7 +62,7 @@ from tests.unit.test_builder import (
     tool,
     user,
 )
-from tests.unit.test_summaries import (
+from tests.unit.test_span_store import (
     ENCODING,
     ENTRY,
     TENANT,
@@ -292,8 +292,8 @@ def history(db: Database) -> History:
 
 
 @pytest.fixture
-def summaries(db: Database) -> Summaries:
-    return Summaries(db)
+def summaries(db: Database) -> SpanStore:
+    return SpanStore(db)
 
 
 class ManualClock:
@@ -342,7 +342,7 @@ def replaced_tokens(path: Sequence[StoredMessage], start: int, end: int) -> int:
 
 
 async def test_a_summary_longer_than_what_it_replaces_is_not_used_the_fallback_is(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = ContextConfig()
     upstream = ScriptedUpstream()
@@ -365,7 +365,7 @@ async def test_a_summary_longer_than_what_it_replaces_is_not_used_the_fallback_i
 
 
 async def test_a_fallback_that_does_not_shrink_its_range_is_cut_until_it_does(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, conversation(10))
     rambling = FakeSummarizer(words=3_000, fallback=True)
@@ -378,7 +378,7 @@ async def test_a_fallback_that_does_not_shrink_its_range_is_cut_until_it_does(
 
 
 async def test_a_hierarchical_summary_must_be_shorter_than_the_summaries_it_merges(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     messages = conversation(6)
     path = await stored_path(history, messages)
@@ -398,7 +398,7 @@ async def test_a_hierarchical_summary_must_be_shorter_than_the_summaries_it_merg
 
 
 async def test_one_request_makes_at_most_max_summarizer_calls_then_uses_the_fallback(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     narrow = NarrowSummarizer(capacity=600)
     path = await stored_path(history, conversation(20))
@@ -422,7 +422,7 @@ async def test_one_request_makes_at_most_max_summarizer_calls_then_uses_the_fall
     assert 1 <= len(narrow.calls) <= 2  # the next request has its own allowance
 
 
-async def test_the_compactions_of_one_request_share_its_allowance(history: History, summaries: Summaries) -> None:
+async def test_the_compactions_of_one_request_share_its_allowance(history: History, summaries: SpanStore) -> None:
     narrow = NarrowSummarizer(capacity=600)
     path = await stored_path(history, conversation(20))
     budget = total([path[0], *path[-4:]]) + 400
@@ -438,7 +438,7 @@ async def test_the_compactions_of_one_request_share_its_allowance(history: Histo
     assert healed.tokens <= budget
 
 
-async def test_no_summarizer_call_starts_after_the_requests_deadline(history: History, summaries: Summaries) -> None:
+async def test_no_summarizer_call_starts_after_the_requests_deadline(history: History, summaries: SpanStore) -> None:
     clock = ManualClock()
     slow = NarrowSummarizer(capacity=600, clock=clock, seconds=25.0)
     path = await stored_path(history, conversation(20))
@@ -453,7 +453,7 @@ async def test_no_summarizer_call_starts_after_the_requests_deadline(history: Hi
 
 
 async def test_a_summarizer_call_still_running_at_the_deadline_is_abandoned_for_the_fallback(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = ContextConfig(summarizer_deadline_s=0.2)
     upstream = ScriptedUpstream()
@@ -474,7 +474,7 @@ async def test_a_summarizer_call_still_running_at_the_deadline_is_abandoned_for_
 
 
 async def test_zero_summarizer_calls_writes_every_summary_with_the_fallback(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     fake = FakeSummarizer()
     path = await stored_path(history, conversation(10))
@@ -501,7 +501,7 @@ def tool_turns(turns: int, call_id: str | None = "call_0") -> list[dict[str, Any
 
 
 async def test_a_conversation_reusing_one_call_id_is_compacted_not_refused(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, tool_turns(8))
     compactor = Compactor(ContextConfig(), summaries, FakeSummarizer())
@@ -518,7 +518,7 @@ async def test_a_conversation_reusing_one_call_id_is_compacted_not_refused(
 @pytest.mark.parametrize("budget_share", [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
 @pytest.mark.parametrize("reuse", ["call_0", None])
 async def test_every_compacted_context_is_valid_for_strict_templates_and_counted_exactly(
-    history: History, summaries: Summaries, budget_share: float, reuse: str | None
+    history: History, summaries: SpanStore, budget_share: float, reuse: str | None
 ) -> None:
     messages = tool_turns(8, reuse) + conversation(6, "more")[1:]
     path = await stored_path(history, messages)

@@ -16,8 +16,8 @@ import pytest
 from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import RECALL_HEADER, Recall
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
-from proxy.compaction.summaries import Summaries
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
 from proxy.config import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
@@ -26,7 +26,7 @@ from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.vocabulary import ITEMS
-from tests.unit.test_summaries import TENANT, FakeSummarizer, conversation, request, stored_path, text, total
+from tests.unit.test_span_store import TENANT, FakeSummarizer, conversation, request, stored_path, text, total
 
 
 class RecordingSummarizer(FakeSummarizer):
@@ -56,8 +56,8 @@ def history(db: Database) -> History:
 
 
 @pytest.fixture
-def summaries(db: Database) -> Summaries:
-    return Summaries(db)
+def summaries(db: Database) -> SpanStore:
+    return SpanStore(db)
 
 
 def agent(turns: int, output_lines: int = 120) -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ def agent(turns: int, output_lines: int = 120) -> list[dict[str, Any]]:
     return messages
 
 
-def compactor(summaries: Summaries, summarizer: FakeSummarizer, **context: Any) -> Compactor:
+def compactor(summaries: SpanStore, summarizer: FakeSummarizer, **context: Any) -> Compactor:
     return Compactor(ContextConfig(**context), summaries, summarizer)
 
 
@@ -105,7 +105,7 @@ def alternates(messages: Sequence[Mapping[str, Any]]) -> bool:
 
 
 async def test_old_tool_outputs_are_stubbed_in_place_without_a_summarizer_call(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, agent(8))
     fake = FakeSummarizer()
@@ -125,7 +125,7 @@ async def test_old_tool_outputs_are_stubbed_in_place_without_a_summarizer_call(
     assert (mask.strategy, mask.generated_by, mask.content) == ("tool-results", "rule", "")
 
 
-async def test_a_stub_replaces_the_output_in_the_native_items_too(history: History, summaries: Summaries) -> None:
+async def test_a_stub_replaces_the_output_in_the_native_items_too(history: History, summaries: SpanStore) -> None:
     messages = agent(6)
     for message in messages:
         if message["role"] == "tool":
@@ -149,7 +149,7 @@ async def test_a_stub_replaces_the_output_in_the_native_items_too(history: Histo
 
 
 async def test_sliding_window_omits_the_oldest_turns_behind_a_one_line_marker(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, conversation(20))
     fake = FakeSummarizer()
@@ -169,7 +169,7 @@ async def test_sliding_window_omits_the_oldest_turns_behind_a_one_line_marker(
     assert (stored.strategy, stored.generated_by) == ("sliding-window", "rule")
 
 
-async def test_goal_batch_summarizes_whole_user_turns_as_episodes(history: History, summaries: Summaries) -> None:
+async def test_goal_batch_summarizes_whole_user_turns_as_episodes(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, agent(8, output_lines=30))
     fake = RecordingSummarizer()
     await compactor(summaries, fake).prepare(with_strategies(path, total(path) // 2, "goal-batch"))
@@ -186,7 +186,7 @@ async def test_goal_batch_summarizes_whole_user_turns_as_episodes(history: Histo
 
 
 async def test_a_pinned_message_is_sent_verbatim_through_every_compaction(
-    history: History, summaries: Summaries, db: Database
+    history: History, summaries: SpanStore, db: Database
 ) -> None:
     path = await stored_path(history, conversation(20))
     pins = Pins(db)
@@ -201,7 +201,7 @@ async def test_a_pinned_message_is_sent_verbatim_through_every_compaction(
     assert alternates(prepared.messages)
 
 
-async def test_a_message_matching_a_pin_pattern_is_kept(history: History, summaries: Summaries) -> None:
+async def test_a_message_matching_a_pin_pattern_is_kept(history: History, summaries: SpanStore) -> None:
     messages = conversation(20)
     messages[5] = {"role": "user", "content": "REMEMBER: the release branch is release/2.4"}
     path = await stored_path(history, messages)
@@ -212,7 +212,7 @@ async def test_a_message_matching_a_pin_pattern_is_kept(history: History, summar
     assert messages[5] in prepared.messages
 
 
-async def test_pins_that_cannot_fit_are_a_400_naming_them(history: History, summaries: Summaries, db: Database) -> None:
+async def test_pins_that_cannot_fit_are_a_400_naming_them(history: History, summaries: SpanStore, db: Database) -> None:
     path = await stored_path(history, conversation(20))
     pins = Pins(db)
     pinned = [path[1].id, path[3].id, path[5].id]
@@ -232,7 +232,7 @@ async def test_pins_that_cannot_fit_are_a_400_naming_them(history: History, summ
 
 
 async def test_a_fact_only_in_compacted_history_is_recalled_before_the_question(
-    history: History, summaries: Summaries, db: Database
+    history: History, summaries: SpanStore, db: Database
 ) -> None:
     messages = conversation(20)
     messages[3] = {"role": "user", "content": "We agreed: DEPLOY_REGION=eu-west-3 for the staging cluster."}
@@ -254,7 +254,7 @@ async def test_a_fact_only_in_compacted_history_is_recalled_before_the_question(
 
 
 async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
-    history: History, summaries: Summaries, db: Database
+    history: History, summaries: SpanStore, db: Database
 ) -> None:
     messages = conversation(20)
     messages[-2] = {"role": "user", "content": "Set DEPLOY_REGION=eu-west-3 please."}
@@ -268,7 +268,7 @@ async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
 
 
 async def test_each_compaction_is_recorded_as_start_and_complete_events(
-    history: History, summaries: Summaries, db: Database
+    history: History, summaries: SpanStore, db: Database
 ) -> None:
     path = await stored_path(history, agent(8))
     events = CompactionEvents(db)
@@ -296,7 +296,7 @@ async def grow(history: History, messages: list[dict[str, Any]], turns: int) -> 
 
 
 async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
-    history: History, summaries: Summaries, db: Database
+    history: History, summaries: SpanStore, db: Database
 ) -> None:
     messages = conversation(20)
     path = await stored_path(history, messages)
@@ -324,7 +324,7 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
 
 
 async def test_a_crossing_waits_for_the_running_precompaction_and_makes_no_second_call(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     messages = conversation(20)
     path = await stored_path(history, messages)
@@ -342,7 +342,7 @@ async def test_a_crossing_waits_for_the_running_precompaction_and_makes_no_secon
     assert after.tokens <= budget
 
 
-async def test_one_precompaction_per_session_at_a_time(history: History, summaries: Summaries) -> None:
+async def test_one_precompaction_per_session_at_a_time(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, conversation(20))
     budget = int(total(path) / 0.85)
     fake = RecordingSummarizer(seconds=0.3)
@@ -356,7 +356,7 @@ async def test_one_precompaction_per_session_at_a_time(history: History, summari
 
 
 async def test_below_the_precompact_ratio_nothing_runs_in_the_background(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, conversation(20))
     fake = RecordingSummarizer()
@@ -367,7 +367,7 @@ async def test_below_the_precompact_ratio_nothing_runs_in_the_background(
     assert fake.calls == []
 
 
-async def test_close_stops_the_background_work(history: History, summaries: Summaries) -> None:
+async def test_close_stops_the_background_work(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, conversation(20))
     fake = RecordingSummarizer(seconds=30)
     engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake)
@@ -382,7 +382,7 @@ async def test_close_stops_the_background_work(history: History, summaries: Summ
 
 @pytest.mark.parametrize("strategies", [("tool-results", "summarize"), ("summarize",), ("sliding-window",)])
 async def test_the_view_is_what_prepare_sent_without_a_call_or_a_write(
-    history: History, summaries: Summaries, db: Database, strategies: tuple[str, ...]
+    history: History, summaries: SpanStore, db: Database, strategies: tuple[str, ...]
 ) -> None:
     path = await stored_path(history, agent(8, output_lines=40))
     pins = Pins(db)
@@ -408,14 +408,14 @@ async def test_the_view_is_what_prepare_sent_without_a_call_or_a_write(
     assert (len(sent_stubs) > 0) == ("tool-results" in strategies)
 
 
-async def test_a_conversation_that_fits_is_viewed_whole(history: History, summaries: Summaries) -> None:
+async def test_a_conversation_that_fits_is_viewed_whole(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, conversation(4))
     view = await compactor(summaries, FakeSummarizer()).view(request(path, total(path) * 2))
     assert (view.spans, dict(view.stubs), view.tokens, view.compacts) == ((), {}, total(path), False)
 
 
 async def test_a_view_past_what_is_written_says_the_next_request_compacts(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, conversation(20))
     view = await compactor(summaries, FakeSummarizer(), strategies=("summarize",)).view(request(path, total(path) // 3))

@@ -17,7 +17,7 @@ import pytest
 from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.extractive import extractive_summary, fallback_summary
-from proxy.compaction.summaries import Summaries
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
 from proxy.config import ContextConfig, ModelEntry
@@ -142,7 +142,7 @@ async def session_with_the_summarizer_down(db: Database, config: ContextConfig) 
 
     upstream.on_call = refuse
     budgets = Budgets((SMALL,), lambda model: None, config.safety_margin)
-    summaries = Summaries(db)
+    summaries = SpanStore(db)
     compactor = Compactor(config, summaries, Summarizer(upstream, None, budgets, config))
     history = History(db)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You help a small web shop run its product."}]

@@ -17,7 +17,7 @@ import pytest
 
 from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.summaries import Summaries
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER
 from proxy.config import Config, JournalConfig, UpstreamConfig, parse_config
@@ -88,7 +88,7 @@ class Rig:
         self.summarizer_upstream = ScriptedUpstream()
         self.budgets = Budgets(self.config.models, lambda model: None, self.config.context.safety_margin)
         summarizer = Summarizer(self.summarizer_upstream, None, self.budgets, self.config.context)
-        self.compactor = Compactor(self.config.context, Summaries(db), summarizer)
+        self.compactor = Compactor(self.config.context, SpanStore(db), summarizer)
         self.background: set[asyncio.Task[None]] = set()
         upstream: Upstream = self.upstream  # the scripted upstream is an `Upstream`
         self.pipeline = Pipeline(

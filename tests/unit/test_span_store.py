@@ -11,7 +11,7 @@ import pytest
 
 from proxy.budget.budgets import Budgets
 from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
-from proxy.compaction.summaries import StoredSummary, Summaries, in_force
+from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
 from proxy.config import ContextConfig, ModelEntry, UpstreamConfig
@@ -94,8 +94,8 @@ def history(db: Database) -> History:
 
 
 @pytest.fixture
-def summaries(db: Database) -> Summaries:
-    return Summaries(db, clock=Clock())
+def summaries(db: Database) -> SpanStore:
+    return SpanStore(db, clock=Clock())
 
 
 async def stored_path(history: History, messages: list[dict[str, Any]], session: str = "s") -> list[StoredMessage]:
@@ -103,8 +103,8 @@ async def stored_path(history: History, messages: list[dict[str, Any]], session:
 
 
 async def add(
-    summaries: Summaries, path: Sequence[StoredMessage], start: int, end: int, **fields: Any
-) -> StoredSummary:
+    summaries: SpanStore, path: Sequence[StoredMessage], start: int, end: int, **fields: Any
+) -> StoredSpan:
     """A summary of path[start:end]."""
     values: dict[str, Any] = {
         "content": f"covers {start}..{end}",
@@ -120,7 +120,7 @@ async def add(
 # Summaries: storage and which ones apply to a path.
 
 
-async def test_a_summary_is_found_on_its_path_as_the_span_it_covers(history: History, summaries: Summaries) -> None:
+async def test_a_summary_is_found_on_its_path_as_the_span_it_covers(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, conversation(4))
     written = await add(summaries, path, 1, 5)
 
@@ -138,7 +138,7 @@ async def test_a_summary_is_found_on_its_path_as_the_span_it_covers(history: His
 
 
 async def test_an_edit_after_the_range_keeps_the_summary_and_an_edit_inside_loses_it(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     messages = conversation(4)
     path = await stored_path(history, messages)
@@ -152,7 +152,7 @@ async def test_an_edit_after_the_range_keeps_the_summary_and_an_edit_inside_lose
 
 
 async def test_a_wider_summary_orphans_the_ones_it_replaces_and_keeps_them(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     path = await stored_path(history, conversation(6))
     first = await add(summaries, path, 1, 5)
@@ -169,7 +169,7 @@ async def test_a_wider_summary_orphans_the_ones_it_replaces_and_keeps_them(
     assert found[wider.id].as_json()["replaces"] == [first.id, second.id]
 
 
-async def test_an_llm_rewrite_of_a_fallback_range_is_the_one_in_force(history: History, summaries: Summaries) -> None:
+async def test_an_llm_rewrite_of_a_fallback_range_is_the_one_in_force(history: History, summaries: SpanStore) -> None:
     path = await stored_path(history, conversation(4))
     fallback = await add(summaries, path, 1, 5, generated_by="fallback", model=FALLBACK_MODEL)
     rewrite = await add(summaries, path, 1, 5)
@@ -208,7 +208,7 @@ def is_summary(message: Mapping[str, Any]) -> bool:
 
 
 async def test_a_conversation_that_fits_is_sent_as_it_is_without_a_summary(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     fake = FakeSummarizer()
     path = await stored_path(history, conversation(3))
@@ -220,7 +220,7 @@ async def test_a_conversation_that_fits_is_sent_as_it_is_without_a_summary(
 
 
 async def test_an_overflow_summarizes_the_oldest_turns_in_one_big_step(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeSummarizer()
     messages = conversation(10)
@@ -252,7 +252,7 @@ async def test_an_overflow_summarizes_the_oldest_turns_in_one_big_step(
     assert "duration_ms=250 model=cheap" in lines[0]
 
 
-async def test_the_next_turns_reuse_the_summary_and_extend_the_prompt(history: History, summaries: Summaries) -> None:
+async def test_the_next_turns_reuse_the_summary_and_extend_the_prompt(history: History, summaries: SpanStore) -> None:
     fake = FakeSummarizer()
     messages = conversation(10)
     compactor = Compactor(ContextConfig(), summaries, fake)
@@ -271,7 +271,7 @@ async def test_the_next_turns_reuse_the_summary_and_extend_the_prompt(history: H
 
 
 async def test_recent_messages_over_the_budget_are_refused_with_the_numbers(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     fake = FakeSummarizer()
     path = await stored_path(history, conversation(10))
@@ -288,7 +288,7 @@ async def test_recent_messages_over_the_budget_are_refused_with_the_numbers(
 
 
 async def test_summaries_are_merged_hierarchically_when_every_old_message_is_summarized(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeSummarizer(words=60)
     messages = conversation(6)
@@ -313,7 +313,7 @@ async def test_summaries_are_merged_hierarchically_when_every_old_message_is_sum
 
 
 async def test_a_fallback_summary_is_stored_and_logged_as_such(
-    history: History, summaries: Summaries, caplog: pytest.LogCaptureFixture
+    history: History, summaries: SpanStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = await stored_path(history, conversation(10))
     compactor = Compactor(ContextConfig(), summaries, FakeSummarizer(fallback=True))
@@ -326,7 +326,7 @@ async def test_a_fallback_summary_is_stored_and_logged_as_such(
     assert "strategy=summarize generated_by=fallback" in caplog.text
 
 
-async def test_tool_calls_and_their_results_are_summarized_together(history: History, summaries: Summaries) -> None:
+async def test_tool_calls_and_their_results_are_summarized_together(history: History, summaries: SpanStore) -> None:
     fake = FakeSummarizer()
     messages = conversation(1)
     for turn in range(6):
@@ -353,7 +353,7 @@ async def test_tool_calls_and_their_results_are_summarized_together(history: His
 
 
 async def test_force_summarizes_everything_older_than_the_recent_messages_then_merges(
-    history: History, summaries: Summaries
+    history: History, summaries: SpanStore
 ) -> None:
     fake = FakeSummarizer(words=90)
     messages = conversation(5)
@@ -379,7 +379,7 @@ async def test_force_summarizes_everything_older_than_the_recent_messages_then_m
     assert len(fake.calls) == 3
 
 
-async def test_preserve_recent_widens_to_keep_a_tool_group_whole(history: History, summaries: Summaries) -> None:
+async def test_preserve_recent_widens_to_keep_a_tool_group_whole(history: History, summaries: SpanStore) -> None:
     fake = FakeSummarizer()
     messages = conversation(6)
     call = {"id": "call_x", "type": "function", "function": {"name": "read", "arguments": "{}"}}

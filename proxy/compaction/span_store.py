@@ -1,6 +1,7 @@
-"""The summaries table: what older parts of a chain were compressed into, and by whom.
+"""The spans of a chain: what compaction wrote over its older parts (summaries, markers, tool-output masks), and by
+whom, in the table the schema calls `summaries`.
 
-A summary covers the contiguous chain range from depth `start_depth` to the message `end_id` (inclusive), so
+A span covers the contiguous chain range from depth `start_depth` to the message `end_id` (inclusive), so
 it is valid on every branch whose path contains `end_id`: an edit after the range keeps it, an edit inside it
 does not see it. A wider (hierarchical) summary marks the ones it replaces `orphaned_at`; they stay, and a
 branch that does not contain the wider summary's end still uses them (the builder prefers the widest span
@@ -29,7 +30,7 @@ _SELECT = (
 
 
 @dataclass(frozen=True)
-class StoredSummary:
+class StoredSpan:
     id: int
     start_depth: int
     end_depth: int
@@ -77,12 +78,12 @@ class StoredSummary:
         }
 
 
-class Summaries:
+class SpanStore:
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self._db = db
         self._clock = clock
 
-    async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSummary]:
+    async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
         """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
         if not path:
             return []
@@ -112,8 +113,8 @@ class Summaries:
         replaces: Sequence[int] = (),
         strategy: str = SUMMARIZE,
         held: int = 0,
-    ) -> StoredSummary:
-        summary = StoredSummary(
+    ) -> StoredSpan:
+        summary = StoredSpan(
             id=0,  # known once inserted
             start_depth=start_depth,
             end_depth=end.depth,
@@ -149,7 +150,7 @@ class Summaries:
         return replace(summary, id=await self._db.write(write))
 
 
-def _columns(summary: StoredSummary) -> tuple[Any, ...]:
+def _columns(summary: StoredSpan) -> tuple[Any, ...]:
     """The insert's values after `tenant`, in the column order of `add`."""
     return (
         summary.start_depth,
@@ -167,10 +168,10 @@ def _columns(summary: StoredSummary) -> tuple[Any, ...]:
     )
 
 
-def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:
+def in_force(summaries: Sequence[StoredSpan]) -> list[StoredSpan]:
     """One summary per range (the newest: an LLM rewrite of a fallback wins), and one mask per range, for the
     builder to choose from."""
-    newest: dict[tuple[int, str, bool], StoredSummary] = {}
+    newest: dict[tuple[int, str, bool], StoredSpan] = {}
     for summary in summaries:
         key = (summary.start_depth, summary.end_id, summary.strategy == TOOL_RESULTS)
         if key not in newest or summary.id > newest[key].id:
@@ -178,8 +179,8 @@ def in_force(summaries: Sequence[StoredSummary]) -> list[StoredSummary]:
     return sorted(newest.values(), key=lambda s: (s.start_depth, s.end_depth))
 
 
-def _summary(row: Row) -> StoredSummary:
-    return StoredSummary(
+def _summary(row: Row) -> StoredSpan:
+    return StoredSpan(
         id=row["id"],
         start_depth=row["start_depth"],
         end_depth=row["end_depth"],
