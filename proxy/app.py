@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from proxy.auth import Caller, authenticate
 from proxy.config import Config
@@ -98,6 +99,8 @@ def door_routes(doors: tuple[DoorType, ...]) -> list[BaseRoute]:
         for extra in door.routes:
             routes.append(Route(extra.path, _door_call(door.name, extra.handler), methods=list(extra.methods)))
         routes.append(Route(door.path, _door_serve(door.name), methods=["POST"]))
+        if door.socket:
+            routes.append(WebSocketRoute(door.path, _door_socket(door.name)))
     return routes
 
 
@@ -107,6 +110,14 @@ def _door_serve(name: str) -> Handler:
         return await doors.serve(name, request)
 
     return serve
+
+
+def _door_socket(name: str) -> Callable[[WebSocket], Awaitable[None]]:
+    async def socket(websocket: WebSocket) -> None:
+        doors: Doors = websocket.app.state.doors
+        await doors.serve_socket(name, websocket)
+
+    return socket
 
 
 def _door_call(name: str, handler: str) -> Handler:

@@ -29,7 +29,7 @@ async def continued(
     if continuation is None:
         return conversation, None
     record = None if continuation.step_id is None else await reader.step(tenant, continuation.step_id)
-    if record is None or not record.readable_through(continuation.door):
+    if record is None or not record.readable_through(continuation.door, unstored=continuation.same_connection):
         raise NotFound(
             f"Response with id '{continuation.reference}' not found.",
             param=continuation.param,

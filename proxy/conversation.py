@@ -66,6 +66,9 @@ class Continuation:
     """The id as the client gave it, for errors."""
     param: str
     """The request field it came in, for errors."""
+    same_connection: bool = False
+    """The step was answered on the same socket: it may be continued even if the client did not store it, as
+    OpenAI's WebSocket mode allows."""
 
 
 @dataclass(frozen=True)

@@ -14,21 +14,26 @@ every other path in OpenAI's (invariant 8).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import Caller, authenticate
 from proxy.config import Config, RequestLimits
-from proxy.conversation import Answer, Conversation
+from proxy.conversation import Answer, Conversation, Streaming
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
-from proxy.errors import JSONBody, openai_error
+from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, openai_error
 from proxy.observability.requests import observe_model
 from proxy.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
@@ -75,6 +80,8 @@ class Door(Generic[R]):
     """The client's headers of its API that a native upstream needs (`anthropic-beta`)."""
     routes: ClassVar[tuple[DoorRoute, ...]] = ()
     """Routes of its own beside `path`, served by its methods of the same name (for an authenticated caller)."""
+    socket: ClassVar[bool] = False
+    """Its API also runs over a WebSocket on `path` (`parse_event`, `events`, `event_error`)."""
 
     def __init__(self, config: Config, pipeline: Pipeline) -> None:
         self.config = config
@@ -86,6 +93,18 @@ class Door(Generic[R]):
         raise NotImplementedError
 
     def render(self, answer: Answer, request: DoorRequest[R]) -> Response:
+        raise NotImplementedError
+
+    def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[R]:
+        """A client event on the door's socket as a request (pure, like `parse`)."""
+        raise NotImplementedError
+
+    def events(self, answer: Answer, request: DoorRequest[R]) -> AsyncIterator[list[JSONBody]]:
+        """An answer as the events its socket sends, a group at a time as each becomes durable."""
+        raise NotImplementedError
+
+    def event_error(self, exc: BaseException) -> JSONBody:
+        """A failure as the event its socket sends; the socket stays open for the next request."""
         raise NotImplementedError
 
     @staticmethod
@@ -108,20 +127,74 @@ class Doors:
 
     async def serve(self, name: str, request: Request) -> Response:
         door = self.by_name[name]
-        config = self.config
-        caller = authenticate(request.headers, config.auth, api_key_header=door.api_key_header)
-        limits = config.request_limits
-        raw = await request_body(request, config)
+        caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
+        limits = self.config.request_limits
+        raw = await request_body(request, self.config)
         parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits))
-        conversation = _with_native_headers(parsed.conversation, door.native_headers, request.headers)
-        options = context_options(request.headers)
+        answer, parsed = await self._answer(door, caller, parsed, request)
+        return door.render(answer, parsed)
+
+    async def _answer(
+        self, door: Door[R], caller: Caller, parsed: DoorRequest[R], connection: HTTPConnection
+    ) -> tuple[Answer, DoorRequest[R]]:
+        """What every door does with a parsed request, on HTTP and on a socket alike."""
+        headers = connection.headers
+        conversation = _with_native_headers(parsed.conversation, door.native_headers, headers)
+        options = context_options(headers)
         if options.session_id is None:
-            header = request.headers.get(door.session_header) if door.session_header else None
+            header = headers.get(door.session_header) if door.session_header else None
             hints = tuple(key for key in (header, *parsed.session_keys) if key is not None and is_session_id(key))
             options = replace(options, session_hints=hints)
-        observe_model(request.scope, conversation.model)
+        observe_model(connection.scope, conversation.model)
         answer = await self.pipeline.answer(caller.tenant, conversation, options)
-        return door.render(answer, replace(parsed, conversation=conversation))
+        return answer, replace(parsed, conversation=conversation)
+
+    async def serve_socket(self, name: str, websocket: WebSocket) -> None:
+        """A door's API over a WebSocket: the handshake authenticated like a request (refused with the door's
+        HTTP error), then one request at a time, each answered by its events; a failed request is an error
+        event and the socket stays open; the client closes it."""
+        door = self.by_name[name]
+        try:
+            caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
+        except ProxyError as exc:
+            status, body, headers = door.error(exc)
+            await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
+            return
+        await websocket.accept()
+        answered: set[int] = set()
+        """The steps answered on this socket: a request may continue one even if it was not stored."""
+        try:
+            while True:
+                raw = await _receive(websocket, self.config.request_limits.max_body_bytes)
+                try:
+                    await self._answer_event(door, caller, raw, websocket, answered)
+                except WebSocketDisconnect:
+                    raise
+                except Exception as exc:
+                    if not isinstance(exc, ProxyError):
+                        log.error("unexpected failure on a %s socket", door.name, exc_info=exc)
+                    await websocket.send_text(_json(door.event_error(exc)))
+        except WebSocketDisconnect:
+            return
+
+    async def _answer_event(
+        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, answered: set[int]
+    ) -> None:
+        limits = self.config.request_limits
+        parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits))
+        continues = parsed.conversation.continues
+        if continues is not None and continues.step_id in answered:
+            conversation = replace(parsed.conversation, continues=replace(continues, same_connection=True))
+            parsed = replace(parsed, conversation=conversation)
+        answer, parsed = await self._answer(door, caller, parsed, websocket)
+        answered.add(answer.step.id)
+        try:
+            async for events in door.events(answer, parsed):
+                for event in events:
+                    await websocket.send_text(_json(event))
+        finally:
+            if isinstance(answer, Streaming):
+                await answer.groups.aclose()
 
     async def call(self, name: str, handler: str, request: Request) -> Response:
         """A door's own route (`DoorRoute`), for an authenticated caller."""
@@ -129,6 +202,20 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
+
+
+async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    data: bytes = message["bytes"] if message.get("bytes") is not None else message.get("text", "").encode()
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"A client event is {len(data)} bytes; the limit is {max_bytes} bytes.")
+    return data
+
+
+def _json(event: JSONBody) -> str:
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
 
 
 def _with_native_headers(conversation: Conversation, names: Sequence[str], headers: Any) -> Conversation:

@@ -75,7 +75,14 @@ def _natives(renderer: ChunkRenderer, chunks: Iterable[Chunk]) -> list[Event]:
 
 
 async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIterator[bytes]:
-    """A live answer's events, each group as it becomes durable; a failure after the start ends it
+    """A live answer's events as SSE, each group's as it becomes durable."""
+    async for events in relayed_events(renderer, groups):
+        if events:
+            yield frames(events)
+
+
+async def relayed_events(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIterator[list[Event]]:
+    """A live answer's events, each group's as it becomes durable; a failure after the start ends them
     (`ChunkRenderer.fail`)."""
     native: bool | None = None
     try:
@@ -84,20 +91,22 @@ async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIter
             if native is None:
                 native = bool(chunks) and EVENT in chunks[0]
                 if not native:
-                    yield frames(renderer.start())
-            rendered = frames(_natives(renderer, chunks) if native else renderer.feed(chunks))
-            if rendered:
-                yield rendered
+                    yield renderer.start()
+            yield _natives(renderer, chunks) if native else renderer.feed(chunks)
     except Exception as exc:
-        yield frames([*(renderer.start() if native is None else []), *renderer.fail(exc)])
+        yield [*(renderer.start() if native is None else []), *renderer.fail(exc)]
         return
     if not native:
-        yield frames([*(renderer.start() if native is None else []), *renderer.finish()])
+        yield [*(renderer.start() if native is None else []), *renderer.finish()]
 
 
 async def replayed(renderer: ChunkRenderer, chunks: list[Chunk]) -> AsyncIterator[bytes]:
-    """A journaled answer's events again, all at once."""
+    """A journaled answer's events again as SSE, all at once."""
+    yield frames(replayed_events(renderer, chunks))
+
+
+def replayed_events(renderer: ChunkRenderer, chunks: list[Chunk]) -> list[Event]:
+    """A journaled answer's events again."""
     if chunks and EVENT in chunks[0]:
-        yield frames(_natives(renderer, chunks))
-        return
-    yield frames([*renderer.start(), *renderer.feed(chunks), *renderer.finish()])
+        return _natives(renderer, chunks)
+    return [*renderer.start(), *renderer.feed(chunks), *renderer.finish()]

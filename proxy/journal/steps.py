@@ -153,11 +153,12 @@ class StepRecord:
         wire = (self.context or {}).get("wire")
         return wire if isinstance(wire, dict) else {}
 
-    def readable_through(self, door: str) -> bool:
+    def readable_through(self, door: str, *, unstored: bool = False) -> bool:
         """Whether the door that answered serves the step back by id: not another door's, not one the client
-        asked not to store (`store: false`), not one it deleted."""
+        deleted, and not one it asked not to store (`store: false`) unless `unstored` ones may be read."""
         wire = self.wire()
-        return wire.get("door") == door and bool(wire.get("store", True)) and not wire.get("deleted")
+        stored = unstored or bool(wire.get("store", True))
+        return wire.get("door") == door and stored and not wire.get("deleted")
 
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""

@@ -14,6 +14,7 @@ responses are read back and deleted through this door's own routes (`proxy.doors
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,16 +23,16 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
 from proxy.config import Config, RequestLimits
-from proxy.conversation import Answer, Completed, Replayed
+from proxy.conversation import Answer, Completed, Replayed, Streaming
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute
-from proxy.doors.event_streams import Event, relayed, replayed
+from proxy.doors.event_streams import Event, relayed, relayed_events, replayed, replayed_events
 from proxy.doors.responses.fields import ToolNames
-from proxy.doors.responses.input import parse_responses_request
+from proxy.doors.responses.input import ResponsesRequest, parse_responses_request, parse_socket_event
 from proxy.doors.responses.output import EventStream, ResponseShape, completed_response, native_response
 from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
 from proxy.doors.sse import RelayedStream, sse_response
-from proxy.errors import InvalidRequest, NotFound
+from proxy.errors import InvalidRequest, JSONBody, NotFound, openai_error
 from proxy.numbers import parse_integer
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
@@ -54,6 +55,7 @@ class Responses(Door[Echo]):
     path: ClassVar[str] = "/v1/responses"
     prefix: ClassVar[str] = "/v1/responses"
     session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    socket: ClassVar[bool] = True
     routes: ClassVar[tuple[DoorRoute, ...]] = (
         DoorRoute("/v1/responses/compact", ("POST",), "compact"),
         DoorRoute("/v1/responses/{response_id}", ("GET", "DELETE"), "stored_response"),
@@ -65,14 +67,14 @@ class Responses(Door[Echo]):
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
     def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
-        parsed = parse_responses_request(raw, limits)
-        keys = () if parsed.session_key is None else (parsed.session_key,)
-        return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools), keys)
+        return _door_request(parse_responses_request(raw, limits))
+
+    def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
+        return _door_request(parse_socket_event(raw, limits))
 
     def render(self, answer: Answer, request: DoorRequest[Echo]) -> Response:
         conversation = request.conversation
-        echo = request.rendering
-        shape = ResponseShape(answer.step.id, answer.step.created_at, conversation.model, echo.body, echo.tools)
+        shape = _shape(answer, request)
         headers = answer_headers(answer)
         if isinstance(answer, Completed | Replayed):
             completion = answer.response if isinstance(answer, Completed) else answer.chunks[0]
@@ -80,6 +82,19 @@ class Responses(Door[Echo]):
                 return JSONResponse(_response_object(shape, completion), headers=headers)
             return sse_response(replayed(EventStream(shape), answer.chunks), headers)
         return RelayedStream(answer.groups, relayed(EventStream(shape), answer.groups), headers)
+
+    async def events(self, answer: Answer, request: DoorRequest[Echo]) -> AsyncIterator[list[JSONBody]]:
+        renderer = EventStream(_shape(answer, request))
+        if isinstance(answer, Streaming):
+            async for events in relayed_events(renderer, answer.groups):
+                yield events
+        else:
+            yield replayed_events(renderer, answer.chunks if isinstance(answer, Replayed) else [answer.response])
+
+    def event_error(self, exc: BaseException) -> JSONBody:
+        """OpenAI's `error` server event: the error's fields, and the status an HTTP request would have had."""
+        status, body, _headers = openai_error(exc)
+        return {"type": "error", "status": status, "error": body["error"]}
 
     async def stored_response(self, request: Request, caller: Caller) -> Response:
         """`GET /v1/responses/{id}`; `DELETE` hides it from this API (the conversation keeps it)."""
@@ -113,6 +128,16 @@ class Responses(Door[Echo]):
             "POST /v1/responses. /v1/responses/compact is not served.",
             code="unsupported_endpoint",
         )
+
+
+def _door_request(parsed: ResponsesRequest) -> DoorRequest[Echo]:
+    keys = () if parsed.session_key is None else (parsed.session_key,)
+    return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools), keys)
+
+
+def _shape(answer: Answer, request: DoorRequest[Echo]) -> ResponseShape:
+    echo = request.rendering
+    return ResponseShape(answer.step.id, answer.step.created_at, request.conversation.model, echo.body, echo.tools)
 
 
 def _response_object(shape: ResponseShape, completion: Chunk) -> Event:

@@ -89,7 +89,26 @@ class ResponsesRequest:
 
 def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
     """A Responses request as the canonical conversation; a 400 naming the field for anything invalid."""
-    body = parse_json_object(raw)
+    return responses_request(parse_json_object(raw), limits)
+
+
+def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
+    """A client event of WebSocket mode: `response.create` with the fields of `POST /v1/responses`, streamed
+    (the stream is implicit over a socket)."""
+    event = parse_json_object(raw)
+    kind = event.get("type")
+    if kind != "response.create":
+        raise InvalidRequest(
+            f"Unsupported client event type {str(kind)[:40]!r}: this socket takes 'response.create'.", param="type"
+        )
+    if event.get("background"):
+        raise InvalidRequest("'background' is not supported over a WebSocket.", param="background")
+    body = {key: value for key, value in event.items() if key != "type"}
+    return responses_request({**body, "stream": True}, limits)
+
+
+def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesRequest:
+    """A Responses request body, parsed, as the canonical conversation."""
     check_shape({key: value for key, value in body.items() if key != "input"}, "", limits)
     model = body.get("model")
     if not isinstance(model, str) or not model:
