@@ -366,11 +366,6 @@ def test_an_orphan_tool_result_is_refused_with_anthropic_s_words() -> None:
     assert "tool_use" in refused.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user text block whose text is not a string is refused as 'messages.0.text' (the block's index is "
-    "lost: _chat_content is given the message's path), where the assistant side says 'messages.0.content.0.text'",
-)
 def test_a_user_text_block_without_string_text_is_refused_naming_the_block() -> None:
     refused = refusal(
         {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}

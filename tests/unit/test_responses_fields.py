@@ -109,11 +109,6 @@ def test_invalid_tools_are_refused_naming_the_param(tools: Any, param: str) -> N
     assert refused.value.status == 400
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a namespace's inner tool without a name is refused as 'tools[<inner index>].name', which names "
-    "another (valid) top-level tool instead of 'tools[1].tools[0].name'",
-)
 def test_an_unnamed_tool_inside_a_namespace_is_refused_naming_its_own_path() -> None:
     with pytest.raises(InvalidRequest) as refused:
         chat_tools([SHELL, {"type": "namespace", "name": "ns", "tools": [{"type": "function"}]}])

@@ -47,10 +47,5 @@ def test_an_id_the_proxy_did_not_issue_names_no_step(response: str) -> None:
     assert step_of(response) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="step_of accepts a signed id: response_id(-1) is 'resp_-000000000000001', so it round-trips to -1, "
-    "a step that cannot exist, where the docstring promises None (harmless today: the lookup finds nothing)",
-)
 def test_a_negative_id_names_no_step() -> None:
     assert step_of("resp_-000000000000001") is None

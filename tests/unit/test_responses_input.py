@@ -194,12 +194,6 @@ def test_an_easy_input_message_and_text_parts_are_the_same_message() -> None:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an assistant EasyInputMessage with string content ({'role': 'assistant', 'content': 'Hello'}, valid in "
-    "OpenAI's API and common in SDK code that keeps its own history) is refused: _check_output_item demands a "
-    "list of content parts from every assistant message, with the error 'expected a string ... but got a string'",
-)
 def test_an_assistant_easy_input_message_with_string_content_is_accepted() -> None:
     parsed = parse(
         {

@@ -139,9 +139,11 @@ def _assistant(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
 def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
     messages: list[Message] = []
     rest: list[dict[str, Any]] = []
+    places: list[str] = []
     for index, block in enumerate(blocks):
         if block["type"] != "tool_result":
             rest.append(block)
+            places.append(f"{where}.content.{index}")
             continue
         call_id = block.get("tool_use_id")
         if not isinstance(call_id, str):
@@ -150,7 +152,7 @@ def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
             )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result_text(block), ITEMS: [block]})
     if rest:
-        messages.append({"role": "user", "content": _chat_content(rest, where), ITEMS: rest})
+        messages.append({"role": "user", "content": _chat_content(rest, places), ITEMS: rest})
     return messages
 
 
@@ -171,17 +173,20 @@ def result_text(block: Mapping[str, Any]) -> str:
     return f"[error] {text}" if block.get("is_error") else text
 
 
-def _chat_content(blocks: Sequence[Mapping[str, Any]], where: str) -> str | list[dict[str, Any]]:
-    """Text-only content as one string (the same node whether sent as a string or as text blocks); else parts."""
+def _chat_content(blocks: Sequence[Mapping[str, Any]], places: Sequence[str]) -> str | list[dict[str, Any]]:
+    """Text-only content as one string (the same node whether sent as a string or as text blocks); else parts.
+    `places`: where each block is in the request, for errors."""
     if all(block["type"] == "text" for block in blocks):
-        return "\n".join(_text(block, where) for block in blocks)
+        return "\n".join(_text(block, where) for block, where in zip(blocks, places, strict=True))
     parts: list[dict[str, Any]] = []
-    for block in blocks:
+    for block, where in zip(blocks, places, strict=True):
         kind = block["type"]
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, where)})
         elif kind == "image":
-            source = block.get("source") or {}
+            source = block.get("source")
+            if not isinstance(source, dict):
+                raise InvalidRequest(f"{where}.source: Input should be a valid dictionary", param=f"{where}.source")
             url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data', '')}"
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:

@@ -79,17 +79,17 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames]:
     for index, tool in enumerate(tools):
         kind = tool.get("type")
         if kind == "function":
-            chat.append(_function(tool, _tool_name(tool, index)))
+            chat.append(_function(tool, _tool_name(tool, f"tools[{index}]")))
         elif kind == "custom":
-            name = _tool_name(tool, index)
+            name = _tool_name(tool, f"tools[{index}]")
             custom.add(name)
             chat.append(_custom_function(tool, name))
         elif kind == "namespace":
-            namespace = _tool_name(tool, index)
+            namespace = _tool_name(tool, f"tools[{index}]")
             for inner_index, inner in enumerate(tool.get("tools") or ()):
                 if not isinstance(inner, dict):
                     continue
-                name = f"{namespace}{NAMESPACE_SEPARATOR}{_tool_name(inner, inner_index)}"
+                name = f"{namespace}{NAMESPACE_SEPARATOR}{_tool_name(inner, f'tools[{index}].tools[{inner_index}]')}"
                 namespaced[name] = (namespace, str(inner["name"]))
                 if inner.get("type") == "custom":
                     custom.add(name)
@@ -100,10 +100,10 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames]:
     return chat, ToolNames(frozenset(custom), namespaced)
 
 
-def _tool_name(tool: Mapping[str, Any], index: int) -> str:
+def _tool_name(tool: Mapping[str, Any], where: str) -> str:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"Missing required parameter: 'tools[{index}].name'.", param=f"tools[{index}].name")
+        raise InvalidRequest(f"Missing required parameter: '{where}.name'.", param=f"{where}.name")
     return name
 
 

@@ -15,7 +15,7 @@ def response_id(step_id: int) -> str:
 def step_of(response: str) -> int | None:
     """The journal step a response id names; None when it names none."""
     digits = response.removeprefix(RESPONSE_ID_PREFIX)
-    if not response.startswith(RESPONSE_ID_PREFIX) or not 0 < len(digits) <= 16:
+    if not response.startswith(RESPONSE_ID_PREFIX) or not 0 < len(digits) <= 16 or not digits.isalnum():
         return None
     try:
         step_id = int(digits, 16)

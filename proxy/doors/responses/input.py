@@ -222,8 +222,8 @@ def _kind(item: Mapping[str, Any]) -> str:
 
 def _check_output_item(item: Mapping[str, Any], where: str) -> None:
     kind = _kind(item)
-    if kind == "message":
-        _content_parts(item.get("content"), where)
+    if kind == "message" and not isinstance(item.get("content"), str):  # EasyInputMessage: a string, any role
+        _content_parts(item.get("content"), f"{where}.content")
     if kind in ("function_call", "custom_tool_call"):
         _string(item, "call_id", where)
         _string(item, "name", where)
