@@ -119,13 +119,16 @@ def command_arguments_for(tools: list[dict[str, Any]]) -> Callable[[str], dict[s
 # --- Codex -------------------------------------------------------------------------------------------------------
 
 
-def write_codex_home(home: Path, proxy_url: str) -> None:
+def write_codex_home(home: Path, proxy_url: str, provider: str) -> None:
+    """`provider`: `custom` (a provider of its own, HTTP only) or `builtin` (Codex's OpenAI provider pointed at the
+    proxy with `openai_base_url`, the one-line setup: WebSocket mode first)."""
     home.mkdir(parents=True, exist_ok=True)
+    common = f'model = "{MODEL}"\napproval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
+    if provider == "builtin":
+        (home / "config.toml").write_text(common + f'openai_base_url = "{proxy_url}/v1"\n')
+        return
     (home / "config.toml").write_text(
-        f'model = "{MODEL}"\n'
-        'model_provider = "ctx"\n'
-        'approval_policy = "never"\n'
-        'sandbox_mode = "danger-full-access"\n'
+        common + 'model_provider = "ctx"\n'
         "[model_providers.ctx]\n"
         'name = "Context Infinity"\n'
         f'base_url = "{proxy_url}/v1"\n'
@@ -254,6 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS, help="Codex turns in the thread")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
     parser.add_argument("--dump", type=Path, help="write the upstream's request bodies here as JSON lines")
+    parser.add_argument(
+        "--provider",
+        choices=("custom", "builtin"),
+        default="custom",
+        help="Codex's provider: one of its own (HTTP), or its OpenAI provider with openai_base_url (WebSocket first)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     codex = find_cli(args.codex, DEFAULT_CODEX_PATHS, "codex", INSTALL)
@@ -280,9 +289,16 @@ def main(argv: list[str] | None = None) -> None:
             }
             raw = make_config(tmp, fake.url, models=[model], upstream={"timeout_s": 30})
             with ProxyServer(raw, tmp, middleware=recorder.around) as proxy:
-                write_codex_home(home, proxy.url)
+                write_codex_home(home, proxy.url, args.provider)
                 print(f"codex: {' '.join(codex)}; window {args.window}; workdir {workdir}", file=sys.stderr)
-                env = {**os.environ, "CODEX_HOME": str(home), "CTX_KEY": "dummy", "NO_COLOR": "1"}
+                env = {
+                    **os.environ,
+                    "CODEX_HOME": str(home),
+                    "CTX_KEY": "dummy",
+                    "OPENAI_API_KEY": "dummy",
+                    "CODEX_API_KEY": "dummy",
+                    "NO_COLOR": "1",
+                }
                 turns: list[CodexTurn] = []
                 thread_id: str | None = None
                 for number, prompt in enumerate(prompts(args.turns), 1):

@@ -93,6 +93,21 @@ class Recorder:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.app is not None, "the recorder wraps no app"
+        if scope["type"] == "websocket":
+            socket = HttpExchange("WS", scope["path"], "", {})
+            self.exchanges.append(socket)
+
+            async def recording_socket_send(message: Message) -> None:
+                if message["type"] == "websocket.accept":
+                    socket.status = 101
+                elif message["type"] == "websocket.http.response.start":
+                    socket.status = message["status"]
+                elif message["type"] == "websocket.send":
+                    socket.response_body += b"."  # one byte per event sent, to count them
+                await send(message)
+
+            await self.app(scope, receive, recording_socket_send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
