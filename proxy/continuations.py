@@ -17,6 +17,7 @@ from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
+from proxy.types import Message
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 
@@ -42,13 +43,19 @@ async def continued(
             code="previous_response_not_found",
         )
     earlier = [stored.message for stored in await history.path_to(record.message_id) if not is_instructions(stored)]
+    return extended(conversation, earlier), record.session_id
+
+
+def extended(conversation: Conversation, earlier: list[Message]) -> Conversation:
+    """`earlier` (a conversation without its instructions) put between the request's instructions and its own
+    messages; every tool output must still answer a call before it."""
     own = conversation.messages
     messages = [*own[: conversation.instructions], *earlier, *own[conversation.instructions :]]
     orphan = unanswered_output(messages)
     if orphan is not None:
         raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
     wire = {**conversation.wire, "input_from": conversation.instructions + len(earlier)}
-    return replace(conversation, messages=messages, wire=wire, continues=None), record.session_id
+    return replace(conversation, messages=messages, wire=wire, continues=None)
 
 
 def is_instructions(stored: StoredMessage) -> bool:

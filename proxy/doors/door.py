@@ -26,6 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import Caller, authenticate
 from proxy.config import Config, RequestLimits
+from proxy.continuations import continued, extended
 from proxy.conversation import Answer, Conversation, Streaming
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
@@ -107,6 +108,12 @@ class Door(Generic[R]):
         """A failure as the event its socket sends; the socket stays open for the next request."""
         raise NotImplementedError
 
+    def warm_up(self, request: DoorRequest[R]) -> tuple[str, list[JSONBody]] | None:
+        """A socket request the door answers by itself, with no model call (Responses' `generate: false`, sent
+        to warm a connection up): the id a later request on the socket may continue, and the events. None: a
+        request to answer."""
+        return None
+
     @staticmethod
     def error(exc: BaseException) -> ErrorReply:
         """Any exception as this API's error (an unknown one as an opaque internal error): OpenAI's, unless the
@@ -161,13 +168,12 @@ class Doors:
             await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
             return
         await websocket.accept()
-        answered: set[int] = set()
-        """The steps answered on this socket: a request may continue one even if it was not stored."""
+        socket = SocketState()
         try:
             while True:
                 raw = await _receive(websocket, self.config.request_limits.max_body_bytes)
                 try:
-                    await self._answer_event(door, caller, raw, websocket, answered)
+                    await self._answer_event(door, caller, raw, websocket, socket)
                 except WebSocketDisconnect:
                     raise
                 except Exception as exc:
@@ -178,16 +184,22 @@ class Doors:
             return
 
     async def _answer_event(
-        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, answered: set[int]
+        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketState
     ) -> None:
         limits = self.config.request_limits
         parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits))
-        continues = parsed.conversation.continues
-        if continues is not None and continues.step_id in answered:
-            conversation = replace(parsed.conversation, continues=replace(continues, same_connection=True))
-            parsed = replace(parsed, conversation=conversation)
+        parsed = replace(parsed, conversation=socket.resolve(parsed.conversation))
+        warm = door.warm_up(parsed)
+        if warm is not None:
+            reference, events = warm
+            pipeline = self.pipeline
+            conversation, _ = await continued(pipeline.reader, pipeline.history, caller.tenant, parsed.conversation)
+            socket.warmed[reference] = conversation
+            for event in events:
+                await websocket.send_text(_json(event))
+            return
         answer, parsed = await self._answer(door, caller, parsed, websocket)
-        answered.add(answer.step.id)
+        socket.answered.add(answer.step.id)
         try:
             async for events in door.events(answer, parsed):
                 for event in events:
@@ -202,6 +214,28 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
+
+
+@dataclass
+class SocketState:
+    """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
+    a response answered on the same socket even if the client did not store it, or a warm-up."""
+
+    answered: set[int] = field(default_factory=set)
+    """The journal steps answered on this socket."""
+    warmed: dict[str, Conversation] = field(default_factory=dict)
+    """Warm-ups by the id they answered with: the conversation each was sent with, resolved."""
+
+    def resolve(self, conversation: Conversation) -> Conversation:
+        continues = conversation.continues
+        if continues is None:
+            return conversation
+        warmed = self.warmed.get(continues.reference)
+        if warmed is not None:
+            return extended(conversation, warmed.messages[warmed.instructions :])
+        if continues.step_id in self.answered:
+            return replace(conversation, continues=replace(continues, same_connection=True))
+        return conversation
 
 
 async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:

@@ -119,3 +119,35 @@ def test_a_wrong_key_is_refused_at_the_handshake(serve_proxy: ServeProxy) -> Non
         with client.responses.connect() as connection:
             connection.response.create(model="fake", input="hi")
             assert answer(connection)[-1]["type"] == "response.completed"
+
+
+def test_a_warm_up_is_answered_at_once_and_the_next_request_continues_it(
+    sdk: openai.OpenAI, proxy: ProxyServer, fake: FakeUpstream
+) -> None:
+    """Codex warms its socket before each turn with the turn's request and `generate: false`, then sends only
+    what is new with the warm-up's id as `previous_response_id`."""
+    history = [{"role": "user", "content": "first question"}]
+    body: dict[str, Any] = {"model": "fake", "instructions": "Be brief.", "store": False, "input": history}
+    with sdk.responses.connect(extra_headers={"X-Session-Id": "warm"}) as connection:
+        connection.send({"type": "response.create", **body, "generate": False})  # type: ignore[arg-type]
+        warm = answer(connection)
+        assert [event["type"] for event in warm] == ["response.created", "response.in_progress", "response.completed"]
+        assert warm[-1]["response"]["output"] == []
+        assert fake.requests == []  # no model call
+        connection.response.create(**{**body, "input": [], "previous_response_id": warm[-1]["response"]["id"]})
+        events = answer(connection)
+    assert events[-1]["type"] == "response.completed", events[-1]
+    assert fake.requests[-1].body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first question"},
+    ]
+
+
+def test_an_unknown_previous_response_asks_for_the_whole_input(sdk: openai.OpenAI) -> None:
+    """Codex resends the whole request when told `previous_response_not_found` (a new socket knows nothing)."""
+    with sdk.responses.connect() as connection:
+        connection.response.create(model="fake", input=[], previous_response_id="resp_00000000000000ff", store=False)
+        [refused] = answer(connection)
+    assert refused["type"] == "error"
+    assert refused["error"]["code"] == refused["code"] == "previous_response_not_found"
+    assert refused["status"] == 404

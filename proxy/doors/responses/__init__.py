@@ -14,6 +14,8 @@ responses are read back and deleted through this door's own routes (`proxy.doors
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -28,6 +30,7 @@ from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute
 from proxy.doors.event_streams import Event, relayed, relayed_events, replayed, replayed_events
 from proxy.doors.responses.fields import ToolNames
+from proxy.doors.responses.ids import RESPONSE_ID_PREFIX
 from proxy.doors.responses.input import ResponsesRequest, parse_responses_request, parse_socket_event
 from proxy.doors.responses.output import EventStream, ResponseShape, completed_response, native_response
 from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
@@ -48,6 +51,7 @@ class Echo:
 
     body: dict[str, object]
     tools: ToolNames
+    generate: bool = True
 
 
 class Responses(Door[Echo]):
@@ -92,9 +96,25 @@ class Responses(Door[Echo]):
             yield replayed_events(renderer, answer.chunks if isinstance(answer, Replayed) else [answer.response])
 
     def event_error(self, exc: BaseException) -> JSONBody:
-        """OpenAI's `error` server event: the error's fields, and the status an HTTP request would have had."""
-        status, body, _headers = openai_error(exc)
-        return {"type": "error", "status": status, "error": body["error"]}
+        """OpenAI's `error` server event, read two ways: the SDK's (`code`, `message`, `param` at the top) and
+        Codex's (`status` and a nested `error`; `previous_response_not_found` makes it resend the whole input)."""
+        status, body, headers = openai_error(exc)
+        fields = body["error"]
+        event: JSONBody = {"status": status, **fields, "type": "error", "error": fields}
+        if headers:
+            event["headers"] = {name.lower(): value for name, value in headers.items()}
+        return event
+
+    def warm_up(self, request: DoorRequest[Echo]) -> tuple[str, list[JSONBody]] | None:
+        """`generate: false`: the socket is warmed with the request (Codex sends one before each turn) and
+        answered at once, with an id of its own that the next request continues."""
+        if request.rendering.generate:
+            return None
+        reference = f"{RESPONSE_ID_PREFIX}warm_{secrets.token_hex(12)}"
+        echo = request.rendering
+        shape = ResponseShape(0, time.time(), request.conversation.model, echo.body, echo.tools, reference)
+        renderer = EventStream(shape)
+        return reference, [*renderer.start(), *renderer.finish()]
 
     async def stored_response(self, request: Request, caller: Caller) -> Response:
         """`GET /v1/responses/{id}`; `DELETE` hides it from this API (the conversation keeps it)."""
@@ -132,7 +152,7 @@ class Responses(Door[Echo]):
 
 def _door_request(parsed: ResponsesRequest) -> DoorRequest[Echo]:
     keys = () if parsed.session_key is None else (parsed.session_key,)
-    return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools), keys)
+    return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools, parsed.generate), keys)
 
 
 def _shape(answer: Answer, request: DoorRequest[Echo]) -> ResponseShape:

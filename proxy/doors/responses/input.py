@@ -24,7 +24,7 @@ Tools and the other fields, for a chat upstream: `proxy.doors.responses.fields`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.config import RequestLimits
@@ -85,6 +85,8 @@ class ResponsesRequest:
     """The request as sent: the Response object echoes its fields (instructions, tools, metadata, ...)."""
     session_key: str | None
     """The client's own conversation key (`prompt_cache_key`), a session id when no header names one."""
+    generate: bool = True
+    """False: a socket warm-up (`generate: false`), answered without a model call."""
 
 
 def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
@@ -103,8 +105,13 @@ def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
         )
     if event.get("background"):
         raise InvalidRequest("'background' is not supported over a WebSocket.", param="background")
-    body = {key: value for key, value in event.items() if key != "type"}
-    return responses_request({**body, "stream": True}, limits)
+    generate = event.get("generate", True)
+    if not isinstance(generate, bool):
+        raise InvalidRequest(
+            f"Invalid type for 'generate': expected a boolean, but got {json_type(generate)}.", param="generate"
+        )
+    body = {key: value for key, value in event.items() if key not in ("type", "generate")}
+    return replace(responses_request({**body, "stream": True}, limits), generate=generate)
 
 
 def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesRequest:
@@ -127,9 +134,9 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
         raise InvalidRequest(
             f"'input' must be a string or an array of items, not {json_type(raw_input)}.", param="input"
         )
-    if not any(message["role"] not in SYSTEM_ROLES for message in messages):
-        raise InvalidRequest("'input' must contain at least one item.", param="input")
     previous = body.get("previous_response_id")
+    if previous is None and not any(message["role"] not in SYSTEM_ROLES for message in messages):
+        raise InvalidRequest("'input' must contain at least one item.", param="input")  # else it continues one
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequest(
             f"Invalid type for 'previous_response_id': expected a string, but got {json_type(previous)}.",

@@ -46,6 +46,12 @@ class ResponseShape:
     model: str
     request: Mapping[str, Any]
     tools: ToolNames
+    reference: str | None = None
+    """The response's id when no journal step answered it (a warm-up); else the step's."""
+
+    @property
+    def id(self) -> str:
+        return self.reference if self.reference is not None else response_id(self.step_id)
 
     def item_id(self, prefix: str, index: int) -> str:
         return f"{prefix}_{self.step_id:x}_{index}"
@@ -54,7 +60,7 @@ class ResponseShape:
         self, status: str, output: list[Event], usage: Mapping[str, Any] | None, finish_reason: str | None = None
     ) -> Event:
         body: Event = {
-            "id": response_id(self.step_id),
+            "id": self.id,
             "object": "response",
             "created_at": int(self.created_at),
             "status": status,
@@ -116,7 +122,7 @@ def native_response(shape: ResponseShape, response: Mapping[str, Any]) -> Event:
     """A Responses-native upstream's `response` as the client gets it: as the upstream sent it, under this
     proxy's id (the one `GET /v1/responses/{id}` and `previous_response_id` know) and with the
     `previous_response_id` the client sent (which the upstream never saw: the proxy resolves it)."""
-    renamed = {**response, "id": response_id(shape.step_id)}
+    renamed = {**response, "id": shape.id}
     if shape.request.get("previous_response_id") is not None:
         renamed["previous_response_id"] = shape.request["previous_response_id"]
     return renamed
