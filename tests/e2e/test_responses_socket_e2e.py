@@ -115,10 +115,12 @@ def test_a_wrong_key_is_refused_at_the_handshake(serve_proxy: ServeProxy) -> Non
         client.responses.connect() as connection,
     ):
         connection.response.create(model="fake", input="hi")
-    with openai.OpenAI(base_url=proxy.base_url, api_key="k1", max_retries=0) as client:
-        with client.responses.connect() as connection:
-            connection.response.create(model="fake", input="hi")
-            assert answer(connection)[-1]["type"] == "response.completed"
+    with (
+        openai.OpenAI(base_url=proxy.base_url, api_key="k1", max_retries=0) as client,
+        client.responses.connect() as connection,
+    ):
+        connection.response.create(model="fake", input="hi")
+        assert answer(connection)[-1]["type"] == "response.completed"
 
 
 def test_a_warm_up_is_answered_at_once_and_the_next_request_continues_it(
