@@ -29,6 +29,16 @@ async def continued(
     continuation = conversation.continues
     if continuation is None:
         return conversation, None
+    if continuation.message_id is not None:
+        path = await history.owned_path(tenant, continuation.message_id)
+        if path is None:
+            raise NotFound(
+                f"The conversation {continuation.reference} ({continuation.param}) stands for is not in this "
+                "proxy's store.",
+                param=continuation.param,
+                code="compaction_not_found",
+            )
+        return extended(conversation, [stored.message for stored in path if not is_instructions(stored)]), None
     record = None if continuation.step_id is None else await reader.step(tenant, continuation.step_id)
     if record is None or not record.readable_through(continuation.door, unstored=continuation.same_connection):
         raise NotFound(

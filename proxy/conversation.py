@@ -46,8 +46,11 @@ class Conversation:
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""
     continues: Continuation | None = None
-    """A stored answer this request continues from (Responses' `previous_response_id`): the conversation up to
-    it goes before the request's own messages."""
+    """A stored conversation this request continues (Responses' `previous_response_id`, a compaction item): it
+    goes before the request's own messages."""
+    compaction: bool = False
+    """The client asks for its context to be compacted (Codex's `compaction_trigger`, `/v1/responses/compact`):
+    the proxy keeps what is new and answers with a reference to the stored conversation, without a model call."""
     instructions: int = 0
     """How many leading messages are the request's own instructions: a continued conversation goes after them."""
     fit_output: bool = False
@@ -57,10 +60,11 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Continuation:
-    """A journal step whose answer a request continues from, readable only through the door that answered it."""
+    """What a request continues: a journal step's answer, readable only through the door that answered it, or
+    (`message_id`) a stored conversation a reference of the proxy's stands for."""
 
     step_id: int | None
-    """None: an id that names no step (it reads as not found)."""
+    """None: an id that names no step (it reads as not found), or a `message_id` continuation."""
     door: str
     reference: str
     """The id as the client gave it, for errors."""
@@ -69,6 +73,8 @@ class Continuation:
     same_connection: bool = False
     """The step was answered on the same socket: it may be continued even if the client did not store it, as
     OpenAI's WebSocket mode allows."""
+    message_id: str | None = None
+    """The last message of the stored conversation continued (a compaction item's)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,18 @@ class Replayed:
         return cls(chunks, report, StepRef(record.id, record.created_at), record)
 
 
-Answer = Completed | Streaming | Replayed
+@dataclass(frozen=True)
+class Compacted:
+    """A client's compaction request answered by the proxy: the conversation is stored, and `message_id` (its
+    last message) is what the client's reference to it names."""
+
+    message_id: str
+    report: ContextReport
+    step: StepRef
+    """No journal step answered it: its id is 0, its time the answer's."""
+
+
+Answer = Completed | Streaming | Replayed | Compacted
 
 
 def usage_text(tokens: int, budget: int, summaries: int) -> str:

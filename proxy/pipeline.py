@@ -32,6 +32,7 @@ from proxy.config import Config, ModelEntry
 from proxy.continuations import continued
 from proxy.conversation import (
     Answer,
+    Compacted,
     Completed,
     ContextMode,
     ContextOptions,
@@ -123,6 +124,8 @@ class Pipeline:
                 return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
         conversation, continued_session = await continued(self.reader, self.history, tenant, conversation)
         options = _with_session(options, continued_session)
+        if conversation.compaction:
+            return await self._compacted(tenant, conversation, options, entry)
 
         plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
         step_begun = asyncio.create_task(
@@ -152,6 +155,21 @@ class Pipeline:
         except Exception as exc:
             await self._fail(step_begun, exc)
             raise
+
+    async def _compacted(
+        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
+    ) -> Compacted:
+        """A client's compaction request: the proxy keeps every message and compacts by itself, so it stores what
+        is new (no model call) and names the stored conversation, which the client sends back in its place."""
+        encoding = encoding_for_model(entry.model)
+        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
+        async with self.history.lock(tenant, located.session_id):
+            reconciled = await self.history.save(located, conversation.model)
+            reconciled = await self._remember_settings(reconciled, options)
+        history_tokens = count_prompt(m.tokens for m in reconciled.path)
+        budget = self._budget(entry, conversation, reconciled.settings).input_budget
+        report = ContextReport(reconciled.session.id, 0, budget, history_tokens, summaries=0)
+        return Compacted(reconciled.end_id, report, StepRef(0, time.time()))
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation`, by its own count: the conversation as it stands while it

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import RequestLimits
-from proxy.conversation import Answer, Completed, Conversation, Replayed
+from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
 from proxy.doors.body import check_messages, check_shape, parse_json_object
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
@@ -59,6 +59,7 @@ def render(answer: Answer, stream: bool) -> Response:
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
         return sse_response(_replay_events(answer), headers)
+    assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
     return RelayedStream(answer.groups, _stream_events(answer.groups), headers)
 
 

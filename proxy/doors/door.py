@@ -114,6 +114,23 @@ class Door(Generic[R]):
         request to answer."""
         return None
 
+    async def answer(
+        self, caller: Caller, parsed: DoorRequest[R], connection: HTTPConnection
+    ) -> tuple[Answer, DoorRequest[R]]:
+        """What every door does with a parsed request, on HTTP and on a socket alike: the client's API headers kept
+        for a native upstream, the X-Context-* options and the client's own names for its conversation, the
+        model named for the metrics, the pipeline's answer."""
+        headers = connection.headers
+        conversation = _with_native_headers(parsed.conversation, self.native_headers, headers)
+        options = context_options(headers)
+        if options.session_id is None:
+            header = headers.get(self.session_header) if self.session_header else None
+            hints = tuple(key for key in (header, *parsed.session_keys) if key is not None and is_session_id(key))
+            options = replace(options, session_hints=hints)
+        observe_model(connection.scope, conversation.model)
+        answer = await self.pipeline.answer(caller.tenant, conversation, options)
+        return answer, replace(parsed, conversation=conversation)
+
     @staticmethod
     def error(exc: BaseException) -> ErrorReply:
         """Any exception as this API's error (an unknown one as an opaque internal error): OpenAI's, unless the
@@ -138,23 +155,8 @@ class Doors:
         limits = self.config.request_limits
         raw = await request_body(request, self.config)
         parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits))
-        answer, parsed = await self._answer(door, caller, parsed, request)
+        answer, parsed = await door.answer(caller, parsed, request)
         return door.render(answer, parsed)
-
-    async def _answer(
-        self, door: Door[R], caller: Caller, parsed: DoorRequest[R], connection: HTTPConnection
-    ) -> tuple[Answer, DoorRequest[R]]:
-        """What every door does with a parsed request, on HTTP and on a socket alike."""
-        headers = connection.headers
-        conversation = _with_native_headers(parsed.conversation, door.native_headers, headers)
-        options = context_options(headers)
-        if options.session_id is None:
-            header = headers.get(door.session_header) if door.session_header else None
-            hints = tuple(key for key in (header, *parsed.session_keys) if key is not None and is_session_id(key))
-            options = replace(options, session_hints=hints)
-        observe_model(connection.scope, conversation.model)
-        answer = await self.pipeline.answer(caller.tenant, conversation, options)
-        return answer, replace(parsed, conversation=conversation)
 
     async def serve_socket(self, name: str, websocket: WebSocket) -> None:
         """A door's API over a WebSocket: the handshake authenticated like a request (refused with the door's
@@ -198,7 +200,7 @@ class Doors:
             for event in events:
                 await websocket.send_text(_json(event))
             return
-        answer, parsed = await self._answer(door, caller, parsed, websocket)
+        answer, parsed = await door.answer(caller, parsed, websocket)
         socket.answered.add(answer.step.id)
         try:
             async for events in door.events(answer, parsed):

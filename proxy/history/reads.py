@@ -81,6 +81,17 @@ class HistoryReads:
             return []
         return await self.path_to(session.head_id, encoding)
 
+    async def owned_path(
+        self, tenant: str, message_id: str, encoding: str = DEFAULT_ENCODING
+    ) -> list[StoredMessage] | None:
+        """The path to `message_id` if it is one of `tenant`'s messages, else None. Ids are content addresses
+        from the tenant's root, so the root's id, computed again under the tenant, says whose it is."""
+        path = await self.path_to(message_id, encoding)
+        if not path or path[-1].id != message_id:
+            return None
+        root = path[0]
+        return path if chain.message_id(chain.root_parent(tenant), root.message) == root.id else None
+
     async def path_to(self, message_id: str, encoding: str = DEFAULT_ENCODING) -> list[StoredMessage]:
         """The path from the root to `message_id` in one query; tokens missing for `encoding` are counted
         now and stored, once. Not tenant-checked: callers pass ids they got from a tenant's session."""

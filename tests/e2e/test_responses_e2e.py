@@ -383,14 +383,6 @@ def test_an_idempotency_key_retry_is_answered_from_the_journal(
     assert [step["status"] for step in journal["data"]] == ["sealed"]
 
 
-def test_remote_compaction_is_answered_with_what_to_do_instead(proxy: ProxyServer) -> None:
-    response = httpx.post(f"{proxy.base_url}/responses/compact", json={"model": "fake", "input": "x"}, timeout=10)
-    assert response.status_code == 404
-    error = assert_openai_error(response.json())
-    assert error["code"] == "unsupported_endpoint"
-    assert "POST /v1/responses" in error["message"]
-
-
 def test_a_stream_cut_by_kill_9_reads_back_as_what_the_client_saw(
     tmp_path: Path, fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
 from proxy.config import RequestLimits
-from proxy.conversation import Answer, Completed, Replayed
+from proxy.conversation import Answer, Compacted, Completed, Replayed
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply
@@ -62,6 +62,7 @@ class Messages(Door[None]):
             if isinstance(answer, Completed) or not conversation.stream:
                 return JSONResponse(_message_object(shape, completion), headers=headers)
             return sse_response(replayed(MessageEvents(shape), answer.chunks), headers)
+        assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
         return RelayedStream(answer.groups, relayed(MessageEvents(shape), answer.groups), headers)
 
     @staticmethod

@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from starlette.requests import Request
@@ -25,17 +25,19 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
 from proxy.config import Config, RequestLimits
-from proxy.conversation import Answer, Completed, Replayed, Streaming
+from proxy.conversation import Answer, Compacted, Completed, Replayed, Streaming
+from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute
-from proxy.doors.event_streams import Event, relayed, relayed_events, replayed, replayed_events
+from proxy.doors.event_streams import Event, frames, relayed, relayed_events, replayed, replayed_events
+from proxy.doors.responses.compaction import compaction_item
 from proxy.doors.responses.fields import ToolNames
 from proxy.doors.responses.ids import RESPONSE_ID_PREFIX
 from proxy.doors.responses.input import ResponsesRequest, parse_responses_request, parse_socket_event
 from proxy.doors.responses.output import EventStream, ResponseShape, completed_response, native_response
 from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, StoredResponses
 from proxy.doors.sse import RelayedStream, sse_response
-from proxy.errors import InvalidRequest, JSONBody, NotFound, openai_error
+from proxy.errors import InvalidRequest, JSONBody, openai_error
 from proxy.numbers import parse_integer
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
@@ -80,6 +82,11 @@ class Responses(Door[Echo]):
         conversation = request.conversation
         shape = _shape(answer, request)
         headers = answer_headers(answer)
+        if isinstance(answer, Compacted):
+            events = _compaction_events(shape, answer)
+            if not conversation.stream:
+                return JSONResponse(events[-1]["response"], headers=headers)
+            return sse_response(_frames(events), headers)
         if isinstance(answer, Completed | Replayed):
             completion = answer.response if isinstance(answer, Completed) else answer.chunks[0]
             if isinstance(answer, Completed) or not conversation.stream:
@@ -88,8 +95,11 @@ class Responses(Door[Echo]):
         return RelayedStream(answer.groups, relayed(EventStream(shape), answer.groups), headers)
 
     async def events(self, answer: Answer, request: DoorRequest[Echo]) -> AsyncIterator[list[JSONBody]]:
-        renderer = EventStream(_shape(answer, request))
-        if isinstance(answer, Streaming):
+        shape = _shape(answer, request)
+        renderer = EventStream(shape)
+        if isinstance(answer, Compacted):
+            yield _compaction_events(shape, answer)
+        elif isinstance(answer, Streaming):
             async for events in relayed_events(renderer, answer.groups):
                 yield events
         else:
@@ -141,13 +151,18 @@ class Responses(Door[Echo]):
         return JSONResponse(page)
 
     async def compact(self, request: Request, caller: Caller) -> Response:
-        """OpenAI's remote compaction. Codex calls it only for OpenAI's own provider (docs/research/responses.md,
-        3.5); here the proxy compacts by itself, so the answer says what to do instead."""
-        raise NotFound(
-            "This proxy compacts conversations itself: send the whole input (or a previous_response_id) to "
-            "POST /v1/responses. /v1/responses/compact is not served.",
-            code="unsupported_endpoint",
-        )
+        """`POST /v1/responses/compact`: the request's conversation, compacted into one `compaction` item, which
+        the client sends in its place from now on. The proxy keeps every message and compacts by itself, so it
+        stores what is new and answers at once (`proxy.doors.responses.compaction`)."""
+        limits = self.config.request_limits
+        raw = await request_body(request, self.config)
+        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits))
+        conversation = replace(parsed.conversation, compaction=True, stream=False)
+        answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)
+        assert isinstance(answer, Compacted)
+        completed = _compaction_events(_shape(answer, parsed), answer)[-1]["response"]
+        compacted = {key: completed[key] for key in ("id", "created_at", "output", "usage")}
+        return JSONResponse({**compacted, "object": "response.compaction"}, headers=answer_headers(answer))
 
 
 def _door_request(parsed: ResponsesRequest) -> DoorRequest[Echo]:
@@ -157,7 +172,19 @@ def _door_request(parsed: ResponsesRequest) -> DoorRequest[Echo]:
 
 def _shape(answer: Answer, request: DoorRequest[Echo]) -> ResponseShape:
     echo = request.rendering
-    return ResponseShape(answer.step.id, answer.step.created_at, request.conversation.model, echo.body, echo.tools)
+    reference = f"{RESPONSE_ID_PREFIX}cmp_{answer.message_id[:24]}" if isinstance(answer, Compacted) else None
+    model = request.conversation.model
+    return ResponseShape(answer.step.id, answer.step.created_at, model, echo.body, echo.tools, reference)
+
+
+def _compaction_events(shape: ResponseShape, answer: Compacted) -> list[Event]:
+    renderer = EventStream(shape)
+    renderer.usage = {"prompt_tokens": answer.report.history_tokens, "completion_tokens": 0}
+    return renderer.whole([compaction_item(answer.message_id, f"cmp_{answer.message_id[:24]}")])
+
+
+async def _frames(events: list[Event]) -> AsyncIterator[bytes]:
+    yield frames(events)
 
 
 def _response_object(shape: ResponseShape, completion: Chunk) -> Event:

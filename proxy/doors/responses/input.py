@@ -30,6 +30,7 @@ from typing import Any
 from proxy.config import RequestLimits
 from proxy.conversation import Continuation, Conversation
 from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.doors.responses.compaction import CompactedInput, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
 from proxy.errors import InvalidRequest, json_type
@@ -123,11 +124,13 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
     instructions = _instructions(body.get("instructions"))
     messages = list(instructions)
     raw_input = body.get("input")
+    compacted = CompactedInput([], None, trigger=False)
     if isinstance(raw_input, str):
         messages.append({"role": "user", "content": raw_input})
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)
-        messages.extend(input_messages(raw_input))
+        compacted = split_input(raw_input)
+        messages.extend(input_messages(compacted.items))
     elif raw_input is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     else:
@@ -135,15 +138,22 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
             f"'input' must be a string or an array of items, not {json_type(raw_input)}.", param="input"
         )
     previous = body.get("previous_response_id")
-    if previous is None and not any(message["role"] not in SYSTEM_ROLES for message in messages):
-        raise InvalidRequest("'input' must contain at least one item.", param="input")  # else it continues one
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequest(
             f"Invalid type for 'previous_response_id': expected a string, but got {json_type(previous)}.",
             param="previous_response_id",
         )
-    if previous is None:
-        check_pairs(messages)  # else the calls may be in the previous response: checked once it is prepended
+    continues = compacted.continues
+    if previous is not None:
+        if continues is not None:
+            raise InvalidRequest(
+                "A request continues a previous response or a compaction item, not both.", param=_PREVIOUS
+            )
+        continues = Continuation(step_of(previous), "responses", previous, _PREVIOUS)
+    if continues is None:
+        if not compacted.trigger and not any(message["role"] not in SYSTEM_ROLES for message in messages):
+            raise InvalidRequest("'input' must contain at least one item.", param="input")
+        check_pairs(messages)  # else the calls may be in what it continues: checked once that is put in
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise InvalidRequest(
@@ -169,8 +179,9 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
             native=NativeRequest("responses", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
             wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
-            continues=None if previous is None else Continuation(step_of(previous), "responses", previous, _PREVIOUS),
+            continues=continues,
             instructions=len(instructions),
+            compaction=compacted.trigger,
         ),
         tools=names,
         body=body,

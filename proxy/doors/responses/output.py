@@ -222,6 +222,15 @@ class EventStream(ChunkRenderer):
         events.append(self._event(f"response.{status}", response=final))
         return events
 
+    def whole(self, items: list[Event]) -> list[Event]:
+        """The events of a response the proxy answered by itself, its output items known whole (a compaction)."""
+        events = self.start()
+        for index, item in enumerate(items):
+            events.append(self._event("response.output_item.added", output_index=index, item=item))
+            events.append(self._event("response.output_item.done", output_index=index, item=item))
+        self._output = list(items)
+        return [*events, *self.finish()]
+
     def fail(self, exc: BaseException) -> list[Event]:
         error = error_fields(exc)
         events = self._close_all()

@@ -1,0 +1,87 @@
+"""The client's own compaction in the Responses API, answered by the proxy (Codex's remote compaction).
+
+A client asks for its context to be compacted with an input ending `{"type": "compaction_trigger"}` (or with
+`POST /v1/responses/compact`) and expects exactly one `compaction` item back, which it then sends at the head of
+its later inputs instead of the turns it stood for. The proxy keeps every message and compacts by itself, so it
+answers at once, with no model call: the item references the stored conversation (the id of its last message,
+a content address under the tenant, so a changed reference names nothing and another tenant's names nothing of
+theirs), and a later input that carries it is expanded back to that conversation (`proxy.continuations`). The
+messages a client keeps before the item (Codex keeps the user turns) are in that conversation already.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.conversation import Continuation
+from proxy.errors import InvalidRequest
+
+COMPACTION = "compaction"
+TRIGGER = "compaction_trigger"
+TOKEN_PREFIX = "ctxinf1."
+"""Marks the proxy's own references (and their format's version)."""
+
+
+@dataclass(frozen=True)
+class CompactedInput:
+    items: list[Any]
+    """The input from after the last compaction item on, without a trailing trigger."""
+    continues: Continuation | None
+    """The stored conversation the last compaction item stands for."""
+    trigger: bool
+    """The input asked for a compaction."""
+
+
+def split_input(items: Sequence[Any]) -> CompactedInput:
+    """An input's compaction items read: what it continues, what is its own, whether it asks for a compaction."""
+    items = list(items)
+    trigger = bool(items) and _kind(items[-1]) == TRIGGER
+    if trigger:
+        items.pop()
+    if any(_kind(item) == TRIGGER for item in items):
+        raise InvalidRequest("A 'compaction_trigger' item may only end the input.", param="input")
+    marks = [index for index, item in enumerate(items) if _kind(item) in (COMPACTION, "compaction_summary")]
+    last = marks[-1] if marks else None
+    if last is None:
+        return CompactedInput(items, None, trigger)
+    where = f"input[{last}]"
+    message_id = message_of(items[last].get("encrypted_content"), where)
+    continues = Continuation(None, "responses", "the compaction item", where, message_id=message_id)
+    return CompactedInput(items[last + 1 :], continues, trigger)
+
+
+def compaction_item(message_id: str, item_id: str) -> dict[str, Any]:
+    """The item that stands for the stored conversation ending at `message_id`."""
+    payload = json.dumps({"m": message_id}, separators=(",", ":")).encode()
+    token = TOKEN_PREFIX + base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    return {"type": COMPACTION, "id": item_id, "encrypted_content": token}
+
+
+def message_of(token: Any, where: str) -> str:
+    """The stored message a compaction item's content names; a 400 for one the proxy did not write."""
+    refused = InvalidRequest(
+        f"'{where}' is not a compaction item this proxy wrote: send the conversation itself, or the item as it "
+        "was returned.",
+        param=where,
+        code="invalid_compaction_item",
+    )
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+        raise refused
+    encoded = token[len(TOKEN_PREFIX) :]
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (binascii.Error, ValueError):
+        raise refused from None
+    message_id = payload.get("m") if isinstance(payload, dict) else None
+    if not isinstance(message_id, str) or len(message_id) != 64 or not message_id.isalnum():
+        raise refused
+    return message_id
+
+
+def _kind(item: Any) -> Any:
+    return item.get("type") if isinstance(item, dict) else None
