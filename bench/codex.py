@@ -119,11 +119,13 @@ def command_arguments_for(tools: list[dict[str, Any]]) -> Callable[[str], dict[s
 # --- Codex -------------------------------------------------------------------------------------------------------
 
 
-def write_codex_home(home: Path, proxy_url: str, provider: str) -> None:
+def write_codex_home(home: Path, proxy_url: str, provider: str, auto_compact: int | None = None) -> None:
     """`provider`: `custom` (a provider of its own, HTTP only) or `builtin` (Codex's OpenAI provider pointed at the
     proxy with `openai_base_url`, the one-line setup: WebSocket mode first)."""
     home.mkdir(parents=True, exist_ok=True)
     common = f'model = "{MODEL}"\napproval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
+    if auto_compact is not None:
+        common += f"model_auto_compact_token_limit = {auto_compact}\n"
     if provider == "builtin":
         (home / "config.toml").write_text(common + f'openai_base_url = "{proxy_url}/v1"\n')
         return
@@ -258,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
     parser.add_argument("--dump", type=Path, help="write the upstream's request bodies here as JSON lines")
     parser.add_argument(
+        "--auto-compact", type=int, help="Codex's model_auto_compact_token_limit (its own compaction past it)"
+    )
+    parser.add_argument(
         "--provider",
         choices=("custom", "builtin"),
         default="custom",
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             }
             raw = make_config(tmp, fake.url, models=[model], upstream={"timeout_s": 30})
             with ProxyServer(raw, tmp, middleware=recorder.around) as proxy:
-                write_codex_home(home, proxy.url, args.provider)
+                write_codex_home(home, proxy.url, args.provider, args.auto_compact)
                 print(f"codex: {' '.join(codex)}; window {args.window}; workdir {workdir}", file=sys.stderr)
                 env = {
                     **os.environ,

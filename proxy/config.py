@@ -142,6 +142,10 @@ class ContextConfig:
     recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
     """Tokens of archived originals recalled into the working context when the latest user message refers to
     them; 0: no recall."""
+    client_compaction: bool = True
+    """Answer a client's own compaction request (Claude Code's /compact, Codex's local compaction) from what the
+    proxy holds, with no model call, and expand its summary back to the whole conversation later; false: such a
+    request goes to the model like any other (`proxy.client_compaction`)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
+from proxy.references import reference_in
 from proxy.types import Message
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
@@ -28,7 +29,7 @@ async def continued(
     continues nothing)."""
     continuation = conversation.continues
     if continuation is None:
-        return conversation, None
+        return await _summarized(history, tenant, conversation), None
     if continuation.message_id is not None:
         path = await history.owned_path(tenant, continuation.message_id)
         if path is None:
@@ -54,6 +55,24 @@ async def continued(
         )
     earlier = [stored.message for stored in await history.path_to(record.message_id) if not is_instructions(stored)]
     return extended(conversation, earlier), record.session_id
+
+
+async def _summarized(history: History, tenant: str, conversation: Conversation) -> Conversation:
+    """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
+    reference, `proxy.references`): the summary and the turns the client kept before it give way to the stored
+    conversation it stands for. A reference to nothing of this tenant's is left as it is."""
+    found = reference_in(conversation.messages)
+    if found is None:
+        return conversation
+    index, message_id = found
+    path = await history.owned_path(tenant, message_id)
+    if path is None:
+        return conversation
+    own = conversation.messages
+    leading = next((at for at, stored in enumerate(path) if stored.role not in SYSTEM_ROLES), len(path))
+    system = [message for message in own[:index] if message.get("role") in SYSTEM_ROLES]
+    messages = [*system, *(stored.message for stored in path[leading:]), *own[index + 1 :]]
+    return replace(conversation, messages=messages)
 
 
 def extended(conversation: Conversation, earlier: list[Message]) -> Conversation:

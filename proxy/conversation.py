@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.journal.relay import JournaledGroups
@@ -133,6 +133,16 @@ class ContextOptions:
     session_hints: tuple[str, ...] = ()
     """The client's own names for its conversation (a header of its own, a field of its body), in order: the
     session when X-Session-Id names none and the request continues no stored answer."""
+
+    def with_session(self, continued: str | None) -> ContextOptions:
+        """X-Session-Id; else the session of the answer the request continues; else the client's own name for
+        its conversation."""
+        if self.session_id is not None:
+            return self
+        for key in (continued, *self.session_hints):
+            if key:
+                return replace(self, session_id=key)
+        return self
 
 
 @dataclass(frozen=True)

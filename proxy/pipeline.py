@@ -19,7 +19,6 @@ messages cannot fit the model is stored first and then refused: what a client se
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from proxy.budget.budgets import Budget, Budgets
+from proxy.client_compaction import compaction_prompt, summary_text, wants_tags
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config import Config, ModelEntry
 from proxy.continuations import continued
@@ -36,63 +36,33 @@ from proxy.conversation import (
     Completed,
     ContextMode,
     ContextOptions,
-    ContextReport,
     Conversation,
     Replayed,
     StepRef,
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
-from proxy.history import chain
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
+from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
 from proxy.journal.replay import answer_chunks
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.offload import compute
+from proxy.plan import Plan
 from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
 from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
+from proxy.upstream.local import LocalAnswer
 from proxy.upstream.protocol import Upstream
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one request sends upstream, and the numbers its response headers report."""
-
-    entry: ModelEntry
-    reconciled: Reconciled
-    budget: int
-    prepared: WorkingContext
-    encoding: str
-    allowance: Allowance
-    wire: Mapping[str, Any]
-
-    def context(self) -> dict[str, Any]:
-        """What the step records of it: the report's numbers, the system prompts as sent, and what the client's
-        door keeps of the request (`Conversation.wire`)."""
-        context = {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
-        if self.wire:
-            context["wire"] = dict(self.wire)
-        return context
-
-    def report(self) -> ContextReport:
-        return ContextReport(
-            session_id=self.reconciled.session.id,
-            prompt_tokens=self.prepared.tokens,
-            budget=self.budget,
-            history_tokens=count_prompt(m.tokens for m in self.reconciled.path),
-            summaries=self.prepared.summaries,
-            recalled=self.prepared.recalled,
-        )
 
 
 @dataclass(frozen=True)
@@ -123,11 +93,14 @@ class Pipeline:
                 record, stored = replay
                 return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
         conversation, continued_session = await continued(self.reader, self.history, tenant, conversation)
-        options = _with_session(options, continued_session)
+        options = options.with_session(continued_session)
         if conversation.compaction:
             return await self._compacted(tenant, conversation, options, entry)
-
-        plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
+        upstream = self.upstream
+        if self.config.context.client_compaction and compaction_prompt(conversation.messages):
+            plan, upstream = await self._summary_plan(tenant, conversation, options, entry)
+        else:
+            plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
         step_begun = asyncio.create_task(
             self.journal.begin(
                 tenant=tenant,
@@ -145,8 +118,8 @@ class Pipeline:
             await step_begun  # a conflicting key must be refused before the upstream is paid
         try:
             if conversation.stream:
-                return await self._stream(conversation, options, plan, step_begun, received)
-            return await self._complete(conversation, options, plan, step_begun, received)
+                return await self._stream(conversation, options, plan, step_begun, received, upstream)
+            return await self._complete(conversation, options, plan, step_begun, received, upstream)
         except asyncio.CancelledError:
             # Until a stream's relay owns the step, any ending ends it here, so no step is left open (an open
             # step would hold its Idempotency-Key until the next restart).
@@ -159,17 +132,36 @@ class Pipeline:
     async def _compacted(
         self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
     ) -> Compacted:
-        """A client's compaction request: the proxy keeps every message and compacts by itself, so it stores what
-        is new (no model call) and names the stored conversation, which the client sends back in its place."""
+        """A client's request for a compaction item (Responses): the proxy keeps every message and compacts by
+        itself, so it stores what is new (no model call) and names the stored conversation, which the client
+        sends back in its place."""
+        plan = await self._saved(tenant, conversation, options, entry)
+        report = replace(plan.report(), prompt_tokens=0)
+        return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
+
+    async def _summary_plan(
+        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
+    ) -> tuple[Plan, Upstream]:
+        """A client's request for a summary of its conversation (`proxy.client_compaction`): the conversation
+        without the request's prompt is stored, and answered by the proxy from its own spans, with no model call."""
+        plan = await self._saved(tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry)
+        path = plan.reconciled.path
+        spans = await self.compactor.spans_on(tenant, path)
+        text = summary_text(path, spans, plan.reconciled.end_id, wants_tags(conversation.messages))
+        return plan, LocalAnswer(text, plan.report().history_tokens)
+
+    async def _saved(
+        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
+    ) -> Plan:
+        """The conversation stored, and the plan of a request that sends nothing upstream."""
         encoding = encoding_for_model(entry.model)
         located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
-        history_tokens = count_prompt(m.tokens for m in reconciled.path)
         budget = self._budget(entry, conversation, reconciled.settings).input_budget
-        report = ContextReport(reconciled.session.id, 0, budget, history_tokens, summaries=0)
-        return Compacted(reconciled.end_id, report, StepRef(0, time.time()))
+        nothing = WorkingContext([], 0, summaries=0, written=0)
+        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation`, by its own count: the conversation as it stands while it
@@ -335,13 +327,14 @@ class Pipeline:
         plan: Plan,
         step_begun: asyncio.Task[Step],
         received: float,
+        upstream: Upstream,
     ) -> Answer:
         async def complete(plan: Plan) -> Chunk:
             # The stream's total deadline bounds a whole call too: an upstream can drip a JSON body as slowly.
             total_s = self.config.upstream.stream_deadline_s
             try:
                 async with asyncio.timeout(total_s) as call:
-                    return await self.upstream.complete(
+                    return await upstream.complete(
                         plan.entry, plan.prepared.messages, conversation.params, conversation.native
                     )
             except TimeoutError as exc:
@@ -370,13 +363,14 @@ class Pipeline:
         plan: Plan,
         step_begun: asyncio.Task[Step],
         received: float,
+        upstream: Upstream,
     ) -> Answer:
         async def open_stream(plan: Plan) -> tuple[AsyncIterator[Chunk], StreamDeadlines]:
             # Each attempt has its own deadlines; the first chunk's also bounds the wait for the stream to open.
             deadlines = StreamDeadlines.from_config(self.config.upstream)
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
-                    chunks = await self.upstream.open_stream(
+                    chunks = await upstream.open_stream(
                         plan.entry, plan.prepared.messages, conversation.params, conversation.native
                     )
             except TimeoutError as exc:
@@ -401,18 +395,3 @@ class Pipeline:
         return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
 
 
-def _with_session(options: ContextOptions, continued_session: str | None) -> ContextOptions:
-    """X-Session-Id; else the session of the answer the request continues; else the client's own name for its
-    conversation."""
-    if options.session_id is not None:
-        return options
-    for key in (continued_session, *options.session_hints):
-        if key:
-            return replace(options, session_id=key)
-    return options
-
-
-def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:
-    """Same tenant and same identifying fields (key order aside) → same fingerprint: what Idempotency-Key
-    replays compare."""
-    return hashlib.sha256(f"{tenant}\n{chain.canonical_json(identity)}".encode()).hexdigest()

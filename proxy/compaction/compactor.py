@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
@@ -32,6 +32,7 @@ from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
 from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
+from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
@@ -121,6 +122,10 @@ class Compactor:
             strategies=strategies or self._config.strategies,
             keep_turns=self._config.tool_results_keep_turns,
         )
+
+    async def spans_on(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
+        """Every span written on `path` (`SpanStore.on_path`)."""
+        return await self._summaries.on_path(tenant, path)
 
     def allowance(self) -> Allowance:
         """A fresh allowance of summarizer work, for one request."""

@@ -20,16 +20,28 @@ from proxy.vocabulary import ITEMS
 CUSTOM_INPUT = "input"
 """The one parameter of the chat function a custom tool becomes: its calls carry {"input": ...}."""
 NAMESPACE_SEPARATOR = "__"
-OUTPUT_ITEM_TYPES = frozenset({"reasoning", "function_call", "custom_tool_call"})
+OUTPUT_ITEM_TYPES = frozenset(
+    {"reasoning", "function_call", "custom_tool_call", "mcp_list_tools", "mcp_approval_request", "program"}
+)
+"""The model's own items whose type does not end in `_call` (those are all the model's, outputs aside)."""
 OUTPUT_ITEM_SUFFIX = "_call"
 TOOL_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
+SERVER_EXECUTION = "server"
+"""A tool search's `execution` when the API ran it: its output is then part of the model's turn too."""
+ITEM_REFERENCE = "item_reference"
+OUTPUT_TEXT_TYPES = frozenset({"output_text"})
+ASSISTANT_TEXT_TYPES = frozenset({"output_text", "input_text"})
+"""An assistant message's text parts: the model's own, or input_text in an easy input message (the only text
+part the SDK's EasyInputMessage allows in a list, whatever its role)."""
 
 
 def item_kind(item: Mapping[str, Any]) -> str:
-    """An item's type; an easy input message may leave it out."""
+    """An item's type; an easy input message may leave it out, and so may an item reference (just its `id`)."""
     kind = item.get("type")
     if kind is None and "role" in item:
         return "message"
+    if kind is None and "id" in item:
+        return ITEM_REFERENCE
     return kind if isinstance(kind, str) else ""
 
 
@@ -38,7 +50,9 @@ def is_output(item: Mapping[str, Any]) -> bool:
     kind = item_kind(item)
     if kind == "message":
         return item.get("role") == "assistant"
-    return kind in OUTPUT_ITEM_TYPES or (kind.endswith(OUTPUT_ITEM_SUFFIX) and kind not in TOOL_OUTPUT_TYPES)
+    if kind in OUTPUT_ITEM_TYPES or item.get("execution") == SERVER_EXECUTION:
+        return True
+    return kind.endswith(OUTPUT_ITEM_SUFFIX) and kind not in TOOL_OUTPUT_TYPES
 
 
 def assistant_message(run: Sequence[Mapping[str, Any]]) -> Message:
@@ -48,7 +62,7 @@ def assistant_message(run: Sequence[Mapping[str, Any]]) -> Message:
     for item in run:
         kind = item_kind(item)
         if kind == "message":
-            texts.extend(output_text(item.get("content")))
+            texts.extend(_texts(item.get("content"), ASSISTANT_TEXT_TYPES))
         elif kind == "function_call":
             calls.append(_tool_call(str(item["call_id"]), qualified_name(item), str(item["arguments"])))
         elif kind == "custom_tool_call":
@@ -74,13 +88,17 @@ def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 def output_text(content: Any) -> list[str]:
     """The text of an assistant message's content: output_text and refusal parts, or a string."""
+    return _texts(content, OUTPUT_TEXT_TYPES)
+
+
+def _texts(content: Any, text_types: frozenset[str]) -> list[str]:
     if isinstance(content, str):
         return [content]
     texts: list[str] = []
     for part in content or ():
         if not isinstance(part, Mapping):
             continue
-        if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+        if part.get("type") in text_types and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])

@@ -6,7 +6,12 @@ interrupted can be retried under the same key. The same key with another body is
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
 from proxy.errors import Conflict
+from proxy.history import chain
 from proxy.journal.steps import StepStatus
 
 KEY_PARAM = "Idempotency-Key"
@@ -21,3 +26,9 @@ def check_key(stored_fingerprint: str, status: str, fingerprint: str) -> None:
         raise Conflict(KEY_REUSED, param=KEY_PARAM)
     if status == StepStatus.OPEN:
         raise Conflict(KEY_IN_PROGRESS, param=KEY_PARAM)
+
+
+def request_fingerprint(tenant: str, identity: Mapping[str, Any]) -> str:
+    """Same tenant and same identifying fields (key order aside) → same fingerprint: what Idempotency-Key
+    replays compare."""
+    return hashlib.sha256(f"{tenant}\n{chain.canonical_json(identity)}".encode()).hexdigest()

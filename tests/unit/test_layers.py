@@ -13,7 +13,16 @@ PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("proxy.app", "proxy.server", "proxy.services", "proxy.cli", "proxy.__main__", "proxy.ui.routes"),
     ("proxy.doors", "proxy.ui"),
-    ("proxy.pipeline", "proxy.conversation", "proxy.continuations", "proxy.inspection", "proxy.pinning"),
+    (
+        "proxy.pipeline",
+        "proxy.plan",
+        "proxy.conversation",
+        "proxy.continuations",
+        "proxy.references",
+        "proxy.client_compaction",
+        "proxy.inspection",
+        "proxy.pinning",
+    ),
     ("proxy.history", "proxy.budget", "proxy.compaction", "proxy.journal", "proxy.upstream", "proxy.observability"),
     ("proxy.formats",),
     ("proxy.store",),

@@ -29,10 +29,11 @@ from proxy.history import chain
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
+from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.pipeline import Pipeline, request_fingerprint
+from proxy.pipeline import Pipeline
 from proxy.store.database import Database
 from proxy.tokens import encoding_for_model
 from proxy.types import Chunk

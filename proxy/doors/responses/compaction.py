@@ -3,28 +3,24 @@
 A client asks for its context to be compacted with an input ending `{"type": "compaction_trigger"}` (or with
 `POST /v1/responses/compact`) and expects exactly one `compaction` item back, which it then sends at the head of
 its later inputs instead of the turns it stood for. The proxy keeps every message and compacts by itself, so it
-answers at once, with no model call: the item references the stored conversation (the id of its last message,
-a content address under the tenant, so a changed reference names nothing and another tenant's names nothing of
-theirs), and a later input that carries it is expanded back to that conversation (`proxy.continuations`). The
-messages a client keeps before the item (Codex keeps the user turns) are in that conversation already.
+answers at once, with no model call: the item carries a reference to the stored conversation
+(`proxy.references`), and a later input that carries it is expanded back to that conversation
+(`proxy.continuations`). The messages a client keeps before the item (Codex keeps the user turns) are in that
+conversation already.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.conversation import Continuation
 from proxy.errors import InvalidRequest
+from proxy.references import reference, referenced
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"
-TOKEN_PREFIX = "ctxinf1."
-"""Marks the proxy's own references (and their format's version)."""
 
 
 @dataclass(frozen=True)
@@ -57,29 +53,19 @@ def split_input(items: Sequence[Any]) -> CompactedInput:
 
 def compaction_item(message_id: str, item_id: str) -> dict[str, Any]:
     """The item that stands for the stored conversation ending at `message_id`."""
-    payload = json.dumps({"m": message_id}, separators=(",", ":")).encode()
-    token = TOKEN_PREFIX + base64.urlsafe_b64encode(payload).decode().rstrip("=")
-    return {"type": COMPACTION, "id": item_id, "encrypted_content": token}
+    return {"type": COMPACTION, "id": item_id, "encrypted_content": reference(message_id)}
 
 
 def message_of(token: Any, where: str) -> str:
     """The stored message a compaction item's content names; a 400 for one the proxy did not write."""
-    refused = InvalidRequest(
-        f"'{where}' is not a compaction item this proxy wrote: send the conversation itself, or the item as it "
-        "was returned.",
-        param=where,
-        code="invalid_compaction_item",
-    )
-    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
-        raise refused
-    encoded = token[len(TOKEN_PREFIX) :]
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
-    except (binascii.Error, ValueError):
-        raise refused from None
-    message_id = payload.get("m") if isinstance(payload, dict) else None
-    if not isinstance(message_id, str) or len(message_id) != 64 or not message_id.isalnum():
-        raise refused
+    message_id = referenced(token)
+    if message_id is None:
+        raise InvalidRequest(
+            f"'{where}' is not a compaction item this proxy wrote: send the conversation itself, or the item as "
+            "it was returned.",
+            param=where,
+            code="invalid_compaction_item",
+        )
     return message_id
 
 

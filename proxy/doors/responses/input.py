@@ -8,11 +8,13 @@ chat message, and each message keeps the items it stands for (`vocabulary.ITEMS`
                                                 than text; `instructions` is a system message before the input
     a run of model output items                 one assistant message: its text, and a tool call for each
     (assistant message, reasoning, function_    function_call (`call_id` is the call's id) or custom_tool_call
-    call, custom_tool_call, other *_call)       (its `input` as the arguments {"input": ...}); reasoning and
-                                                hosted tool calls ride along in its items
+    call, custom_tool_call, other *_call,       (its `input` as the arguments {"input": ...}); reasoning and
+    mcp_list_tools, mcp_approval_request,       hosted tool calls ride along in its items
+    program, a server-executed tool search)
     function_call_output, custom_tool_call_     a tool message answering `call_id`
     output
-    any other item with a role                  that role's message, its text if it has any
+    any other item (other tools' outputs, an    that role's message (user without one), its text if it has
+    item_reference, additional_tools)           any: nothing, in chat terms, for most
 
 So a reasoning item stays with the item that follows it, and a call and its output pair exactly as chat tool
 calls do. A message's identity is its chat meaning only (ids, status and encrypted reasoning aside), so a client

@@ -1,0 +1,46 @@
+"""A request's plan: what it sends upstream (its working context for its model and budget), and the numbers its
+response headers report and its journal step keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.compaction.compactor import WorkingContext
+from proxy.compaction.spans import Allowance
+from proxy.config import ModelEntry
+from proxy.conversation import ContextReport
+from proxy.history.messages import Reconciled
+from proxy.tokens import count_prompt
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one request sends upstream, and the numbers its response headers report."""
+
+    entry: ModelEntry
+    reconciled: Reconciled
+    budget: int
+    prepared: WorkingContext
+    encoding: str
+    allowance: Allowance
+    wire: Mapping[str, Any]
+
+    def context(self) -> dict[str, Any]:
+        """What the step records of it: the report's numbers, the system prompts as sent, and what the client's
+        door keeps of the request (`Conversation.wire`)."""
+        context = {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
+        if self.wire:
+            context["wire"] = dict(self.wire)
+        return context
+
+    def report(self) -> ContextReport:
+        return ContextReport(
+            session_id=self.reconciled.session.id,
+            prompt_tokens=self.prepared.tokens,
+            budget=self.budget,
+            history_tokens=count_prompt(m.tokens for m in self.reconciled.path),
+            summaries=self.prepared.summaries,
+            recalled=self.prepared.recalled,
+        )

@@ -1,0 +1,58 @@
+"""References to stored conversations that the proxy gives clients in place of the turns they stand for.
+
+A client that compacts its own context keeps something short instead of its turns: Codex a `compaction` item,
+Claude Code and Codex's local compaction a summary message. When the proxy writes that thing, it puts in a
+reference to the stored conversation (the id of its last message), and a later request that carries it is
+expanded back to that conversation (`proxy.continuations`): the session keeps every original. A message id is a
+content address under the tenant's root, so a changed reference names nothing, and another tenant's names
+nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.tokens import content_text
+
+TOKEN_PREFIX = "ctxinf1."
+"""Marks the proxy's own references (and their format's version)."""
+_TOKEN = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]{20,200}")
+
+
+def reference(message_id: str) -> str:
+    payload = json.dumps({"m": message_id}, separators=(",", ":")).encode()
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+def referenced(token: Any) -> str | None:
+    """The stored message a reference names; None for anything the proxy did not write."""
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+        return None
+    encoded = token[len(TOKEN_PREFIX) :]
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    message_id = payload.get("m") if isinstance(payload, dict) else None
+    if not isinstance(message_id, str) or len(message_id) != 64 or not message_id.isalnum():
+        return None
+    return message_id
+
+
+def reference_in(messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+    """The last user message that carries a reference in its text (a client summary the proxy wrote), and the
+    stored message it names."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") != "user":
+            continue
+        for match in reversed(_TOKEN.findall(content_text(message.get("content")))):
+            message_id = referenced(match)
+            if message_id is not None:
+                return index, message_id
+    return None

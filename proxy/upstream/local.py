@@ -1,0 +1,63 @@
+"""An answer the proxy writes itself, delivered the way an upstream's is: journaled, relayed and rendered by every
+door like any other (a client's compaction request, answered from the proxy's own history)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from proxy.config import ModelEntry
+from proxy.types import Chunk, Message, NativeRequest
+
+LOCAL_ID_PREFIX = "chatcmpl-proxy-"
+
+
+class LocalAnswer:
+    """`proxy.upstream.protocol.Upstream` for one fixed text: no model is called."""
+
+    def __init__(self, text: str, prompt_tokens: int) -> None:
+        self._text = text
+        self._prompt_tokens = prompt_tokens
+        self._created = int(time.time())
+
+    async def complete(
+        self,
+        entry: ModelEntry,
+        messages: list[Message],
+        params: Mapping[str, Any],
+        native: NativeRequest | None = None,
+    ) -> Chunk:
+        return {
+            "id": f"{LOCAL_ID_PREFIX}{self._created}",
+            "object": "chat.completion",
+            "created": self._created,
+            "model": entry.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": self._text}, "finish_reason": "stop"}],
+            "usage": self._usage(),
+        }
+
+    async def open_stream(
+        self,
+        entry: ModelEntry,
+        messages: list[Message],
+        params: Mapping[str, Any],
+        native: NativeRequest | None = None,
+    ) -> AsyncIterator[Chunk]:
+        return self._chunks(entry)
+
+    async def _chunks(self, entry: ModelEntry) -> AsyncIterator[Chunk]:
+        common = {"id": f"{LOCAL_ID_PREFIX}{self._created}", "object": "chat.completion.chunk", "model": entry.name}
+        created = {"created": self._created}
+        delta = {"role": "assistant", "content": self._text}
+        yield {**common, **created, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        yield {**common, **created, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        yield {**common, **created, "choices": [], "usage": self._usage()}
+
+    def _usage(self) -> dict[str, int]:
+        completion = max(1, len(self._text) // 4)
+        return {
+            "prompt_tokens": self._prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self._prompt_tokens + completion,
+        }
