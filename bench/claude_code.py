@@ -311,7 +311,7 @@ def turns_table(report: Report, turns: list[ClaudeTurn], workdir: Path) -> None:
     for turn in turns:
         table.add(
             turn=turn.number,
-            how="new" if turn.number == 1 else "--continue",
+            how="new" if turn.number == 1 else ("/compact" if turn.prompt == "/compact" else "--continue"),
             exit=turn.run.exit_code,
             seconds=turn.run.seconds,
             http=turn.http_requests,
@@ -355,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="set CLAUDE_CODE_MAX_OUTPUT_TOKENS (Claude Code asks max_tokens=32000 by default)",
     )
+    parser.add_argument(
+        "--compact-every", type=int, help="run `/compact` (Claude Code's own compaction) after every N turns"
+    )
     parser.add_argument("--dump", type=Path, help="write the Messages request bodies here as JSON lines")
     add_json_option(parser)
     args = parser.parse_args(argv)
@@ -394,7 +397,11 @@ def main(argv: list[str] | None = None) -> None:
                     file=sys.stderr,
                 )
                 turns: list[ClaudeTurn] = []
-                for number, prompt in enumerate(prompts(args.turns), 1):
+                asks = list(prompts(args.turns))
+                if args.compact_every:
+                    every = args.compact_every
+                    asks = [a for n, ask in enumerate(asks, 1) for a in (ask, *(["/compact"] if n % every == 0 else []))]
+                for number, prompt in enumerate(asks, 1):
                     before, http_before = len(fake.requests), len(recorder.exchanges)
                     command = claude_argv(claude, models[0], prompt, resume=number > 1)
                     run = run_cli(command, workdir, env, CLAUDE_TIMEOUT_S)

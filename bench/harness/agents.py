@@ -183,9 +183,9 @@ def requested_file(messages: list[dict[str, Any]]) -> str | None:
     """The .txt file the latest user message naming one asks for; None if no message in context names one."""
     for message in reversed(messages):
         if message.get("role") == "user":
-            match = FILE_NAME.search(content_text(message.get("content")))
-            if match:
-                return match.group(1)
+            named = FILE_NAME.findall(content_text(message.get("content")))
+            if named:
+                return str(named[-1])  # the prompt comes after the reminders a client puts in the same message
     return None
 
 

@@ -78,7 +78,15 @@ def test_a_compact_is_answered_without_a_model_call_and_its_summary_brings_the_c
         model="fake",
         max_tokens=100,
         system="You are a coding agent.",
-        messages=[{"role": "user", "content": CONTINUED + summary + "\n\nwhat was FACT_0?"}],
+        messages=[
+            {
+                "role": "user",
+                "content": [  # as Claude Code sends it: the summary and the new prompt, blocks of one message
+                    {"type": "text", "text": CONTINUED + summary},
+                    {"type": "text", "text": "what was FACT_0?"},
+                ],
+            }
+        ],
         extra_headers=SESSION,
     )
     assert later.stop_reason == "end_turn"
@@ -87,6 +95,7 @@ def test_a_compact_is_answered_without_a_model_call_and_its_summary_brings_the_c
     assert texts[0] == "You are a coding agent."
     assert texts[1] == "turn 0: remember FACT_0"  # the stored conversation, not the summary
     assert not any(CONTINUED in str(text) for text in texts)
+    assert texts[-1] == "what was FACT_0?"
     session = httpx.get(f"{proxy.url}/sessions/cc-session", timeout=10).json()
     users = [m["content"] for m in session["messages"] if m["role"] == "user"]
     assert users[:3] == [f"turn {t}: remember FACT_{t}" for t in range(3)]

@@ -33,6 +33,7 @@ from proxy.doors.body import check_messages, check_shape, parse_json_object
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.history.chain import unanswered_output
+from proxy.references import TOKEN_PREFIX
 from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS
 
@@ -141,6 +142,12 @@ def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
     rest: list[dict[str, Any]] = []
     places: list[str] = []
     for index, block in enumerate(blocks):
+        if _carries_reference(block):
+            # A summary of the proxy's that the client compacted its turns into stands alone, so that it alone
+            # gives way to the conversation it stands for (`proxy.continuations`), not the blocks beside it.
+            place = f"{where}.content.{index}"
+            messages.append({"role": "user", "content": _chat_content([block], [place]), ITEMS: [block]})
+            continue
         if block["type"] != "tool_result":
             rest.append(block)
             places.append(f"{where}.content.{index}")
@@ -154,6 +161,11 @@ def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
     if rest:
         messages.append({"role": "user", "content": _chat_content(rest, places), ITEMS: rest})
     return messages
+
+
+def _carries_reference(block: Mapping[str, Any]) -> bool:
+    text = block.get("text")
+    return block["type"] == "text" and isinstance(text, str) and TOKEN_PREFIX in text
 
 
 def _text(block: Mapping[str, Any], where: str) -> str:
