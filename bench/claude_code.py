@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
                 asks = list(prompts(args.turns))
                 if args.compact_every:
                     every = args.compact_every
-                    asks = [a for n, ask in enumerate(asks, 1) for a in (ask, *(["/compact"] if n % every == 0 else []))]
+                    compacts = ["/compact"]
+                    asks = [a for n, ask in enumerate(asks, 1) for a in (ask, *(compacts if n % every == 0 else []))]
                 for number, prompt in enumerate(asks, 1):
                     before, http_before = len(fake.requests), len(recorder.exchanges)
                     command = claude_argv(claude, models[0], prompt, resume=number > 1)
