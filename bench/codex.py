@@ -80,6 +80,8 @@ class Script(ScriptedModel):
     def __init__(self) -> None:
         super().__init__(call_prefix="call_bench")
         self.command_arguments: Callable[[str], dict[str, Any]] = lambda cmd: {"cmd": cmd}
+        self.command = "ls -la"
+        """What each turn runs: `--output-lines` makes its output long (a real agent's tool outputs are)."""
 
     def reply(self, body: dict[str, Any]) -> tuple[Reply, str]:
         messages: list[dict[str, Any]] = body.get("messages") or []
@@ -91,7 +93,7 @@ class Script(ScriptedModel):
             if CODEX_COMPACTION_MARK in content_text(last.get("content")):
                 summary = Reply(content=f"Summary: the user asked for {target}; work in progress.")
                 return summary, "text (Codex compaction)"
-            return self.call("exec_command", self.command_arguments("ls -la")), "call exec_command"
+            return self.call("exec_command", self.command_arguments(self.command)), "call exec_command"
         if last.get("role") == "tool":
             name = called_name(messages, last.get("tool_call_id"))
             if name == "exec_command":
@@ -259,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS, help="Codex turns in the thread")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
     parser.add_argument("--dump", type=Path, help="write the upstream's request bodies here as JSON lines")
+    parser.add_argument("--output-lines", type=int, help="each turn's command also prints this many numbered lines")
     parser.add_argument(
         "--auto-compact", type=int, help="Codex's model_auto_compact_token_limit (its own compaction past it)"
     )
@@ -280,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     workdir, home = tmp / "work", tmp / "codex-home"
     workdir.mkdir()
     script = Script()
+    if args.output_lines:
+        script.command = f"ls -la && seq -f 'line %g of the build log, nothing to see here' 1 {args.output_lines}"
     recorder = Recorder()
     try:
         with FakeUpstream(context_window=args.window) as fake:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,8 +16,9 @@ import openai
 import pytest
 
 from tests.conftest import ServeProxy
-from tests.support.fake_upstream import FakeUpstream
-from tests.support.proxy_server import ProxyServer
+from tests.support import proxy_server
+from tests.support.fake_upstream import FakeUpstream, Reply
+from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
 
 TURNS = 20
 ENDINGS = ("response.completed", "response.failed", "response.incomplete", "error")
@@ -153,3 +155,47 @@ def test_an_unknown_previous_response_asks_for_the_whole_input(sdk: openai.OpenA
     assert refused["type"] == "error"
     assert refused["error"]["code"] == refused["code"] == "previous_response_not_found"
     assert refused["status"] == 404
+
+
+def test_a_socket_response_cut_by_kill_9_reads_back_as_what_the_client_saw(
+    tmp_path: Path, fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an HTTP stream: after `kill -9` mid-response and a restart, the response reads back `cancelled` with at
+    least the text its client saw over the socket, and the journal shows the step interrupted."""
+    monkeypatch.setattr(proxy_server, "START_TIMEOUT_S", 60.0)  # a child process imports LiteLLM first
+    long_reply = " ".join(f"w{n}" for n in range(60))
+    fake.responder = lambda body: Reply(content=long_reply)
+    fake.chunk_delay_s = 0.25
+    raw = make_config(tmp_path, fake.url)
+    first = ProxyProcess(raw, tmp_path)
+    first.start()
+    seen, response_id = "", ""
+    try:
+        with (
+            openai.OpenAI(base_url=f"{first.url}/v1", api_key="unused", max_retries=0) as client,
+            client.responses.connect() as connection,
+        ):
+            connection.response.create(model="fake", input="tell me a long story")
+            for event in connection:
+                if event.type == "response.created":
+                    response_id = event.response.id
+                if event.type == "response.output_text.delta":
+                    seen += event.delta
+                    if len(seen.split()) >= 10:
+                        first.kill()
+                        break
+    finally:
+        first.kill()
+    second = ProxyProcess(raw, tmp_path)
+    second.start()
+    try:
+        with httpx.Client(base_url=second.url, timeout=30) as http:
+            stored = http.get(f"/v1/responses/{response_id}").json()
+            steps = http.get("/journal").json()["data"]
+    finally:
+        second.stop()
+    assert stored["status"] == "cancelled"
+    text = stored["output"][0]["content"][0]["text"]
+    assert text.startswith(seen)
+    assert long_reply.startswith(text)
+    assert [step["status"] for step in steps] == ["interrupted"]
