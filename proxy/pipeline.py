@@ -136,6 +136,12 @@ class Pipeline:
         itself, so it stores what is new (no model call) and names the stored conversation, which the client
         sends back in its place."""
         plan = await self._saved(tenant, conversation, options, entry)
+        self.journal.metrics.client_compactions.labels("item").inc()
+        log.info(
+            "client compaction answered: session %s, %d messages kept",
+            plan.reconciled.session.id,
+            len(plan.reconciled.path),
+        )
         report = replace(plan.report(), prompt_tokens=0)
         return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
 
@@ -148,11 +154,11 @@ class Pipeline:
         path = plan.reconciled.path
         spans = await self.compactor.spans_on(tenant, path)
         text = summary_text(path, spans, plan.reconciled.end_id, wants_tags(conversation.messages))
+        self.journal.metrics.client_compactions.labels("summary").inc()
+        log.info("client summary request answered: session %s, %d messages kept", plan.reconciled.session.id, len(path))
         return plan, LocalAnswer(text, plan.report().history_tokens)
 
-    async def _saved(
-        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
-    ) -> Plan:
+    async def _saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         """The conversation stored, and the plan of a request that sends nothing upstream."""
         encoding = encoding_for_model(entry.model)
         located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
@@ -393,5 +399,3 @@ class Pipeline:
             max_answer_chars=self.config.request_limits.max_answer_chars,
         )
         return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
-
-

@@ -349,6 +349,9 @@ def proxy_tables(report: Report, url: str, posts: int, door: str) -> None:
     """The proxy's `GET /sessions` (with each session's usage) and `GET /journal`, as two tables; `posts` is how
     many requests the CLI sent to `door`."""
     with httpx.Client(base_url=url, timeout=ADMIN_TIMEOUT_S) as client:
+        metrics = client.get("/metrics").text
+        answered = [line for line in metrics.splitlines() if line.startswith("context_proxy_client_compactions_total")]
+        report.notes.append(f"client compactions answered by the proxy: {answered or 'none'}")
         sessions = client.get("/sessions", params={"limit": PAGE_LIMIT}).json()["data"]
         table = report.table(
             "sessions",

@@ -95,6 +95,13 @@ class Metrics:
             ["strategy", "outcome"],
             registry=registry,
         )
+        self.client_compactions = Counter(
+            "context_proxy_client_compactions",
+            "A client's own compaction requests the proxy answered with no model call: `item` (Responses'"
+            " compaction item) or `summary` (Claude Code's /compact, Codex's local compaction).",
+            ["kind"],
+            registry=registry,
+        )
         self.summarizer_seconds = Histogram(
             "context_proxy_summarizer_seconds",
             "One summarizer model call, by outcome (ok, or error: the fallback was used).",
