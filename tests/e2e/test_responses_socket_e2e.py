@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import ServeProxy
+from tests.e2e.test_responses_e2e import assert_read_back_cut
 from tests.support import proxy_server
 from tests.support.fake_upstream import FakeUpstream, Reply
 from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
@@ -186,16 +187,4 @@ def test_a_socket_response_cut_by_kill_9_reads_back_as_what_the_client_saw(
                         break
     finally:
         first.kill()
-    second = ProxyProcess(raw, tmp_path)
-    second.start()
-    try:
-        with httpx.Client(base_url=second.url, timeout=30) as http:
-            stored = http.get(f"/v1/responses/{response_id}").json()
-            steps = http.get("/journal").json()["data"]
-    finally:
-        second.stop()
-    assert stored["status"] == "cancelled"
-    text = stored["output"][0]["content"][0]["text"]
-    assert text.startswith(seen)
-    assert long_reply.startswith(text)
-    assert [step["status"] for step in steps] == ["interrupted"]
+    assert_read_back_cut(raw, tmp_path, response_id, seen, long_reply)
