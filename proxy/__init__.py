@@ -1,1 +1,1 @@
-"""Context Infinity: an OpenAI-compatible proxy that gives any OpenAI-SDK client an unbounded conversation."""
+"""Context Infinity: a streaming reverse proxy that gives any unmodified LLM tool an unbounded conversation."""

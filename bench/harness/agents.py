@@ -38,11 +38,30 @@ ADMIN_TIMEOUT_S = 10.0
 LOG_LINE_CHARS = 300
 
 
-def prompts(turns: int) -> list[str]:
-    """The user's side of the task: one file to create per turn."""
-    first = f"List the files here, then create {FIRST_FILE} containing a greeting."
+FACT_KEY = "PROJECT_CODENAME"
+FACT_VALUE = "BLUE_HERON_42"
+FACT_QUESTION = f"Which {FACT_KEY} did I give you in my first message? Answer with its value only."
+"""Asked last: the answer is right only if the first turn still reaches the model (verbatim, in a summary, or
+recalled by the proxy)."""
+FACT_SEEN = re.compile(re.escape(FACT_KEY) + r"\s*[=:]\s*([A-Z0-9_]+)")
+
+
+def prompts(turns: int, *, ask_fact: bool = True) -> list[str]:
+    """The user's side of the task: one file to create per turn, a fact given first and asked for last."""
+    first = f"List the files here, then create {FIRST_FILE} containing a greeting. Note: {FACT_KEY}={FACT_VALUE}."
     rest = [f"Now list the files again and create turn{n}.txt as well." for n in range(2, turns + 1)]
-    return [first, *rest]
+    return [first, *rest, *([FACT_QUESTION] if ask_fact else [])]
+
+
+def fact_answer(messages: list[dict[str, Any]]) -> Reply | None:
+    """The scripted model's answer to the last prompt's question: the value it finds in what it was sent."""
+    if not messages or FACT_QUESTION not in content_text(messages[-1].get("content")):
+        return None
+    for message in messages[:-1]:
+        found = FACT_SEEN.search(content_text(message.get("content")))
+        if found:
+            return Reply(content=found.group(1))
+    return Reply(content="UNKNOWN")
 
 
 def short(text: str, limit: int = 160) -> str:
@@ -161,8 +180,11 @@ class ScriptedModel:
     calls: int = 0
 
     def __call__(self, body: dict[str, Any]) -> Reply:
+        fact = fact_answer(body.get("messages") or [])
         if is_summarizer_request(body):
             reply, note = fact_keeping_summary(body), "summary (proxy summarizer)"
+        elif fact is not None:
+            reply, note = fact, f"fact: {fact.content}"
         else:
             reply, note = self.reply(body)
         self.answers.append(note)
@@ -382,8 +404,13 @@ def proxy_tables(report: Report, url: str, posts: int, door: str) -> None:
     journal = report.table(
         "journal",
         f"GET /journal: {len(steps)} step(s) {dict(statuses)}; the CLI sent {posts} POST {door}",
-        columns(("step",), ("status",), ("session",), ("finish",), ("what",), ("error",)),
+        columns(("step",), ("status",), ("session",), ("finish",), ("recalled",), ("what",), ("error",)),
     )
+    last = max(steps, key=lambda s: s["step_id"], default=None)
+    if last is not None and FACT_VALUE in str(last.get("content")):
+        journal.notes.append(f"the question asked last was answered right ({FACT_VALUE})")
+    elif last is not None:
+        journal.notes.append(f"the question asked last was answered WRONG: {short(str(last.get('content')), 80)!r}")
     for step in sorted(steps, key=lambda s: s["step_id"]):
         calls = [call["function"]["name"] for call in step.get("tool_calls") or []]
         journal.add(
@@ -391,6 +418,7 @@ def proxy_tables(report: Report, url: str, posts: int, door: str) -> None:
             status=step["status"],
             session=short(str(step.get("session_id", "-")), 12),
             finish=step.get("finish_reason"),
+            recalled=(step.get("context") or {}).get("recalled"),
             what=f"calls {','.join(calls)}" if calls else repr(short(step.get("content") or "", 50)),
             error=short(json.dumps(step["error"]), 200) if step.get("error") else None,
         )
