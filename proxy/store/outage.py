@@ -19,7 +19,7 @@ from proxy.errors import StoreUnavailable
 log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 0.25
-MAX_RETRY_S = 4.0
+MAX_RETRY_S = 2.0
 
 
 class Outage:
