@@ -40,6 +40,8 @@ DEFAULT_BODY_TIMEOUT_S = 120.0
 """From the end of the headers to the end of the body: 32 MB at about 2 Mbit/s."""
 DEFAULT_KEEP_ALIVE_S = 75.0
 """An idle connection's life; well above clients' own (httpx's 5 s), as nginx's 75 s is."""
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+"""A request line and headers together; real clients send a few KiB (nginx's default limit is 32 KiB)."""
 DEFAULT_KEEP_EVENTS_S = 24 * 3600
 DEFAULT_MAX_SUMMARIZER_CALLS = 2
 """Summarizer-model calls one request may wait for; further summaries it needs are extractive."""
@@ -69,6 +71,8 @@ class ServerConfig:
     header_timeout_s: float = setting(DEFAULT_HEADER_TIMEOUT_S, low=0.001, high=3600.0)
     body_timeout_s: float = setting(DEFAULT_BODY_TIMEOUT_S, low=0.001, high=86400.0)
     keep_alive_s: float = setting(DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0)
+    max_header_bytes: int = setting(DEFAULT_MAX_HEADER_BYTES, minimum=1024, maximum=16 * 1024 * 1024)
+    """A request's line and headers together; past it the request is answered 431 before it is parsed further."""
     max_connections: int | None = setting(None, minimum=1)
     """Open client connections; a new one beyond closes the one waiting longest for a request (or itself, when all
     are busy). None: half of what the open-file limit leaves (`proxy.server.default_max_connections`)."""

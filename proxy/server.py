@@ -10,6 +10,13 @@ protocol's timer is the backstop for a body nobody reads. The keep-alive timeout
 clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same
 moment races the client's next request on that connection, which then fails with a `ReadError`.
 
+A request's line and headers together are capped at `server.max_header_bytes`: bytes are counted as they
+arrive, before httptools sees them (it gathers a header in memory piece by piece, so a 64 MB one costs its size
+several times over and stalls the loop), and the request that outgrows the cap is answered 431 in OpenAI's
+error shape (before auth: no app code runs) with `Connection: close`. The connection is then read for a short
+while with what arrives dropped, and closed: closing a socket with unread data resets it, and the client would
+lose the answer it has not read yet.
+
 Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
 open-file limit, the other half left to upstream connections and the store) a new connection makes room by
 closing the one that has waited longest without a request under way — slow headers, or idle keep-alive — and
@@ -22,16 +29,25 @@ The CLI (`serve`) and the end-to-end tests' server both take their options from 
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerConfig
+from proxy.errors import ClientError, openai_error
 
 BODY_GRACE_S = 5.0
 """How much longer than `server.body_timeout_s` the protocol waits before closing: the app answers a late body
 with a 408 itself, and this timer must not cut that answer off."""
+
+
+HEADERS_TOO_LARGE = int(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+REFUSAL_LINGER_S = 2.0
+"""How long a connection answered 431 is still read (what arrives dropped) before it is closed, so that the
+client, still sending its headers, reads the answer instead of a reset."""
 
 
 RESERVED_FILES = 128
@@ -39,11 +55,12 @@ RESERVED_FILES = 128
 
 
 class DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header deadline and a body deadline per request, and a cap on
-    connections enforced at accept time."""
+    """uvicorn's httptools protocol with a header deadline and a body deadline per request, a cap on the size of
+    a request's headers, and a cap on connections enforced at accept time."""
 
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
+    max_header_bytes: ClassVar[int]
     max_connections: ClassVar[int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -51,6 +68,10 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         """Since when this connection waits for a request's headers (None while a request is under way)."""
+        self._head_bytes: int | None = 0
+        """Bytes of the current request's line and headers received so far (None once they are complete)."""
+        self._refused = False
+        """Answered 431: what still arrives is dropped until the connection closes."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -76,6 +97,44 @@ class DeadlineProtocol(HttpToolsProtocol):
         victim._waiting_since = None
         victim.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._head_bytes is None:
+            super().data_received(data)
+            return
+        room = self.max_header_bytes - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # Only what fits goes to the parser: if the headers end within it, the rest is body (or the next request).
+        self._head_bytes = self.max_header_bytes
+        if room > 0:
+            super().data_received(data[:room])
+        if self.transport.is_closing() or self.transport.get_protocol() is not self:
+            return  # refused by the parser, or upgraded to a WebSocket
+        if self._head_bytes is not None:
+            self._refuse_headers()
+        else:
+            self.data_received(data[room:])
+
+    def _refuse_headers(self) -> None:
+        self._refused = True
+        self._disarm()
+        self.logger.info(
+            "refusing a request from %s: its line and headers passed %d bytes (server.max_header_bytes)",
+            _peer(self.client),
+            self.max_header_bytes,
+        )
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()  # a response is under way on this connection: nothing may be written into it
+            return
+        self.transport.write(headers_too_large(self.max_header_bytes, self.server_state.default_headers))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._deadline = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
@@ -92,12 +151,14 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._waiting_since = None
+        self._head_bytes = None
         self._disarm()
         super().on_headers_complete()
         self._arm(self.body_timeout_s + BODY_GRACE_S)
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._head_bytes = 0
         super().on_message_complete()
 
     def _arm(self, seconds: float) -> None:
@@ -116,6 +177,21 @@ class DeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
+def headers_too_large(limit: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The whole 431 response, in OpenAI's error shape, that closes the connection."""
+    error = ClientError(
+        f"The request's line and headers are larger than {limit} bytes (server.max_header_bytes).",
+        status=HEADERS_TOO_LARGE,
+        code="request_headers_too_large",
+    )
+    status, fields, _headers = openai_error(error)
+    body = json.dumps(fields).encode()
+    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    head += [name + b": " + value for name, value in default_headers]
+    head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
 def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown peer"
 
@@ -128,6 +204,7 @@ def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
         {
             "header_timeout_s": server.header_timeout_s,
             "body_timeout_s": server.body_timeout_s,
+            "max_header_bytes": server.max_header_bytes,
             "max_connections": server.max_connections or default_max_connections(),
         },
     )

@@ -49,3 +49,26 @@ def test_the_boundary_redacts_message_and_log(caplog: pytest.LogCaptureFixture) 
 def test_placeholders_in_provider_help_text_are_kept() -> None:
     text = "Use an Authorization header with Bearer auth (i.e. Authorization: Bearer YOUR_KEY), api_key: YOUR_KEY."
     assert Redactor().redact(text) == text
+
+
+def test_provider_keys_read_from_the_environment_are_redacted() -> None:
+    models = (
+        ModelEntry(name="own", model="openai/x", api_base="http://127.0.0.1:9/v1"),
+        ModelEntry(name="claude", model="anthropic/claude-sonnet-4-20250514"),
+        ModelEntry(name="groq", model="groq/llama-3.1-8b-instant"),
+        ModelEntry(name="native", model="gpt-4o", api="responses"),
+    )
+    environ = {
+        "OPENAI_API_KEY": "openai-env-1",
+        "ANTHROPIC_AUTH_TOKEN": "anthropic-env-2",
+        "GROQ_API_KEY": "groq-env-3",
+        "MISTRAL_API_KEY": "mistral-env-4",
+    }
+    redactor = Redactor.from_config(Config(models=models), environ=environ)
+    text = "echoed openai-env-1, anthropic-env-2 and groq-env-3; mistral-env-4 is no model's"
+    assert redactor.redact(text) == f"echoed {REDACTED}, {REDACTED} and {REDACTED}; mistral-env-4 is no model's"
+
+
+def test_an_entry_with_its_own_key_reads_none_from_the_environment() -> None:
+    redactor = Redactor.from_config(CONFIG, environ={"OPENAI_API_KEY": "openai-env-1"})
+    assert redactor.redact("openai-env-1") == "openai-env-1"
