@@ -2,7 +2,8 @@
 
 `serve` prepares the process environment before anything else runs, refuses to expose an unauthenticated proxy
 beyond loopback unless `--host` says so explicitly, and reports a bad config (or a store written by a newer
-version) as one line instead of a traceback. `sessions` and `journal` open the same parts the server runs
+version, another application's database, a damaged, read-only or locked file, a directory) as one line instead
+of a traceback. `sessions` and `journal` open the same parts the server runs
 (`proxy.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
 lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
 writer, checked as `POST /sessions/{id}/pins` checks them. `migrate` applies the schema's migrations as `serve`
@@ -46,7 +47,7 @@ from proxy.journal.steps import StepStatus
 from proxy.observability.logs import log_config
 from proxy.server import raise_file_limit, server_options
 from proxy.services import open_services
-from proxy.store.database import Database, SchemaTooNew, StoreUnavailable, check_schema
+from proxy.store.database import Database, StoreRefused, StoreUnavailable, check_store
 from proxy.store.transfer import TransferError, export_store, import_store
 
 EXIT_STORE = 1
@@ -152,8 +153,8 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG
     try:
-        check_schema(config.store.target)
-    except (SchemaTooNew, StoreUnavailable) as exc:
+        check_store(config.store.target)
+    except (StoreRefused, StoreUnavailable) as exc:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return EXIT_STORE
     level = (args.log_level or config.observability.log_level).lower()
@@ -179,7 +180,7 @@ def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
         environment.prepare()
         try:
             data = asyncio.run(_look_up(config, args, view))
-        except (InspectionError, SchemaTooNew, StoreUnavailable) as exc:
+        except (InspectionError, StoreRefused, StoreUnavailable) as exc:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(data, indent=2, ensure_ascii=False) if args.json else render(data))
@@ -271,7 +272,7 @@ def _store_command(work: StoreWork) -> Command:
 
         try:
             asyncio.run(opened())
-        except (SchemaTooNew, StoreUnavailable, TransferError, OSError) as exc:
+        except (StoreRefused, StoreUnavailable, TransferError, OSError) as exc:
             print(f"context-proxy: {' '.join(str(exc).split())}", file=sys.stderr)  # psycopg's hints on one line
             return EXIT_STORE
         return 0

@@ -24,9 +24,17 @@ from typing import Any, Generic, TypeVar
 
 from proxy.store import sqlite
 from proxy.store.connection import Row, WriteWork
-from proxy.store.engine import Engine, SchemaTooNew, StoreUnavailable
+from proxy.store.engine import Engine, SchemaTooNew, StoreRefused, StoreUnavailable
 
-__all__ = ["Database", "SchemaTooNew", "StoreUnavailable", "WriteWork", "check_schema", "lock_name"]
+__all__ = [
+    "Database",
+    "SchemaTooNew",
+    "StoreRefused",
+    "StoreUnavailable",
+    "WriteWork",
+    "check_store",
+    "lock_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +70,8 @@ class Database:
         cls, location: Path | str, synchronous: str = "NORMAL", *, pool_size: int = DEFAULT_POOL_SIZE
     ) -> Database:
         """`location`: a SQLite file, or a `postgresql://` URL. Migrates the store first (safely when several
-        processes open it at once)."""
+        processes open it at once), after refusing, before any write, a store it cannot or must not use
+        (`StoreRefused`: another application's database, a newer proxy's, a damaged, read-only or locked file)."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         engine: Engine
         try:
@@ -174,12 +183,12 @@ def lock_name(kind: str, tenant: str, session_id: str) -> str:
     return json.dumps([kind, tenant, session_id])
 
 
-def check_schema(location: Path | str) -> None:
-    """SchemaTooNew if the store (if any) was migrated by a newer proxy: what `serve` checks before it starts,
-    to say so in one line. Reads only; a missing store is fine."""
+def check_store(location: Path | str) -> None:
+    """StoreRefused (or StoreUnavailable) if `Database.open` would refuse the store: what `serve` checks before
+    it starts, to say so in one line. Writes nothing; a missing store is fine."""
     if isinstance(location, Path):
-        sqlite.check_schema(location)
+        sqlite.check_store(location)
     else:
-        from proxy.store.postgres import check_schema as check_postgres
+        from proxy.store.postgres import check_store as check_postgres
 
         check_postgres(location)

@@ -1,13 +1,15 @@
 """What `Database` needs of the engine under it (SQLite in `proxy.store.sqlite`, PostgreSQL in
 `proxy.store.postgres`), and the parts both share: a group of write jobs as one transaction, each job in its
-own savepoint, and the refusal of a schema from a newer proxy.
+own savepoint, and the refusal of a store this proxy must not use: one from a newer proxy, or another
+application's database.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -15,11 +17,24 @@ from proxy.errors import StoreUnavailable
 from proxy.store.connection import Connection, Row, WriteWork
 from proxy.store.migrations import Migration
 
-__all__ = ["Engine", "Outcome", "SchemaTooNew", "StoreUnavailable", "Works", "apply_migrations", "run_job"]
+__all__ = [
+    "Engine",
+    "Outcome",
+    "SchemaTooNew",
+    "StoreRefused",
+    "StoreUnavailable",
+    "Works",
+    "apply_migrations",
+    "refuse_foreign",
+    "run_job",
+]
 
 log = logging.getLogger(__name__)
 
 Outcome = tuple[Any, BaseException | None]
+MIGRATION_NAME = re.compile(r"m[0-9]{3}_\w+")
+"""How this proxy names its migrations, this version's and any newer one's."""
+LISTED_TABLES = 5
 Works = list[tuple[WriteWork[Any], bool]]
 
 
@@ -88,7 +103,12 @@ def run_job(
     raise AssertionError("unreachable")
 
 
-class SchemaTooNew(Exception):
+class StoreRefused(Exception):
+    """A store this proxy must not or cannot use, found when it is opened (before anything is written to it):
+    its message names the store and what is wrong, for one line on the command line."""
+
+
+class SchemaTooNew(StoreRefused):
     """The store was migrated by a newer version of the proxy: this one would misread or damage it."""
 
 
@@ -128,3 +148,27 @@ def refuse_newer(applied: set[str], known: Sequence[Migration]) -> None:
             f"The store's schema is newer than this proxy: it has migration(s) {', '.join(unknown)}, and this "
             f"version knows only up to {known[-1].__name__}. Run the newer proxy, or use another store."
         )
+
+
+def refuse_foreign(
+    location: str, tables: Collection[str], migration_columns: Collection[str] | None, applied: Collection[str]
+) -> None:
+    """StoreRefused unless the database is empty or a store of this proxy, which records its migrations, by
+    this proxy's names, in `migrations (name, applied_at)`. `migration_columns`: that table's columns, None
+    without one; `applied`: the names it holds (empty unless it has those columns). A `migrations` of ours with
+    nothing recorded counts as ours only alone (a first run stopped before its first migration)."""
+    others = sorted(set(tables) - {"migrations"})
+    ours = (
+        migration_columns is not None
+        and {"name", "applied_at"} <= set(migration_columns)
+        and all(MIGRATION_NAME.fullmatch(name) for name in applied)
+        and bool(applied or not others)
+    )
+    if ours or not tables:
+        return
+    listed = ", ".join(sorted(tables)[:LISTED_TABLES]) + (", ..." if len(tables) > LISTED_TABLES else "")
+    raise StoreRefused(
+        f"the store {location} is another application's database (it has {len(tables)} table(s): {listed}), "
+        "not empty and not this proxy's; nothing was written to it. Point the store at a new database or at the "
+        "proxy's own."
+    )

@@ -38,7 +38,15 @@ from proxy.config import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated, translate
-from proxy.store.engine import Outcome, StoreUnavailable, Works, apply_migrations, refuse_newer, run_job
+from proxy.store.engine import (
+    Outcome,
+    StoreUnavailable,
+    Works,
+    apply_migrations,
+    refuse_foreign,
+    refuse_newer,
+    run_job,
+)
 from proxy.store.outage import Outage, reason_of
 from proxy.store.pg_locks import AdvisoryLocks
 from proxy.store.pg_migrations import MIGRATIONS
@@ -206,7 +214,7 @@ class PostgresEngine:
         outage = Outage()
         locks = AdvisoryLocks(url, outage, RECONNECT_TIMEOUT_S)
         try:
-            await loop.run_in_executor(executor, migrate, writer)
+            await loop.run_in_executor(executor, migrate, writer, redacted_url(url))
             await reads.open(wait=True, timeout=CONNECT_TIMEOUT_S)
             await locks.open(CONNECT_TIMEOUT_S)
         except BaseException:
@@ -362,21 +370,45 @@ def storage_error(exc: BaseException) -> BaseException:
     return error
 
 
-def migrate(connection: PgConnection) -> None:
+def migrate(connection: PgConnection, location: str) -> None:
     """Apply what is missing, each migration in its own transaction, under an advisory lock that every process
-    opening the store takes: the first applies, the others wait and find it applied."""
+    opening the store takes: the first applies, the others wait and find it applied. Another application's
+    database is refused first, untouched."""
     connection.execute("SELECT pg_advisory_lock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
     try:
+        _refuse_unknown(connection, location)
         apply_migrations(connection, MIGRATIONS, begin="BEGIN", time_type="DOUBLE PRECISION")
     finally:
         connection.execute("SELECT pg_advisory_unlock(hashtextextended(?, 0))", (MIGRATION_LOCK,))
 
 
-def check_schema(url: str) -> None:
-    """SchemaTooNew if the store was migrated by a newer proxy. Reads only; an empty database is fine."""
+def check_store(url: str) -> None:
+    """StoreRefused (SchemaTooNew among them) if the database is another application's or was migrated by a
+    newer proxy. Reads only; an empty database is fine."""
     connection = _connect(url, _Translations())
     try:
-        if connection.execute("SELECT to_regclass('migrations')").fetchone()[0] is not None:  # type: ignore[index]
-            refuse_newer({row[0] for row in connection.execute("SELECT name FROM migrations")}, MIGRATIONS)
+        _refuse_unknown(connection, redacted_url(url))
     finally:
         connection.raw.close()
+
+
+def _refuse_unknown(connection: PgConnection, location: str) -> None:
+    """The tables and views of the schema the store's tables go to (the first of `search_path`)."""
+    tables = {
+        row[0]
+        for row in connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        )
+    }
+    columns = [
+        row[0]
+        for row in connection.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'migrations'"
+        )
+    ]
+    applied: list[str] = []
+    if "name" in columns:
+        applied = [row[0] for row in connection.execute("SELECT name FROM migrations")]
+    refuse_foreign(location, tables, columns or None, applied)
+    refuse_newer(set(applied), MIGRATIONS)

@@ -7,23 +7,37 @@ bulk job (many stream events) and, with `FULL`, every group go to the writer thr
 the commit overlaps the event loop's work (journal-on relay throughput 90-92 % of journal-off, against 80-88 %
 inline). Reads use an aiosqlite connection, which in WAL mode sees committed data without waiting for the
 writer. One process serves a file, so the locks across processes are the process's own (`History`'s).
+
+Before anything is written, `check_store` refuses a file the proxy cannot or must not use (a directory, a damaged
+or read-only or locked file, another application's database, a newer proxy's store), each as one `StoreRefused`
+naming the file; whatever SQLite raises while opening it is converted the same way (`refusal`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiosqlite
 
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
-from proxy.store.engine import Outcome, Works, apply_migrations, refuse_newer, run_job
+from proxy.store.engine import (
+    Outcome,
+    StoreRefused,
+    Works,
+    apply_migrations,
+    refuse_foreign,
+    refuse_newer,
+    run_job,
+)
 from proxy.store.migrations import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 10_000
@@ -41,13 +55,19 @@ class SqliteEngine:
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, executor: ThreadPoolExecutor) -> SqliteEngine:
-        path.parent.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
-        writer = await loop.run_in_executor(executor, _open_writer, path, synchronous)
+        try:
+            await loop.run_in_executor(executor, check_store, path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            writer = await loop.run_in_executor(executor, _open_writer, path, synchronous)
+        except (sqlite3.Error, OSError) as exc:
+            raise refusal(path, exc) from exc
         try:
             reader = await _connect_reader(path, synchronous)
-        except BaseException:
+        except BaseException as exc:
             await loop.run_in_executor(executor, writer.close)
+            if isinstance(exc, sqlite3.Error | OSError):
+                raise refusal(path, exc) from exc
             raise
         return cls(path, writer, reader, inline=synchronous.upper() != "FULL")
 
@@ -151,18 +171,92 @@ async def _connect_reader(path: Path, synchronous: str) -> aiosqlite.Connection:
     return connection
 
 
-def check_schema(path: Path) -> None:
-    """SchemaTooNew if the store at `path` (if any) was migrated by a newer proxy. Reads only; a missing store
-    is fine."""
+def check_store(path: Path) -> None:
+    """StoreRefused (SchemaTooNew among them) if the file at `path` is one the proxy cannot or must not use.
+    Writes nothing: the file's bytes and times are left as they were. A missing file is fine where it can be
+    created. A lock held by another process is waited for as the writer would (`BUSY_TIMEOUT_MS`)."""
+    if path.is_dir():
+        raise StoreRefused(f"the store {path} is a directory; point store.path at a file (it is created if missing)")
     if not path.exists():
+        _refuse_uncreatable(path)
         return
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+    _refuse_unwritable(path)
     try:
-        listed = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'migrations'")
-        if listed.fetchone() is not None:
-            refuse_newer({row[0] for row in connection.execute("SELECT name FROM migrations")}, MIGRATIONS)
-    finally:
-        connection.close()
+        connection = sqlite3.connect(_uri(path, "ro"), uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            _refuse_unknown(path, connection)
+        finally:
+            connection.close()
+        # The write lock, taken and given back at once: a store another process holds locked fails here, in one
+        # line, not at the first request. In WAL mode readers never wait, so only this finds the lock.
+        connection = sqlite3.connect(_uri(path, "rw"), uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise refusal(path, exc) from exc
+
+
+def _uri(path: Path, mode: str) -> str:
+    return f"file:{quote(str(path))}?mode={mode}"
+
+
+def _refuse_uncreatable(path: Path) -> None:
+    existing = path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StoreRefused(f"the store {path} cannot be created: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreRefused(f"the store {path} cannot be created: the directory {existing} is read-only")
+
+
+def _refuse_unwritable(path: Path) -> None:
+    if not os.access(path, os.R_OK):
+        raise StoreRefused(f"the store {path} cannot be read by this process (permission denied)")
+    if not os.access(path, os.W_OK):
+        raise StoreRefused(f"the store {path} is read-only for this process; the proxy writes to its store")
+    sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    if not os.access(path.parent, os.W_OK | os.X_OK) and not all(sidecar.exists() for sidecar in sidecars):
+        raise StoreRefused(
+            f"the store {path} is in a read-only directory, where SQLite cannot create its -wal and -shm files"
+        )
+
+
+def _refuse_unknown(path: Path, connection: sqlite3.Connection) -> None:
+    tables = {
+        row[0]
+        for row in connection.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        if not row[0].startswith("sqlite_")
+    }
+    columns = [row[1] for row in connection.execute("PRAGMA table_info(migrations)")] if tables else []
+    applied: list[str] = []
+    if "name" in columns:
+        applied = [row[0] for row in connection.execute("SELECT name FROM migrations")]
+    refuse_foreign(str(path), tables, columns or None, applied)
+    refuse_newer(set(applied), MIGRATIONS)
+
+
+def refusal(path: Path, exc: sqlite3.Error | OSError) -> StoreRefused:
+    """What SQLite (or the file system) said when opening the store at `path`, as the one line to show."""
+    if isinstance(exc, OSError):
+        return StoreRefused(f"the store {path} cannot be opened: {exc.strerror or exc}")
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code of an extended one
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreRefused(
+            f"the store {path} is locked by another process (still after {BUSY_TIMEOUT_MS // 1000} s): stop that "
+            "process, or point store.path at another file"
+        )
+    if code == sqlite3.SQLITE_READONLY:
+        return StoreRefused(f"the store {path} is read-only for this process ({exc}); the proxy writes to its store")
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return StoreRefused(
+            f"the store {path} is not a SQLite database, or is damaged ({exc}): restore it from a backup, or point "
+            "store.path at a new file"
+        )
+    return StoreRefused(f"the store {path} cannot be opened: {exc}")
 
 
 def migrate(connection: sqlite3.Connection) -> None:

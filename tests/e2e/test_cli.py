@@ -1,13 +1,18 @@
-"""`context-proxy`: config errors as one line, the loopback guard of `serve`, reading the store from the shell, and
-`migrate` (export and import: `tests/e2e/test_transfer.py`)."""
+"""`context-proxy`: config errors as one line, the loopback guard of `serve`, reading the store from the shell,
+`migrate` (export and import: `tests/e2e/test_transfer.py`), and a store path it cannot use as one line."""
 
 from __future__ import annotations
 
 import json
 import logging.config
+import os
+import random
+import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -336,3 +341,111 @@ def test_migrate_refuses_a_newer_schema_and_an_unreachable_store(
         assert err.startswith("context-proxy: ")
         assert message in err
         assert err.count("\n") == 1
+
+
+# --- a store path the proxy cannot or must not use: one line, EXIT_STORE, nothing written ------------------------
+
+COMMANDS = ["serve", "migrate"]
+LOCK_WAIT_S = 30
+"""Bounds each command: the locked store is waited for `BUSY_TIMEOUT_MS` (10 s) before it is refused."""
+STORE_PATHS = {
+    "corrupt": "is not a SQLite database, or is damaged (file is not a database)",
+    "truncated": "is not a SQLite database, or is damaged (database disk image is malformed)",
+    "read-only file": "is read-only for this process",
+    "read-only directory": "is in a read-only directory",
+    "locked": "is locked by another process",
+    "a directory": "is a directory",
+    "another application's": "is another application's database (it has 1 table(s): messages)",
+}
+
+
+def migrated_store(path: Path) -> Path:
+    config = write_config(path.parent / "migrate.json", {"store": {"path": str(path)}})
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "migrate", "--config", str(config)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=LOCK_WAIT_S,
+        check=True,
+    )
+    return path
+
+
+def unprivileged() -> list[str]:
+    """A prefix that makes file permissions hold for the command: as root they do not (CAP_DAC_OVERRIDE), so
+    the command runs without that capability."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "running as root, where chmod does not stop writes: the read-only cases need setpriv (util-linux)"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+
+@contextmanager
+def bad_store(case: str, folder: Path) -> Iterator[tuple[Path, list[str]]]:
+    """The store path of `case`, made so, and the prefix its commands run with."""
+    folder.mkdir()
+    path = folder / "store.db"
+    if case == "corrupt":
+        path.write_bytes(random.Random(29).randbytes(20_000))
+    elif case == "truncated":
+        with migrated_store(path).open("r+b") as file:
+            file.truncate(10 * 4096)
+    elif case == "read-only file":
+        migrated_store(path).chmod(0o444)
+    elif case == "read-only directory":
+        migrated_store(path)
+        folder.chmod(0o555)
+    elif case == "a directory":
+        path.mkdir()
+    elif case == "another application's":
+        with closing(sqlite3.connect(path)) as db:
+            db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, body TEXT)")
+            db.commit()
+    if case == "locked":
+        with closing(sqlite3.connect(migrated_store(path), isolation_level=None)) as locker:
+            locker.execute("BEGIN EXCLUSIVE")
+            yield path, []
+        return
+    try:
+        yield path, unprivileged() if case.startswith("read-only") else []
+    finally:
+        folder.chmod(0o755)
+
+
+def written(path: Path) -> object:
+    """What a refused command could have written: the file's bytes and time, the files beside it. SQLite's
+    -wal and -shm beside a WAL-mode file are left out: any reader of such a file makes them, without writing
+    to the file (another application's, which is not in WAL mode, gets none: compared whole in
+    `tests/unit/test_migrations.py`)."""
+    beside = sorted(other.name for other in path.parent.iterdir() if not other.name.endswith(("-wal", "-shm")))
+    return beside, path.read_bytes() if path.is_file() else None, path.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("case", list(STORE_PATHS))
+def test_a_store_path_it_cannot_use_is_one_line_and_writes_nothing(case: str, tmp_path: Path) -> None:
+    """`serve` and `migrate` (at once), each: one line naming the store and what is wrong, no traceback, nothing
+    written to the file."""
+    with bad_store(case, tmp_path / "store") as (path, prefix):
+        config = write_config(tmp_path / "proxy.json", {"store": {"path": str(path)}, "server": {"port": free_port()}})
+        before = written(path)
+        commands = [[*prefix, sys.executable, "-m", "proxy", command, "--config", str(config)] for command in COMMANDS]
+        processes = [
+            subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for command in commands
+        ]
+        try:
+            results = [(process.wait(timeout=LOCK_WAIT_S), *process.communicate()) for process in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:  # a command that served instead of refusing
+                    process.kill()
+                    process.communicate()
+        after = written(path)
+
+    for code, out, err in results:
+        assert (code, out) == (EXIT_STORE, ""), err
+        assert err.startswith(f"context-proxy: the store {path} ")
+        assert STORE_PATHS[case] in err
+        assert err.count("\n") == 1
+    assert after == before

@@ -1,5 +1,6 @@
 """The schema's ordered migrations (`proxy.store.migrations`) and how `Database.open` applies them: each once, in
-order, recorded in `migrations`; an older file is upgraded with its data; a failing migration leaves nothing."""
+order, recorded in `migrations`; an older file is upgraded with its data; a failing migration leaves nothing;
+another application's database is refused before anything is written to it."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from proxy.store import sqlite as database_module
-from proxy.store.database import Database
+from proxy.store.database import Database, StoreRefused, check_store
 from proxy.store.migrations import MIGRATIONS, m001_history
 from proxy.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
 from proxy.store.sqlite import migrate as _migrate
 from tests.support.postgres_server import PostgresServer
+from tests.support.raw_store import committed_rows
 
 EXPECTED_TABLES = {
     "sessions",
@@ -309,3 +312,82 @@ def test_a_process_migrating_the_same_file_meanwhile_is_not_raced(tmp_path: Path
         assert RacedConnection.raced
         assert [name for name, _at in recorded(connection)] == [m.__name__ for m in MIGRATIONS]
         assert tables(connection) >= EXPECTED_TABLES
+
+
+# --- a database that is not ours -----------------------------------------------------------------------------------
+
+FOREIGN = {
+    "a conflicting messages table": [
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY, body TEXT)",
+        "INSERT INTO messages (id, body) VALUES (1, 'theirs')",
+    ],
+    "unrelated tables": ["CREATE TABLE users (id INTEGER PRIMARY KEY)", "CREATE VIEW people AS SELECT id FROM users"],
+    "a migrations table of another shape": [
+        "CREATE TABLE migrations (id INTEGER PRIMARY KEY, migration TEXT, batch INTEGER)",
+        "INSERT INTO migrations (id, migration, batch) VALUES (1, '2014_10_12_create_users_table', 1)",
+    ],
+    "a migrations table of other names": [
+        "CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)",
+        "INSERT INTO migrations (name, applied_at) VALUES ('0001_initial', 0)",
+    ],
+    "an empty migrations table beside other tables": [
+        "CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)",
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY)",
+    ],
+}
+
+
+def execute(target: Path | str, statements: list[str]) -> None:
+    if isinstance(target, Path):
+        with raw(target) as connection:
+            for statement in statements:
+                connection.execute(statement)
+        return
+    with psycopg.connect(target, autocommit=True) as connection:
+        for statement in statements:
+            connection.execute(statement.replace("REAL", "DOUBLE PRECISION"))  # type: ignore[arg-type]
+
+
+def state(target: Path | str) -> object:
+    """All a refused open could have changed: the file's folder, bytes and times; the database's tables and rows."""
+    if isinstance(target, Path):
+        listing = sorted(path.name for path in target.parent.iterdir())
+        return listing, target.read_bytes(), target.stat().st_mtime_ns
+    names = [
+        row[0]
+        for row in committed_rows(
+            target, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1"
+        )
+    ]
+    return {name: committed_rows(target, f"SELECT * FROM {name}") for name in names}
+
+
+@pytest.mark.parametrize("contents", list(FOREIGN), ids=list(FOREIGN))
+async def test_another_applications_database_is_refused_untouched(store_target: Path | str, contents: str) -> None:
+    execute(store_target, FOREIGN[contents])
+    before = state(store_target)
+
+    refusal = r"is another application's database .* nothing was written to it"
+    with pytest.raises(StoreRefused, match=refusal) as refused:
+        await Database.open(store_target)
+    with pytest.raises(StoreRefused):
+        check_store(store_target)
+
+    assert state(store_target) == before
+    assert "1 table(s)" in str(refused.value) or "2 table(s)" in str(refused.value)
+    assert "password" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "contents",
+    [[], ["CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"]],
+    ids=["empty", "a first run stopped before its first migration"],
+)
+async def test_an_empty_database_is_migrated(store_target: Path | str, contents: list[str]) -> None:
+    execute(store_target, contents)  # on SQLite, an empty file at least
+    check_store(store_target)
+    database = await Database.open(store_target)
+    await database.close()
+    assert [row[0] for row in committed_rows(store_target, "SELECT name FROM migrations ORDER BY name")] == [
+        migration.__name__ for migration in MIGRATIONS
+    ]
