@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import json.scanner
+import math
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -73,8 +74,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"Request body is not valid UTF-8 (byte {exc.start}).") from exc
+    non_finite: list[str] = []
     try:
-        body = _decoder(len(raw)).decode(text)
+        body = _decoder(len(raw), non_finite).decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} column {exc.colno}."
@@ -84,6 +86,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         # Python refuses integers of more than 4,300 digits (`sys.get_int_max_str_digits`) with a ValueError.
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from exc
+    if non_finite:
+        _reject_non_finite(body)
     if _SURROGATE_ESCAPE.search(raw) is not None:
         _reject_lone_surrogates(body)
     if not isinstance(body, dict):
@@ -91,11 +95,51 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _decoder(size: int) -> json.JSONDecoder:
-    decoder = json.JSONDecoder()
+def _decoder(size: int, non_finite: list[str]) -> json.JSONDecoder:
+    """A decoder that notes, in `non_finite`, each number that is not finite: `NaN`, `Infinity` and `-Infinity`
+    (Python's extensions to JSON) and numbers too large for a float (`1e999`); they are refused once the body
+    is parsed (`_reject_non_finite`), never sent on as the invalid JSON Python would write back."""
+
+    def constant(text: str) -> float:
+        non_finite.append(text)
+        return float(text)
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            non_finite.append(text)
+        return value
+
+    decoder = json.JSONDecoder(parse_float=number, parse_constant=constant)
     if size > OFF_LOOP_CHARS:
         decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     return decoder
+
+
+def _reject_non_finite(body: Any) -> None:
+    """Refuse a body holding a number that is not finite, naming where the first one is."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            place = f"'{where}'" if where else "the body"
+            shown = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            raise InvalidRequest(
+                f"We could not parse the JSON body of your request: {place} is {shown}, which is not a finite "
+                "number (JSON has no NaN or Infinity).",
+                param=where or None,
+            )
+        if isinstance(value, dict):
+            stack.extend((child, f"{where}.{key}" if where else key) for key, child in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((child, f"{where}[{index}]") for index, child in reversed(list(enumerate(value))))
+    raise InvalidRequest("We could not parse the JSON body of your request: it holds a number that is not finite.")
+
+
+def supported_values(values: Sequence[str]) -> str:
+    """`'a', 'b', and 'c'`: the values an error says a field accepts, as OpenAI lists them."""
+    quoted = [f"'{value}'" for value in values]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
 
 
 def check_shape(value: Any, where: str, limits: RequestLimits, depth: int = 1) -> int:
@@ -136,14 +180,20 @@ def check_messages(messages: list[Any], param: str, limits: RequestLimits) -> No
             code="array_above_max_length",
         )
     for index, message in enumerate(messages):
-        size = check_shape(message, f"{param}[{index}]", limits, depth=3)
-        if size > limits.max_message_chars:
-            raise PayloadTooLarge(
-                f"'{param}[{index}]' holds {size} characters of text; this proxy accepts at most "
-                f"{limits.max_message_chars} in one message (limits.max_message_chars).",
-                param=f"{param}[{index}]",
-                code="message_too_large",
-            )
+        check_message_size(message, f"{param}[{index}]", limits, depth=3)
+
+
+def check_message_size(value: Any, param: str, limits: RequestLimits, depth: int = 2) -> None:
+    """`limits.max_message_chars` on one message, or on text that becomes one (a Responses string `input` or
+    `instructions`, a Messages `system`); a 413 naming `param`."""
+    size = check_shape(value, param, limits, depth)
+    if size > limits.max_message_chars:
+        raise PayloadTooLarge(
+            f"'{param}' holds {size} characters of text; this proxy accepts at most "
+            f"{limits.max_message_chars} in one message (limits.max_message_chars).",
+            param=param,
+            code="message_too_large",
+        )
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

@@ -11,21 +11,30 @@ through untouched, because the upstream is the authority on its own parameters. 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
 
 from proxy.config import RequestLimits
 from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
-from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.doors.body import check_messages, check_shape, parse_json_object, supported_values
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
+from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.journal.relay import JournaledGroups
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+PART_TYPES: Mapping[str, tuple[str, ...]] = {
+    "user": ("text", "image_url", "input_audio", "file"),
+    "assistant": ("text", "refusal"),
+}
+"""The content part types OpenAI accepts in a message of each role; text only in the others."""
+_TEXT_PARTS = ("text",)
+_STRING_PARTS = ("text", "refusal")
+"""Parts whose field named as their type is a string; in the others (image_url, input_audio, file) an object."""
 
 _INTEGER_PARAMS = {"max_tokens": 0, "max_completion_tokens": 0, "n": 1, "top_logprobs": 0}
 _NUMBER_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
@@ -100,6 +109,7 @@ def parse_chat_request(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> Co
     check_messages(messages, "messages", limits)
     for index, message in enumerate(messages):
         _validate_message(message, f"messages[{index}]")
+    _validate_pairs(messages)
     _validate_params(body)
     max_param = next((name for name in _MAX_OUTPUT_PARAMS if body.get(name) is not None), "max_tokens")
     max_output = body.get(max_param)
@@ -133,11 +143,7 @@ def _validate_message(message: Any, where: str) -> None:
             raise InvalidRequest(f"Missing required parameter: '{where}.content'.", param=f"{where}.content")
     elif isinstance(content, list):
         for part_index, part in enumerate(content):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise InvalidRequest(
-                    f"'{where}.content[{part_index}]' must be an object with a string 'type'.",
-                    param=f"{where}.content[{part_index}]",
-                )
+            _validate_part(part, f"{where}.content[{part_index}]", PART_TYPES.get(role, _TEXT_PARTS))
     elif not isinstance(content, str):
         raise InvalidRequest(
             f"Invalid type for '{where}.content': expected a string or an array of content parts, "
@@ -162,6 +168,47 @@ def _validate_message(message: Any, where: str) -> None:
                     f"'{where}.tool_calls[{call_index}]' must be an object with an 'id' and a 'function'.",
                     param=f"{where}.tool_calls[{call_index}]",
                 )
+
+
+def _validate_part(part: Any, where: str, allowed: tuple[str, ...]) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequest(f"'{where}' must be an object with a string 'type'.", param=where)
+    kind = part["type"]
+    if kind not in allowed:
+        raise InvalidRequest(
+            f"Invalid value: '{kind[:40]}'. Supported values are: {supported_values(allowed)}.",
+            param=f"{where}.type",
+            code="invalid_value",
+        )
+    value = part.get(kind)
+    expected, valid = (
+        ("a string", isinstance(value, str)) if kind in _STRING_PARTS else ("an object", isinstance(value, dict))
+    )
+    if not valid:
+        raise InvalidRequest(
+            f"Invalid type for '{where}.{kind}': expected {expected}, but got {json_type(value)}.",
+            param=f"{where}.{kind}",
+            code="invalid_type",
+        )
+
+
+def _validate_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Every tool message answers a call made before it, and calls another message follows are answered first."""
+    orphan = unanswered_output(messages)
+    if orphan is not None:
+        raise InvalidRequest(
+            "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with "
+            f"'tool_calls' (no call has the id {orphan[:MAX_SHOWN_ID_CHARS]!r}).",
+            param="messages",
+        )
+    unanswered = unanswered_calls(messages)
+    if unanswered is not None:
+        index, ids = unanswered
+        raise InvalidRequest(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {shown_ids(ids)}",
+            param=f"messages[{index}].tool_calls",
+        )
 
 
 def _validate_params(body: Mapping[str, Any]) -> None:

@@ -33,6 +33,9 @@ from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
 SESSION_ID_HEX_CHARS = 24
+MAX_SHOWN_IDS = 10
+MAX_SHOWN_ID_CHARS = 64
+"""An error lists at most this many call ids, each cut to this many characters."""
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _TOOL_CALL_TRANSIENT_KEYS = frozenset({"index"})
@@ -221,3 +224,41 @@ def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
         if message["role"] == "tool" and message["tool_call_id"] not in called:
             return str(message["tool_call_id"])
     return None
+
+
+def unanswered_calls(
+    messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True
+) -> tuple[int, list[str]] | None:
+    """The first assistant message (its index) with tool calls left unanswered though a message other than a
+    tool output follows it, and those calls' ids: every provider refuses one. `adjacent`: each call must be
+    answered by the tool messages right after its message (chat, Anthropic); else anywhere after it (Responses
+    items). Calls with nothing but tool outputs after them are not refused: the rest are the client's next
+    request."""
+    last_other = max((index for index, message in enumerate(messages) if message["role"] != "tool"), default=-1)
+    answered_at = (
+        {}
+        if adjacent
+        else {message["tool_call_id"]: index for index, message in enumerate(messages) if message["role"] == "tool"}
+    )
+    for index, message in enumerate(messages[:last_other]):
+        calls = message.get("tool_calls") if message["role"] == "assistant" else None
+        if not calls:
+            continue
+        answered: set[str] = set()
+        if adjacent:
+            after = index + 1
+            while messages[after]["role"] == "tool":
+                answered.add(messages[after]["tool_call_id"])
+                after += 1
+        else:
+            answered = {call["id"] for call in calls if answered_at.get(call["id"], -1) > index}
+        waiting = [str(call["id"]) for call in calls if call["id"] not in answered]
+        if waiting:
+            return index, waiting
+    return None
+
+
+def shown_ids(ids: Sequence[str]) -> str:
+    """Call ids as an error lists them: the first few, each cut short (a client's ids may be any length)."""
+    shown = ", ".join(call_id[:MAX_SHOWN_ID_CHARS] for call_id in ids[:MAX_SHOWN_IDS])
+    return shown + (f" (and {len(ids) - MAX_SHOWN_IDS} more)" if len(ids) > MAX_SHOWN_IDS else "")

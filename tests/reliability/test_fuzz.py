@@ -1,11 +1,15 @@
 """Fuzzing the front door: hypothesis-generated bodies and headers POSTed raw to `/v1/chat/completions`.
 
 Property 1 — every *invalid* request (a body that is not JSON, not an object, has a field of the wrong type,
-an empty, huge or unknown value, an unpaired surrogate escape, deeply nested junk; or a valid body with a bad
-X-Context-Budget / X-Context-Preserve-Recent / X-Context-Mode / X-Session-Id / Idempotency-Key) is answered
-with a 4xx carrying an OpenAI-shaped error body, never a 5xx, and changes nothing: no row is added to the
-store and nothing is sent upstream. Property 2 — valid-looking random conversations never get a 5xx (nor an
-SSE error event). One served proxy for the module; each example reads the store before and after.
+an empty, huge or unknown value, an unpaired surrogate escape, deeply nested junk, a NaN or Infinity, a content
+part of a type its role does not take or with text that is not a string, a tool output answering no call, a
+call another message follows unanswered; or a valid body with a bad X-Context-Budget /
+X-Context-Preserve-Recent / X-Context-Mode / X-Session-Id / Idempotency-Key) is answered with a 4xx carrying
+an OpenAI-shaped error body, never a 5xx, and changes nothing: no row is added to the store and nothing is
+sent upstream. Property 2 — valid-looking random conversations never get a 5xx (nor an SSE error event).
+Property 3 — the same for the Responses and Messages doors (and `count_tokens`): the bad input of each, refused
+at parse time in the door's own error shape, with nothing written or sent. One served proxy for the module;
+each example reads the store before and after.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tests.support.fake_upstream import FakeUpstream
 from tests.support.proxy_server import ProxyServer, make_config
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_MESSAGE_CHARS = 8 * 1024
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 CHAT = "/v1/chat/completions"
 TIMEOUT_S = 20.0
@@ -42,7 +47,9 @@ FUZZ_SETTINGS = settings(
 def fuzz_proxy(upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyServer]:
     upstream_server.reset()
     tmp_path = tmp_path_factory.mktemp("fuzz")
-    raw = make_config(tmp_path, upstream_server.url, limits={"max_body_bytes": MAX_BODY_BYTES})
+    raw = make_config(
+        tmp_path, upstream_server.url, limits={"max_body_bytes": MAX_BODY_BYTES, "max_message_chars": MAX_MESSAGE_CHARS}
+    )
     with ProxyServer(raw, tmp_path) as proxy:
         yield proxy
     upstream_server.reset()
@@ -92,6 +99,31 @@ def valid_body() -> dict[str, Any]:
     return {"model": "fake", "messages": [{"role": "user", "content": "hello there"}]}
 
 
+NON_FINITE = ("NaN", "Infinity", "-Infinity", "1e999", "-1e400")
+"""What Python's parser reads as a float that is not finite; none is a JSON number OpenAI's parser accepts."""
+_NON_FINITE_MARK = "\x00non-finite\x00"
+
+
+@st.composite
+def with_non_finite(draw: st.DrawFn, body: dict[str, Any]) -> bytes:
+    """`body` with a non-finite number anywhere: a new key of any object in it, or in place of any value."""
+    places: list[dict[str, Any] | list[Any]] = []
+    stack: list[Any] = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict | list):
+            places.append(value)
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    place = draw(st.sampled_from(places))
+    if isinstance(place, dict):
+        place[draw(st.sampled_from([*place, "extra"]))] = _NON_FINITE_MARK
+    elif place:
+        place[draw(st.integers(0, len(place) - 1))] = _NON_FINITE_MARK
+    else:
+        place.append(_NON_FINITE_MARK)
+    return json.dumps(body).replace(json.dumps(_NON_FINITE_MARK), draw(st.sampled_from(NON_FINITE)), 1).encode()
+
+
 def with_surrogate(text: str, surrogate: str, at: int) -> str:
     at = at % (len(text) + 1)
     return text[:at] + surrogate + text[at:]
@@ -105,7 +137,24 @@ def bad_messages(draw: st.DrawFn) -> Any:
     """A `messages` value OpenAI (and the proxy) must refuse."""
     good = {"role": "user", "content": "hi"}
     kind = draw(
-        st.sampled_from(["type", "empty", "item", "role", "no-role", "content", "parts", "tool", "name", "calls"])
+        st.sampled_from(
+            [
+                "type",
+                "empty",
+                "item",
+                "role",
+                "no-role",
+                "content",
+                "parts",
+                "part-type",
+                "part-text",
+                "tool",
+                "orphan",
+                "unanswered",
+                "name",
+                "calls",
+            ]
+        )
     )
     if kind == "type":
         return draw(not_of(list))
@@ -125,6 +174,37 @@ def bad_messages(draw: st.DrawFn) -> Any:
         parts = draw(st.lists(junk, min_size=1, max_size=4))
         assume(any(not (isinstance(p, dict) and isinstance(p.get("type"), str)) for p in parts))
         message = {"role": "user", "content": parts}
+    elif kind == "part-type":
+        # Each role takes its own part types (user: text, image_url, input_audio, file; assistant: text, refusal;
+        # the others text): anything else is refused by OpenAI, or by LiteLLM before it is sent.
+        role = draw(st.sampled_from(ROLES[:5]))
+        allowed = {"user": CHAT_USER_PARTS, "assistant": ("text", "refusal")}.get(role, ("text",))
+        kind_of = draw(st.sampled_from([*CHAT_USER_PARTS, "refusal", "input_text", "image", "tool_use"]) | any_text)
+        assume(kind_of not in allowed)
+        part = {"type": kind_of, "text": "x", kind_of: {"url": "https://example.com/a.png"}}
+        message = {"role": role, "content": [{"type": "text", "text": "ok"}, part]}
+        if role == "tool":
+            return [good, CALL, {**message, "tool_call_id": "call_1"}]
+    elif kind == "part-text":
+        field = draw(st.sampled_from(["text", "refusal"]))
+        value = draw(not_of(str))
+        message = {"role": "assistant" if field == "refusal" else "user", "content": [{"type": field, field: value}]}
+    elif kind == "orphan":
+        answered = draw(st.sampled_from(["nothing", "another call", "a later call"]))
+        tool = {"role": "tool", "tool_call_id": "call_1", "content": "result"}
+        if answered == "nothing":
+            return [good, tool]
+        if answered == "another call":
+            return [good, {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "id": "call_2"}]}, tool]
+        return [good, tool, CALL]
+    elif kind == "unanswered":
+        following = draw(
+            st.sampled_from([good, {"role": "assistant", "content": "x"}, {"role": "system", "content": "s"}])
+        )
+        partly = draw(st.booleans())
+        calls = [CALL["tool_calls"][0], {**CALL["tool_calls"][0], "id": "call_2"}]
+        answers = [{"role": "tool", "tool_call_id": "call_2", "content": "r"}] if partly else []
+        return [good, {"role": "assistant", "tool_calls": calls}, *answers, following]
     elif kind == "tool":
         message = {"role": "tool", "content": "result"}
         if draw(st.booleans()):
@@ -139,6 +219,13 @@ def bad_messages(draw: st.DrawFn) -> Any:
     messages = draw(st.lists(st.just(good), max_size=3))
     messages.insert(draw(st.integers(0, len(messages))), message)
     return messages
+
+
+CHAT_USER_PARTS = ("text", "image_url", "input_audio", "file")
+CALL: dict[str, Any] = {
+    "role": "assistant",
+    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+}
 
 
 BAD_PARAMS: dict[str, st.SearchStrategy[Any]] = {
@@ -175,10 +262,13 @@ def invalid_body(draw: st.DrawFn) -> bytes:
                 "huge",
                 "deep-inside",
                 "long-number",
+                "non-finite",
             ]
         )
     )
     body: Any = valid_body()
+    if kind == "non-finite":
+        return draw(with_non_finite({**valid_body(), **draw(valid_params)}))
     if kind == "bytes":
         raw = draw(st.binary(max_size=300))
         try:
@@ -392,8 +482,159 @@ def test_valid_looking_conversations_never_get_a_5xx(
     assert not any(isinstance(event, dict) and "error" in event for event in events), events
 
 
+# --- the other doors ------------------------------------------------------------------------------------------------
+
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+LONG_TEXT = st.integers(MAX_MESSAGE_CHARS + 1, 2 * MAX_MESSAGE_CHARS).map(lambda n: "y" * n)
+"""Text for one message over `limits.max_message_chars`, well within the body limit."""
+ASSISTANT_TEXT = {"role": "assistant", "content": "x"}
+RESPONSES_CALL = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+MESSAGES_CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
+
+
+def valid_responses_body() -> dict[str, Any]:
+    return {"model": "fake", "input": [{"role": "user", "content": "hello there"}]}
+
+
+def valid_messages_body() -> dict[str, Any]:
+    return {"model": "fake", "max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@st.composite
+def invalid_responses_body(draw: st.DrawFn) -> bytes:
+    """A Responses body OpenAI refuses, or that the proxy must refuse before it writes."""
+    kind = draw(st.sampled_from(["role", "part-type", "part-text", "orphan", "unanswered", "non-finite", "long"]))
+    body = valid_responses_body()
+    user = {"role": "user", "content": "hi"}
+    if kind == "role":
+        item_type = draw(st.sampled_from(["message", "something_else", None]))
+        item = {"role": draw(not_of(str).filter(lambda v: v is not None)), "content": "x"}
+        body["input"] = [user, item if item_type is None else {**item, "type": item_type}]
+    elif kind == "part-type":
+        part_type = draw(st.sampled_from(["image_url", "file", "banana", "tool_use"]) | any_text)
+        assume(part_type not in ("input_text", "input_image", "output_text", "refusal", "input_file", "input_audio"))
+        assume(part_type != "text")
+        role = draw(st.sampled_from(["user", "system", "developer", "assistant"]))
+        body["input"] = [user, {"role": role, "content": [{"type": part_type, "text": "x"}]}]
+        if role == "assistant":
+            body["input"].append(user)
+    elif kind == "part-text":
+        part_type = draw(st.sampled_from(["input_text", "output_text", "refusal"]))
+        field = "refusal" if part_type == "refusal" else "text"
+        part = {"type": part_type, field: draw(not_of(str))}
+        where = draw(st.sampled_from(["message", "output"]))
+        if where == "message":
+            body["input"] = [{"role": "user", "content": [part]}]
+        else:
+            output = {"type": "function_call_output", "call_id": "call_1", "output": [part]}
+            body["input"] = [user, RESPONSES_CALL, output]
+    elif kind == "orphan":
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "r"}
+        body["input"] = draw(st.sampled_from([[user, output], [user, output, RESPONSES_CALL]]))
+    elif kind == "unanswered":
+        # An assistant message after the call is the same turn (one chat message): a user turn must follow it.
+        after = draw(st.sampled_from([[user], [{"role": "developer", "content": "d"}], [ASSISTANT_TEXT, user]]))
+        body["input"] = [user, RESPONSES_CALL, *after]
+    elif kind == "non-finite":
+        return draw(with_non_finite({**body, "temperature": 1.0, "metadata": {"k": "v"}}))
+    else:
+        where = draw(st.sampled_from(["input", "instructions", "item"]))
+        text = draw(LONG_TEXT)
+        if where == "input":
+            body["input"] = text
+        elif where == "instructions":
+            body["instructions"] = text
+        else:
+            body["input"] = [{"role": "user", "content": text}]
+    return json.dumps(body).encode()
+
+
+@st.composite
+def invalid_messages_body(draw: st.DrawFn) -> bytes:
+    """A Messages body Anthropic refuses, or that the proxy must refuse before it writes."""
+    kind = draw(st.sampled_from(["text", "image", "orphan", "unanswered", "non-finite", "long-system"]))
+    body = valid_messages_body()
+    user = {"role": "user", "content": "hi"}
+    if kind == "text":
+        block = {"type": "text", "text": draw(not_of(str))}
+        where = draw(st.sampled_from(["user", "assistant", "system"]))
+        if where == "system":
+            body["system"] = [block]
+        else:
+            body["messages"] = [user, {"role": where, "content": [block]}]
+    elif kind == "image":
+        source = draw(not_of(dict))
+        body["messages"] = [
+            {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "x"}]}
+        ]
+    elif kind == "orphan":
+        result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}
+        body["messages"] = draw(
+            st.sampled_from([[user, result], [user, {"role": "assistant", "content": "x"}, result]])
+        )
+    elif kind == "unanswered":
+        after = draw(st.sampled_from([user, {"role": "user", "content": [{"type": "text", "text": "no result"}]}]))
+        body["messages"] = [user, MESSAGES_CALL, after]
+    elif kind == "non-finite":
+        return draw(with_non_finite({**body, "temperature": 0.5, "metadata": {"user_id": "u"}}))
+    else:
+        text = draw(LONG_TEXT)
+        body["system"] = draw(st.sampled_from([text, [{"type": "text", "text": text}]]))
+    return json.dumps(body).encode()
+
+
+def assert_anthropic_error(body: Any) -> None:
+    """`{"type": "error", "error": {"type": str, "message": str}}` and nothing else."""
+    assert isinstance(body, dict), body
+    assert set(body) == {"type", "error"}, body
+    assert body["type"] == "error", body
+    error = body["error"]
+    assert isinstance(error, dict), body
+    assert set(error) == {"type", "message"}, body
+    assert isinstance(error["type"], str), body
+    assert error["type"], body
+    assert isinstance(error["message"], str), body
+    assert error["message"], body
+
+
+def assert_door_refused_without_a_trace(
+    http: httpx.Client, proxy: ProxyServer, upstream: FakeUpstream, path: str, body: bytes
+) -> None:
+    before = row_counts(proxy.config.store.path)
+    sent_upstream = len(upstream.requests)
+    response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json")
+    if path.startswith(MESSAGES):
+        assert_anthropic_error(response.json())
+    else:
+        assert_openai_error(response.json())
+    assert row_counts(proxy.config.store.path) == before
+    assert len(upstream.requests) == sent_upstream
+
+
+@pytest.mark.time_budget(60)
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=invalid_responses_body())
+def test_invalid_responses_bodies_are_4xx_openai_errors_and_change_nothing(
+    http: httpx.Client, fuzz_proxy: ProxyServer, upstream_server: FakeUpstream, body: bytes
+) -> None:
+    assert_door_refused_without_a_trace(http, fuzz_proxy, upstream_server, RESPONSES, body)
+
+
+@pytest.mark.time_budget(60)
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=invalid_messages_body(), path=st.sampled_from([MESSAGES, COUNT_TOKENS]))
+def test_invalid_messages_bodies_are_4xx_anthropic_errors_and_change_nothing(
+    http: httpx.Client, fuzz_proxy: ProxyServer, upstream_server: FakeUpstream, body: bytes, path: str
+) -> None:
+    assert_door_refused_without_a_trace(http, fuzz_proxy, upstream_server, path, body)
+
+
 def test_the_fuzzed_store_is_still_sound(fuzz_proxy: ProxyServer) -> None:
-    """After both properties ran against it (module order), the store passes its integrity check."""
+    """After every property ran against it (module order), the store passes its integrity check."""
     from tests.reliability.support import integrity
 
     assert integrity(Path(fuzz_proxy.config.store.path)) == "ok"

@@ -177,3 +177,40 @@ def test_the_conversation_ends_before_trailing_system_messages() -> None:
     assert chain.conversation_end(["system", "user", "assistant", "user", "system"]) == 3
     assert chain.conversation_end(["system", "user"]) == 1
     assert chain.conversation_end(["system", "developer"]) == 1
+
+
+def _call(*ids: str) -> dict[str, Any]:
+    return {"role": "assistant", "tool_calls": [{"id": call_id, "function": {"name": "f"}} for call_id in ids]}
+
+
+def _output(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "r"}
+
+
+USER_TURN = {"role": "user", "content": "u"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "adjacent", "expected"),
+    [
+        ([USER_TURN, _call("a"), _output("a"), USER_TURN], True, None),
+        ([USER_TURN, _call("a", "b"), _output("b"), USER_TURN], True, (1, ["a"])),
+        ([USER_TURN, _call("a"), USER_TURN, _output("a")], True, (1, ["a"])),
+        ([USER_TURN, _call("a"), USER_TURN, _output("a")], False, None),
+        ([USER_TURN, _call("a"), USER_TURN], False, (1, ["a"])),
+        ([USER_TURN, _call("a")], True, None),
+        ([USER_TURN, _call("a", "b"), _output("a")], True, None),
+        ([USER_TURN, _call("a"), _output("a"), _call("b"), {"role": "system", "content": "s"}], True, (3, ["b"])),
+    ],
+)
+def test_unanswered_calls_are_those_the_conversation_goes_on_past(
+    messages: list[dict[str, Any]], adjacent: bool, expected: tuple[int, list[str]] | None
+) -> None:
+    assert chain.unanswered_calls(messages, adjacent=adjacent) == expected
+
+
+def test_shown_ids_are_few_and_short() -> None:
+    assert chain.shown_ids(["a", "b"]) == "a, b"
+    shown = chain.shown_ids(["x" * 100] * 12)
+    assert shown.endswith(" (and 2 more)")
+    assert shown.count("x" * chain.MAX_SHOWN_ID_CHARS + ",") == chain.MAX_SHOWN_IDS - 1

@@ -13,7 +13,7 @@ import pytest
 from proxy.config import RequestLimits
 from proxy.conversation import Conversation
 from proxy.doors.messages.input import chat_messages, parse_messages_request, result_text
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.anthropic_blocks import anthropic_request
 from proxy.vocabulary import ITEMS
 from proxy.vocabulary import chat_messages as for_chat
@@ -371,3 +371,79 @@ def test_a_user_text_block_without_string_text_is_refused_naming_the_block() -> 
         {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}
     )
     assert refused.param == "messages.0.content.0.text"
+
+
+TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        {"role": "user", "content": "next"},
+        {"role": "user", "content": [{"type": "text", "text": "no result"}]},
+        {"role": "assistant", "content": "x"},
+    ],
+)
+@pytest.mark.parametrize("counting", [False, True])
+def test_a_tool_use_the_next_message_does_not_answer_is_refused_with_anthropic_s_words(
+    after: dict[str, Any], counting: bool
+) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "system": "s",
+        "messages": [{"role": "user", "content": "hi"}, TOOL_USE, after],
+    }
+    with pytest.raises(InvalidRequest) as refused:
+        parse(body, counting=counting)
+    assert refused.value.param == "messages.1"
+    assert refused.value.message == (
+        "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_1. "
+        "Each `tool_use` block must have a corresponding `tool_result` block in the next message."
+    )
+
+
+def test_a_tool_use_at_the_end_or_answered_next_is_accepted() -> None:
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}
+    answered = [
+        {"role": "user", "content": "hi"},
+        TOOL_USE,
+        {"role": "user", "content": [result, {"type": "text", "text": "go"}]},
+    ]
+    assert [m["role"] for m in parse({"model": "m", "max_tokens": 10, "messages": answered}).messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    trailing = [{"role": "user", "content": "hi"}, TOOL_USE]
+    assert len(parse({"model": "m", "max_tokens": 10, "messages": trailing}).messages) == 2
+
+
+@pytest.mark.parametrize("system", ["x" * 1025, [{"type": "text", "text": "x" * 1025}]])
+def test_max_message_chars_applies_to_the_system_prompt(system: Any) -> None:
+    limits = RequestLimits(max_message_chars=1024)
+    raw = json.dumps(
+        {"model": "m", "max_tokens": 10, "system": system, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    for counting in (False, True):
+        with pytest.raises(PayloadTooLarge) as too_large:
+            parse_messages_request(raw.encode(), limits, counting=counting)
+        assert too_large.value.param == "system"
+
+
+def test_a_system_text_block_without_string_text_is_refused_naming_it() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "system": [{"type": "text", "text": 1}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    assert refusal(body).param == "system.0.text"
+
+
+def test_nan_in_a_messages_body_is_refused() -> None:
+    raw = b'{"model": "m", "max_tokens": 10, "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}'
+    with pytest.raises(InvalidRequest) as refused:
+        parse_messages_request(raw, LIMITS)
+    assert refused.value.param == "temperature"

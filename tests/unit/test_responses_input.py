@@ -367,3 +367,71 @@ def test_echoed_keeps_only_the_fields_a_response_repeats() -> None:
         "tool_choice": "auto",
         "parallel_tool_calls": False,
     }
+
+
+@pytest.mark.parametrize("role", [{"a": 1}, ["user"], 1, True])
+@pytest.mark.parametrize("kind", ["message", "other_item", None])
+def test_an_item_role_that_is_not_a_string_is_refused_naming_it(role: Any, kind: str | None) -> None:
+    item = {"role": role, "content": "x"} if kind is None else {"type": kind, "role": role, "content": "x"}
+    assert refusal({"model": "m", "input": [user("hi"), item]}).param == "input[1].role"
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"type": "banana", "text": "x"}, "input[0].content[0].type"),
+        ({"type": "image_url", "image_url": {"url": "u"}}, "input[0].content[0].type"),
+        ({"type": "input_text", "text": 5}, "input[0].content[0].text"),
+        ({"type": "input_text"}, "input[0].content[0].text"),
+        ({"type": "refusal", "refusal": ["no"]}, "input[0].content[0].refusal"),
+        ({"type": "input_image", "image_url": {"url": "u"}}, "input[0].content[0].image_url"),
+        ({"type": "input_audio", "input_audio": "AAAA"}, "input[0].content[0].input_audio"),
+    ],
+)
+def test_a_content_part_the_door_cannot_take_is_refused_naming_it(part: dict[str, Any], param: str) -> None:
+    assert refusal({"model": "m", "input": [{"role": "user", "content": [part]}]}).param == param
+
+
+def test_a_tool_output_part_with_text_that_is_not_a_string_is_refused() -> None:
+    output = {**SHELL_OUTPUT, "output": [{"type": "input_text", "text": None}]}
+    assert refusal({"model": "m", "input": [user("hi"), SHELL_CALL, output]}).param == "input[2].output[0].text"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [[user("next")], [{"role": "developer", "content": "d"}], [{"role": "assistant", "content": "x"}, user("next")]],
+)
+def test_a_call_the_conversation_goes_on_past_unanswered_is_refused_with_openai_s_words(
+    after: list[dict[str, Any]],
+) -> None:
+    refused = refusal({"model": "m", "input": [user("hi"), SHELL_CALL, *after]})
+    assert refused.param == "input"
+    assert refused.message == "No tool output found for function call call_shell."
+    custom = {"type": "custom_tool_call", "call_id": "call_patch", "name": "apply_patch", "input": "*** Begin"}
+    refused = refusal({"model": "m", "input": [user("hi"), custom, *after]})
+    assert refused.message == "No tool output found for custom tool call call_patch."
+    continued = {"model": "m", "input": [SHELL_CALL, *after], "previous_response_id": "resp_0000000000000001"}
+    assert refusal(continued).message == "No tool output found for function call call_shell."
+
+
+def test_a_call_answered_later_or_at_the_end_is_accepted() -> None:
+    later = [user("hi"), SHELL_CALL, {"role": "assistant", "content": "x"}, SHELL_OUTPUT, user("next")]
+    assert len(parse({"model": "m", "input": later}).conversation.messages) == 4
+    assert len(parse({"model": "m", "input": [user("hi"), SHELL_CALL]}).conversation.messages) == 2
+
+
+@pytest.mark.parametrize("field", ["input", "instructions"])
+def test_max_message_chars_applies_to_a_string_input_and_the_instructions(field: str) -> None:
+    limits = RequestLimits(max_message_chars=1024)
+    body = {"model": "m", "input": "hi", field: "x" * 1025}
+    with pytest.raises(PayloadTooLarge) as too_large:
+        parse(body, limits)
+    assert too_large.value.param == field
+    assert too_large.value.code == "message_too_large"
+    parse({**body, field: "x" * 1024}, limits)
+
+
+def test_infinity_in_a_responses_body_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_responses_request(b'{"model": "m", "input": "hi", "temperature": Infinity}', LIMITS)
+    assert refused.value.param == "temperature"

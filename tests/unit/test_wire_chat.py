@@ -210,19 +210,22 @@ def test_the_first_bad_message_is_named() -> None:
     assert invalid(body(messages=messages)).param == "messages[2].role"
 
 
+CALL_C = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}
+
+
 @pytest.mark.parametrize(
-    "message",
+    "messages",
     [
-        {"role": "assistant"},
-        {"role": "assistant", "content": None},
-        {"role": "tool", "tool_call_id": "c", "content": None},
-        {"role": "function", "name": "f", "content": "x"},
-        {"role": "user", "content": []},
+        [{"role": "assistant"}],
+        [{"role": "assistant", "content": None}],
+        [CALL_C, {"role": "tool", "tool_call_id": "c", "content": None}],
+        [{"role": "function", "name": "f", "content": "x"}],
+        [{"role": "user", "content": []}],
     ],
 )
-def test_accepted_edge_messages(message: dict[str, Any]) -> None:
-    chat = parse_chat_request(body(messages=[message]))
-    assert chat.messages == [message]
+def test_accepted_edge_messages(messages: list[dict[str, Any]]) -> None:
+    chat = parse_chat_request(body(messages=messages))
+    assert chat.messages == messages
 
 
 def test_valid_params_of_every_kind_pass() -> None:
@@ -385,3 +388,88 @@ def test_invalid_idempotency_key() -> None:
     with pytest.raises(InvalidRequest) as caught:
         context_options({"idempotency-key": "k" * (MAX_IDEMPOTENCY_KEY_LENGTH + 1)})
     assert caught.value.param == "Idempotency-Key"
+
+
+CALL = {
+    "role": "assistant",
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user", "content": [{"type": "banana", "text": "x"}]}, "messages[0].content[0].type"),
+        ({"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}, "messages[0].content[0].type"),
+        (
+            {"role": "system", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+            "messages[0].content[0].type",
+        ),
+        ({"role": "assistant", "content": [{"type": "file", "file": {}}]}, "messages[0].content[0].type"),
+        ({"role": "user", "content": [{"type": "text", "text": 5}]}, "messages[0].content[0].text"),
+        ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text"),
+        ({"role": "assistant", "content": [{"type": "refusal", "refusal": None}]}, "messages[0].content[0].refusal"),
+        ({"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}, "messages[0].content[0].image_url"),
+    ],
+)
+def test_a_content_part_its_role_does_not_take_is_refused_naming_it(message: dict[str, Any], param: str) -> None:
+    error = invalid(body(messages=[message]))
+    assert error.param == param
+
+
+def test_the_part_types_openai_takes_pass() -> None:
+    user = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {"type": "file", "file": {"file_id": "file-1"}},
+        ],
+    }
+    assistant = {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "b"}]}
+    tool = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r"}]}
+    messages = [user, assistant, CALL, tool, {"role": "developer", "content": [{"type": "text", "text": "d"}]}]
+    assert parse_chat_request(body(messages=messages)).messages == messages
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [USER, {"role": "tool", "tool_call_id": "c1", "content": "r"}],
+        [USER, {"role": "tool", "tool_call_id": "c1", "content": "r"}, CALL],
+        [
+            USER,
+            {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "id": "c2"}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+    ],
+)
+def test_a_tool_output_answering_no_call_before_it_is_refused(messages: list[dict[str, Any]]) -> None:
+    error = invalid(body(messages=messages))
+    assert error.param == "messages"
+    assert "must be a response to a preceeding message with 'tool_calls'" in error.message
+
+
+@pytest.mark.parametrize("following", [USER, {"role": "assistant", "content": "x"}, {"role": "system", "content": "s"}])
+def test_a_call_another_message_follows_unanswered_is_refused_with_openai_s_words(following: dict[str, Any]) -> None:
+    two = {**CALL, "tool_calls": [CALL["tool_calls"][0], {**CALL["tool_calls"][0], "id": "c2"}]}
+    error = invalid(body(messages=[USER, two, {"role": "tool", "tool_call_id": "c2", "content": "r"}, following]))
+    assert error.param == "messages[1].tool_calls"
+    assert error.message == (
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        "'tool_call_id'. The following tool_call_ids did not have response messages: c1"
+    )
+
+
+def test_a_call_at_the_end_is_the_client_s_to_answer() -> None:
+    messages = [USER, CALL]
+    assert parse_chat_request(body(messages=messages)).messages == messages
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_number_that_is_not_finite_is_refused_naming_where_it_is(number: str) -> None:
+    raw = body(metadata={"a": [1, "__x__"]}).replace(b'"__x__"', number.encode())
+    error = invalid(raw)
+    assert error.param == "metadata.a[1]"
+    assert "not a finite number" in error.message

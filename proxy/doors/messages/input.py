@@ -29,10 +29,10 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.conversation import Conversation
-from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.doors.body import check_message_size, check_messages, check_shape, parse_json_object
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
-from proxy.history.chain import unanswered_output
+from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.references import TOKEN_PREFIX
 from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS
@@ -61,7 +61,10 @@ def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool 
     if not isinstance(raw_messages, list) or not raw_messages:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
     check_messages(raw_messages, "messages", limits)
-    messages = [*_system(body.get("system")), *chat_messages(raw_messages)]
+    system = body.get("system")
+    if system is not None:
+        check_message_size(system, "system", limits)
+    messages = [*_system(system), *chat_messages(raw_messages)]
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")
@@ -79,39 +82,41 @@ def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool 
     )
 
 
-def _system(system: Any) -> list[Message]:
+def _system(system: Any, where: str = "system") -> list[Message]:
     if system is None or system == "":
         return []
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
-    blocks = _blocks(system, "system")
-    text = "\n".join(str(block.get("text", "")) for block in blocks if block.get("type") == "text")
+    blocks = _blocks(system, where)
+    text = "\n".join(_text(block, f"{where}.{index}") for index, block in enumerate(blocks) if block["type"] == "text")
     return [{"role": "system", "content": text, ITEMS: blocks}]
 
 
 def chat_messages(messages: Sequence[Any]) -> list[Message]:
     """The conversation's messages as chat messages (see the module docstring)."""
     chat: list[Message] = []
+    origins: list[int] = []  # the index in `messages` of each chat message
     for index, message in enumerate(messages):
-        where = f"messages.{index}"
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"{where}: Input should be a valid dictionary", param=where)
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"{where}.role: Input should be 'user', 'assistant' or 'system'", param=f"{where}.role"
-            )
-        content = message.get("content")
-        if role == "system":  # Claude Code's mid-conversation system turns (beta `mid-conversation-system`)
-            chat.extend(_system(content) or [{"role": "system", "content": ""}])
-            continue
-        if isinstance(content, str):
-            chat.append({"role": role, "content": content})
-            continue
-        blocks = _blocks(content, f"{where}.content")
-        chat.extend(_assistant(blocks, where) if role == "assistant" else _user(blocks, where))
-    _check_pairs(chat)
+        converted = _chat_message(message, f"messages.{index}")
+        chat.extend(converted)
+        origins.extend([index] * len(converted))
+    _check_pairs(chat, origins)
     return chat
+
+
+def _chat_message(message: Any, where: str) -> list[Message]:
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"{where}: Input should be a valid dictionary", param=where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role: Input should be 'user', 'assistant' or 'system'", param=f"{where}.role")
+    content = message.get("content")
+    if role == "system":  # Claude Code's mid-conversation system turns (beta `mid-conversation-system`)
+        return _system(content, f"{where}.content") or [{"role": "system", "content": ""}]
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    blocks = _blocks(content, f"{where}.content")
+    return _assistant(blocks, where) if role == "assistant" else _user(blocks, where)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -206,13 +211,24 @@ def _chat_content(blocks: Sequence[Mapping[str, Any]], places: Sequence[str]) ->
     return parts
 
 
-def _check_pairs(messages: Sequence[Message]) -> None:
+def _check_pairs(messages: Sequence[Message], origins: Sequence[int]) -> None:
+    """Each tool_result answers a tool_use before it; each tool_use another message follows is answered by the
+    next one (a tool_use at the end is the client's to answer). `origins`: each message's index in the request."""
     orphan = unanswered_output(messages)
     if orphan is not None:
         raise InvalidRequest(
-            f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {orphan}. "
+            f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {orphan[:MAX_SHOWN_ID_CHARS]}. "
             "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
             param="messages",
+        )
+    unanswered = unanswered_calls(messages)
+    if unanswered is not None:
+        index, ids = unanswered
+        where = f"messages.{origins[index]}"
+        raise InvalidRequest(
+            f"{where}: `tool_use` ids were found without `tool_result` blocks immediately after: {shown_ids(ids)}. "
+            "Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+            param=where,
         )
 
 

@@ -31,7 +31,13 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.conversation import Continuation, Conversation
-from proxy.doors.body import check_messages, check_shape, parse_json_object
+from proxy.doors.body import (
+    check_message_size,
+    check_messages,
+    check_shape,
+    parse_json_object,
+    supported_values,
+)
 from proxy.doors.responses.compaction import CompactedInput, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
@@ -43,11 +49,14 @@ from proxy.formats.responses_items import (
     item_kind,
     output_text,
 )
-from proxy.history.chain import unanswered_output
+from proxy.history.chain import MAX_SHOWN_ID_CHARS, unanswered_calls, unanswered_output
 from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
+PART_TYPES = ("input_text", "input_image", "output_text", "refusal", "input_file", "input_audio", "text")
+"""The content parts a message (or a tool output) may hold: OpenAI's, and chat's `text`."""
+_TEXT_FIELDS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 _PREVIOUS = "previous_response_id"
 _DELIVERY = ("stream", "stream_options")
@@ -123,11 +132,12 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
-    instructions = _instructions(body.get("instructions"))
+    instructions = _instructions(body.get("instructions"), limits)
     messages = list(instructions)
     raw_input = body.get("input")
     compacted = CompactedInput([], None, trigger=False)
     if isinstance(raw_input, str):
+        check_message_size(raw_input, "input", limits)
         messages.append({"role": "user", "content": raw_input})
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)
@@ -156,6 +166,7 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
         if not compacted.trigger and not any(message["role"] not in SYSTEM_ROLES for message in messages):
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         check_pairs(messages)  # else the calls may be in what it continues: checked once that is put in
+    check_answered(messages)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise InvalidRequest(
@@ -191,10 +202,11 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
     )
 
 
-def _instructions(instructions: Any) -> list[Message]:
+def _instructions(instructions: Any, limits: RequestLimits) -> list[Message]:
     if instructions is None:
         return []
     if isinstance(instructions, str):
+        check_message_size(instructions, "instructions", limits)
         # No items of its own: not an input item, and not carried over by `previous_response_id`.
         return [{"role": "system", "content": instructions, ITEMS: []}] if instructions else []
     raise InvalidRequest(f"'instructions' must be a string, not {json_type(instructions)}.", param="instructions")
@@ -272,6 +284,10 @@ def _message(item: Mapping[str, Any], where: str) -> Message:
         content = output if isinstance(output, str) else _chat_content(_content_parts(output, f"{where}.output"))
         return {"role": "tool", "tool_call_id": call_id, "content": content, ITEMS: [item]}
     role = item.get("role")
+    if role is not None and not isinstance(role, str):
+        raise InvalidRequest(
+            f"Invalid type for '{where}.role': expected a string, but got {json_type(role)}.", param=f"{where}.role"
+        )
     if kind == "message":
         if role not in INPUT_ROLES:
             raise InvalidRequest(
@@ -295,11 +311,31 @@ def _content_parts(content: Any, where: str) -> list[dict[str, Any]]:
             param=where,
         )
     for index, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise InvalidRequest(
-                f"'{where}[{index}]' must be an object with a string 'type'.", param=f"{where}[{index}]"
-            )
+        _check_part(part, f"{where}[{index}]")
     return content
+
+
+def _check_part(part: Any, where: str) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequest(f"'{where}' must be an object with a string 'type'.", param=where)
+    kind = part["type"]
+    if kind not in PART_TYPES:
+        raise InvalidRequest(
+            f"Invalid value: '{kind[:40]}'. Supported values are: {supported_values(PART_TYPES)}.",
+            param=f"{where}.type",
+            code="invalid_value",
+        )
+    if kind in _TEXT_FIELDS:
+        _string(part, _TEXT_FIELDS[kind], where)
+    elif kind == "input_image":
+        for name in ("image_url", "file_id"):
+            if part.get(name) is not None:
+                _string(part, name, where)
+    elif kind == "input_audio" and not isinstance(audio := part.get("input_audio"), dict):
+        raise InvalidRequest(
+            f"Invalid type for '{where}.input_audio': expected an object, but got {json_type(audio)}.",
+            param=f"{where}.input_audio",
+        )
 
 
 def _chat_content(parts: Sequence[Mapping[str, Any]]) -> str | list[dict[str, Any]]:
@@ -336,4 +372,19 @@ def check_pairs(messages: Sequence[Message]) -> None:
     """A tool output must answer a call made before it, as every provider requires."""
     orphan = unanswered_output(messages)
     if orphan is not None:
-        raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
+        raise InvalidRequest(
+            f"No tool call found for function call output with call_id {orphan[:MAX_SHOWN_ID_CHARS]}.", param="input"
+        )
+
+
+def check_answered(messages: Sequence[Message]) -> None:
+    """A call must be answered by an output after it once the conversation goes on past it, as OpenAI requires
+    (a call at the end is the client's to answer in its next request)."""
+    unanswered = unanswered_calls(messages, adjacent=False)
+    if unanswered is None:
+        return
+    index, ids = unanswered
+    items = messages[index].get(ITEMS) or ()
+    custom = any(item.get("type") == "custom_tool_call" and item.get("call_id") == ids[0] for item in items)
+    what = "custom tool call" if custom else "function call"
+    raise InvalidRequest(f"No tool output found for {what} {ids[0][:MAX_SHOWN_ID_CHARS]}.", param="input")
