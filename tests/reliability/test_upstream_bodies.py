@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.upstream.redaction import MAX_TEXT_CHARS
+from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS
 from tests.reliability.support import assert_openai_error, read_only
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.proxy_server import ProxyProcess, make_config
@@ -172,6 +172,8 @@ def test_a_big_or_malformed_upstream_answer_is_a_short_error(tmp_path: Path, fak
     if case.status in (200, 502):
         assert error["type"] == "upstream_error", error
         assert len(message) < 200, message
+    else:
+        assert message.endswith(CUT_MARK), message[-200:]
     assert not [payload for payload in others if payload == "[DONE]"], "a failed stream ends without [DONE]"
     assert [step["status"] for step in steps] == ["failed"], steps
     assert probe.worst_s < HEALTH_LIMIT_S, f"/healthz waited {probe.worst_s:.2f} s (the call took {elapsed:.2f} s)"

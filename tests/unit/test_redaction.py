@@ -6,7 +6,7 @@ import pytest
 
 from proxy.config import AuthConfig, Config, ModelEntry
 from proxy.upstream.failures import upstream_error
-from proxy.upstream.redaction import REDACTED, Redactor
+from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS, REDACTED, Redactor
 
 CONFIG = Config(
     models=(ModelEntry(name="m", model="openai/x", api_key="upstream-key-1234"),),
@@ -49,3 +49,15 @@ def test_the_boundary_redacts_message_and_log(caplog: pytest.LogCaptureFixture) 
 def test_placeholders_in_provider_help_text_are_kept() -> None:
     text = "Use an Authorization header with Bearer auth (i.e. Authorization: Bearer YOUR_KEY), api_key: YOUR_KEY."
     assert Redactor().redact(text) == text
+
+
+@pytest.mark.parametrize("offset", [-30, -12, -5, -1, 0, 3, 100])
+def test_a_long_text_is_cut_and_a_secret_at_the_cut_is_never_kept_in_part(offset: int) -> None:
+    secret = "hunter2-configured-password"
+    text = "word " * (MAX_TEXT_CHARS // 5) + "x" * 40
+    position = MAX_TEXT_CHARS - len(CUT_MARK) + offset
+    text = text[:position] + secret + text[position:] + "tail " * 200_000
+    redacted = Redactor((secret,)).redact(text)
+    assert len(redacted) <= MAX_TEXT_CHARS
+    assert redacted.endswith(CUT_MARK)
+    assert "hunt" not in redacted, "no part of the secret is kept"
