@@ -8,7 +8,9 @@ provider's words (`proxy.upstream.context_window`), is marked `context_overflow`
 upstream's status, type and message kept for the client. Each failure is logged once, with its cause, so that
 the operator can see why a request failed. Nothing else in the proxy inspects a foreign exception. The
 upstream's text is redacted here (`proxy.upstream.redaction`), before it is logged, stored or sent: providers
-echo the keys they refuse.
+echo the keys they refuse. It is also cut there to its first `MAX_TEXT_CHARS`, before any pattern reads it: an
+error body can be any size. An answer that is not a chat completion at all (not JSON, SSE to a non-stream call,
+chunks of the wrong shape) is a short 502 `upstream_malformed`, never the body or a Python exception's text.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import openai
 
 from proxy.errors import UpstreamError
 from proxy.upstream.context_window import context_overflow
-from proxy.upstream.redaction import NO_SECRETS, Redactor
+from proxy.upstream.redaction import MAX_TEXT_CHARS, NO_SECRETS, Redactor
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,15 @@ MAX_CAUSE_DEPTH = 16
 MAX_CAUSE_CHARS = 200
 UNREACHABLE = "upstream_unreachable"
 TIMEOUT = "upstream_timeout"
+MALFORMED = "upstream_malformed"
+MALFORMED_MESSAGE = "The upstream's answer is not a valid chat completion (not JSON, or not in its shape)."
+SHAPE_ERRORS = (json.JSONDecodeError, TypeError, AttributeError, KeyError, IndexError)
+"""Raised while reading an answer that is not what its API says: the upstream's fault, not the proxy's."""
+LITELLM_MALFORMED_WORDS = ("Invalid response object", "Unable to get json response", "LiteLLM: provider returned")
+"""How LiteLLM says an answer could not be read as a completion (with the body, or a traceback, after it)."""
+MARKER_SEARCH_CHARS = 300
+ERROR_READ_BYTES = MAX_TEXT_CHARS + 4096
+"""The most of an error body read: past the cap on what is kept of it, so that a cut body is marked as cut."""
 KEY_STATUSES = frozenset({401, 403})
 """Statuses that may mean a missing or wrong provider key."""
 
@@ -91,6 +102,8 @@ def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None, r
             error_type="upstream_error",
             code=UNREACHABLE,
         )
+    if _malformed(exc, status, message):
+        return malformed_answer()
     if not isinstance(status, int) or not 400 <= status <= 599:
         status = 502
     headers = {}
@@ -118,6 +131,22 @@ def _converted(exc: BaseException, mid_stream: bool, missing_keys: str | None, r
         headers=headers,
         context_overflow=context_overflow(status, error, text, exc),
     )
+
+
+def malformed_answer(message: str = MALFORMED_MESSAGE) -> UpstreamError:
+    """The error for an answer the proxy cannot read: a 502 with a short message of the proxy's own."""
+    return UpstreamError(message, status=502, error_type="upstream_error", code=MALFORMED)
+
+
+def _malformed(exc: BaseException, status: object, message: str) -> bool:
+    """Whether the upstream answered, but not with something its API allows. A real error status is kept
+    as the upstream's own (LiteLLM reports a 500 for an answer it could not convert, hence its words)."""
+    head = message[:MARKER_SEARCH_CHARS]
+    if any(words in head for words in LITELLM_MALFORMED_WORDS):
+        return True
+    if isinstance(status, int) and 400 <= status <= 599:
+        return False
+    return any(isinstance(cause, SHAPE_ERRORS) for cause in _causes(exc))
 
 
 def _with_hint(message: str, hint: str | None) -> str:

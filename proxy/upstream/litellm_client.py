@@ -11,6 +11,11 @@ Two routes, chosen once per model entry (measured; see the closing notes of the 
 - Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
   wrapper, which translates the provider's chunks to OpenAI's.
 
+LiteLLM reads an error body whole and runs several regular-expression passes over it on the event loop (its
+secret redaction, its error classification): a 10 MB body stalled every request for ~24 s. The pass-through
+route therefore gets its own httpx client (`BoundedBodies`): an error body, or an event stream answering a
+non-stream call, reaches LiteLLM cut to `LITELLM_READ_BYTES` (the rest is never read).
+
 Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
 with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
 LiteLLM is imported when the first `LiteLLMUpstream` is built, after `proxy.environment` has prepared the
@@ -32,8 +37,8 @@ from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
-from proxy.upstream.failures import upstream_error
-from proxy.upstream.redaction import NO_SECRETS, Redactor
+from proxy.upstream.failures import malformed_answer, upstream_error
+from proxy.upstream.redaction import CUT_MARK, NO_SECRETS, Redactor
 from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,11 @@ KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
 """Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
 
 DIRECT_PROVIDERS = frozenset({"openai"})
+EVENT_STREAM = "text/event-stream"
+CUT_HEADERS = ("content-length", "content-encoding", "transfer-encoding")
+LITELLM_READ_BYTES = 8 * 1024
+"""The most of an error body LiteLLM is given: its passes over it cost ~8 µs a byte on the event loop (measured:
+68 KB stalled the loop ~0.6 s), so it gets less than the cap on what the proxy keeps of an upstream's text."""
 _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 
 
@@ -102,6 +112,20 @@ class LiteLLMUpstream:
     async def aclose(self) -> None:
         await environment.close_loop_clients(self._litellm)
 
+    def _handler(self, stream: bool) -> Any:
+        """LiteLLM's HTTP handler over `BoundedBodies`, for one kind of call. Kept in LiteLLM's own client cache,
+        which keys it by event loop (an httpx client belongs to the loop that first used it) and from which
+        `aclose` closes it with LiteLLM's clients."""
+        cache = self._litellm.in_memory_llm_clients_cache
+        name = f"context-proxy-bounded-{'stream' if stream else 'json'}-{self._config.timeout_s}"
+        handler = cache.get_cache(name)
+        if handler is None:
+            transport = BoundedBodies(httpx.AsyncHTTPTransport(), json_only=not stream)
+            module = self._litellm.llms.custom_httpx.http_handler
+            handler = module.AsyncHTTPHandler(timeout=self._config.timeout_s, transport=transport)
+            cache.set_cache(name, handler, litellm_owned_client=True)
+        return handler
+
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
         try:
@@ -136,6 +160,7 @@ class LiteLLMUpstream:
             kwargs["stream_options"] = params["stream_options"]
         rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
         if route.passthrough:
+            kwargs["client"] = self._handler(stream)
             if rest:
                 kwargs["extra_body"] = rest
         else:
@@ -155,18 +180,55 @@ class LiteLLMUpstream:
         return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS, missing_keys=missing)
 
 
+class BoundedBodies(httpx.AsyncBaseTransport):
+    """Hands over an error answer (and, for a non-stream call, an event stream) cut to `LITELLM_READ_BYTES`.
+
+    What LiteLLM does with such a body costs time in proportion to its size, on the event loop; the rest of it
+    is never read, and the connection is closed.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, json_only: bool) -> None:
+        self._inner = inner
+        self._json_only = json_only
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        content_type = response.headers.get("content-type", "")
+        if response.status_code < 400 and not (self._json_only and content_type.startswith(EVENT_STREAM)):
+            return response
+        head = bytearray()
+        cut = b""
+        try:
+            async for part in response.aiter_raw():
+                head += part
+                if len(head) > LITELLM_READ_BYTES:
+                    cut = CUT_MARK.encode()
+                    break
+        finally:
+            await response.aclose()
+        headers = [(name, value) for name, value in response.headers.items() if name.lower() not in CUT_HEADERS]
+        content = bytes(head[:LITELLM_READ_BYTES]) + cut
+        return httpx.Response(response.status_code, headers=headers, content=content, request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], UpstreamError]) -> AsyncIterator[Chunk]:
     """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
 
-    The pass-through handler reports `[DONE]` as a dict marker and silently skips lines it cannot parse, so a
-    stream cut short or corrupted would look complete: one that ends with neither `[DONE]` nor a finish_reason
-    is a failure the client must hear about, not a short answer.
+    The pass-through handler reports `[DONE]` as a dict marker and reports a line it cannot parse as an empty
+    dict, so a stream cut short or corrupted would look complete: one that ends with neither `[DONE]` nor a
+    finish_reason is a failure the client must hear about, not a short answer, and one that held no chunk at
+    all (lines that are not JSON, then `[DONE]`) is not an empty answer but a malformed one. A chunk of the
+    wrong shape makes LiteLLM raise a Python error: the boundary reports it as malformed, not by its text.
     """
     finished = False
+    relayed = False
     try:
         async for chunk in source:
             if isinstance(chunk, dict):
-                if chunk.get("is_finished") and finished:
+                if chunk.get("is_finished") and (finished or not relayed):
                     # `[DONE]` after the answer's finish_reason: nothing an upstream sends after it is relayed.
                     # (LiteLLM reports any line containing "[DONE]" so, hence only after the finish.)
                     break
@@ -174,11 +236,14 @@ async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], 
                 continue
             payload = openai_json(chunk.model_dump(exclude_none=True))
             finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
+            relayed = True
             yield payload
     except Exception as exc:
         raise failure(exc) from exc
     finally:
         await _close(wrapper)
+    if not relayed:
+        raise malformed_answer("The upstream's stream held no chat completion chunk (its lines are not JSON).")
     if not finished:
         raise UpstreamError(
             "The upstream stream ended before it was complete (no [DONE], malformed or truncated events).",

@@ -23,8 +23,10 @@ import httpx
 from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, JSONObject, Message, NativeRequest
-from proxy.upstream.failures import UpstreamRefusal, upstream_error
+from proxy.upstream.failures import ERROR_READ_BYTES, SHAPE_ERRORS, UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
+
+EVENT_STREAM = "text/event-stream"
 
 
 class EventConverter(Protocol):
@@ -77,17 +79,27 @@ class NativeClient:
         return self._client().build_request("POST", self.url(entry), json=body, headers=self.headers(entry, request))
 
     async def create(self, entry: ModelEntry, request: NativeRequest, context: list[Message]) -> Chunk:
-        """A non-stream call: the canonical chat.completion, the upstream's answer whole inside it."""
+        """A non-stream call: the canonical chat.completion, the upstream's answer whole inside it.
+
+        An error is read only up to `ERROR_READ_BYTES`, and an event stream is refused before its body is read.
+        """
         try:
-            answer = await self._client().send(self._request(entry, request, context, False))
+            answer = await self._client().send(self._request(entry, request, context, False), stream=True)
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
-        if answer.status_code >= 400:
-            raise self._error(entry, UpstreamRefusal(answer.status_code, answer.text))
         try:
+            if answer.status_code >= 400:
+                raise self._error(entry, UpstreamRefusal(answer.status_code, await error_text(answer)))
+            if answer.headers.get("content-type", "").startswith(EVENT_STREAM):
+                raise self._error(entry, json.JSONDecodeError("an event stream, not JSON", "", 0))
+            await answer.aread()
             return self.completion(answer.json())
-        except ValueError as exc:
+        except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
+        except (*SHAPE_ERRORS, ValueError) as exc:
+            raise self._error(entry, exc) from exc
+        finally:
+            await answer.aclose()
 
     async def open_stream(
         self, entry: ModelEntry, request: NativeRequest, context: list[Message]
@@ -98,8 +110,12 @@ class NativeClient:
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:
-            text = (await answer.aread()).decode("utf-8", "replace")
-            await answer.aclose()
+            try:
+                text = await error_text(answer)
+            except httpx.HTTPError as exc:
+                raise self._error(entry, exc) from exc
+            finally:
+                await answer.aclose()
             raise self._error(entry, UpstreamRefusal(answer.status_code, text))
         return self._chunks(entry, answer)
 
@@ -112,13 +128,25 @@ class NativeClient:
                     return
         except UpstreamError:
             raise
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, *SHAPE_ERRORS) as exc:
             raise self._error(entry, exc, mid_stream=True) from exc
         finally:
             await answer.aclose()
 
     def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
         return upstream_error(exc, mid_stream, model=entry.name, redactor=self._redactor)
+
+
+async def error_text(answer: httpx.Response) -> str:
+    """The head of an error body: at most `ERROR_READ_BYTES` are read, whatever the upstream sends."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in answer.aiter_bytes():
+        parts.append(part)
+        size += len(part)
+        if size >= ERROR_READ_BYTES:
+            break
+    return b"".join(parts)[:ERROR_READ_BYTES].decode("utf-8", "replace")
 
 
 def model_id(entry: ModelEntry, provider: str) -> str:

@@ -9,6 +9,10 @@ shaped like a key (`sk-…`, `Bearer …`,
 must hold a digit, so a provider's own help text (`Authorization: Bearer YOUR_KEY`) reads unchanged. It is
 built once from the frozen config and applied once, where a foreign exception becomes an `UpstreamError`
 (`proxy.upstream.failures`).
+
+What it returns is at most `MAX_TEXT_CHARS` long, marked where it was cut: an upstream's error can be any size
+(a 200 MB body), and the patterns cost time in proportion to the text, on the event loop. Only the head of a
+long text is searched, a little past the cut, so a secret that straddles the cut is never kept in part.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from proxy.config import Config
 from proxy.upstream.credentials import environment_keys
 
 REDACTED = "[redacted]"
+MAX_TEXT_CHARS = 64 * 1024
+"""The most of an upstream's text the proxy keeps: what it relays, stores and logs of an error."""
+CUT_MARK = " [… cut: the upstream's text was longer]"
+CUT_MARGIN_CHARS = 256
+"""Searched past the cut and then dropped: longer than any key shape's shortest match."""
 MIN_SECRET_CHARS = 4
 """Configured secrets shorter than this are not searched for: they would blank ordinary words."""
 
@@ -54,7 +63,18 @@ class Redactor:
         usable = (secret for secret in found if len(secret) >= MIN_SECRET_CHARS)
         return cls(tuple(sorted(usable, key=len, reverse=True)))
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: str, limit: int = MAX_TEXT_CHARS) -> str:
+        """`text` without secrets, and at most `limit` characters long (cut and marked when it was longer)."""
+        if len(text) <= limit:
+            return self._redacted(text)
+        # A secret cut at the end of the searched head would escape the patterns: search past the cut by more
+        # than any secret's length, then drop that margin.
+        margin = max(CUT_MARGIN_CHARS, max((len(secret) for secret in self.secrets), default=0))
+        head = self._redacted(text[: limit + margin])
+        keep = max(0, min(len(head) - margin, limit - len(CUT_MARK)))
+        return head[:keep] + CUT_MARK
+
+    def _redacted(self, text: str) -> str:
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)
         return KEY_SHAPES.sub(_shape_replacement, text)

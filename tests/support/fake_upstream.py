@@ -106,6 +106,9 @@ class Fault:
     """Send `data: {body}` (an OpenAI error event) after this many chunks, then end the stream."""
     after_done: str | None = None
     """Raw SSE text sent after `[DONE]` (a misbehaving upstream), with a normal answer before it."""
+    raw_body: bytes | None = None
+    """Sent as the whole answer, with `status` and `media_type`, to a stream or non-stream request alike."""
+    media_type: str = "application/json"
 
     @property
     def breaks_stream(self) -> bool:
@@ -569,6 +572,8 @@ class FakeUpstream(LoopbackServer):
         fault = self._take_fault(stream)
         if fault is not None:
             await self._pause(fault.delay_s)
+            if fault.raw_body is not None:
+                return Response(fault.raw_body, status_code=fault.status, media_type=fault.media_type)
             if not fault.breaks_stream and (fault.status >= 400 or fault.body is not None):
                 error = fault.body if fault.body is not None else default_error_body(fault.status)
                 return JSONResponse(error, status_code=fault.status, headers=fault.headers)

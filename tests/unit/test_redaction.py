@@ -6,7 +6,7 @@ import pytest
 
 from proxy.config import AuthConfig, Config, ModelEntry
 from proxy.upstream.failures import upstream_error
-from proxy.upstream.redaction import REDACTED, Redactor
+from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS, REDACTED, Redactor
 
 CONFIG = Config(
     models=(ModelEntry(name="m", model="openai/x", api_key="upstream-key-1234"),),
@@ -72,3 +72,15 @@ def test_provider_keys_read_from_the_environment_are_redacted() -> None:
 def test_an_entry_with_its_own_key_reads_none_from_the_environment() -> None:
     redactor = Redactor.from_config(CONFIG, environ={"OPENAI_API_KEY": "openai-env-1"})
     assert redactor.redact("openai-env-1") == "openai-env-1"
+
+
+@pytest.mark.parametrize("offset", [-30, -12, -5, -1, 0, 3, 100])
+def test_a_long_text_is_cut_and_a_secret_at_the_cut_is_never_kept_in_part(offset: int) -> None:
+    secret = "hunter2-configured-password"
+    text = "word " * (MAX_TEXT_CHARS // 5) + "x" * 40
+    position = MAX_TEXT_CHARS - len(CUT_MARK) + offset
+    text = text[:position] + secret + text[position:] + "tail " * 200_000
+    redacted = Redactor((secret,)).redact(text)
+    assert len(redacted) <= MAX_TEXT_CHARS
+    assert redacted.endswith(CUT_MARK)
+    assert "hunt" not in redacted, "no part of the secret is kept"
