@@ -80,7 +80,13 @@ class ContextTooLarge(InvalidRequest):
 
 
 class AuthenticationFailed(ClientError):
+    """The connection is closed after it: the request's body is never read, and a client without a key must not
+    keep a socket by dripping the rest of it."""
+
     status, code = 401, "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
 
 
 class NotFound(ClientError):

@@ -249,3 +249,17 @@ def test_the_default_cap_leaves_half_the_file_limit_to_upstreams() -> None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert default_max_connections() == max(16, (soft - RESERVED_FILES) // 2)
     assert server_options(ServerConfig()).keys() == {"http", "timeout_keep_alive"}
+
+
+def test_an_unauthenticated_slow_body_is_answered_401_and_closed_at_once(serve_proxy: ServeProxy) -> None:
+    """A request without a valid key is refused before its body is read, and with `Connection: close`: the rest of
+    a dripping body must not keep the socket for the body timeout (it kept it 125 s)."""
+    proxy = serve_proxy(auth={"keys": ["k1"]})
+    with connection(proxy) as sock:
+        sock.sendall(CHAT.encode() + b"Content-Length: 1000000\r\n\r\n{")
+        started = time.monotonic()
+        received = read_until_closed(sock, within_s=3.0)
+    status, headers, _body = split_response(received)
+    assert status == 401
+    assert headers.get("connection") == "close"
+    assert time.monotonic() - started < 3.0
