@@ -3,7 +3,7 @@
 Each failure carries a status and OpenAI's fields (`message`, `type`, `param`, `code`), which the OpenAI SDKs
 read from `{"error": {...}}` and pick their exception class by status. Foreign exceptions (LiteLLM's, SQLite's)
 are converted where they enter (`proxy.upstream.failures` for the upstream). An error renders its own fields
-(`ProxyError.fields`); each wire adapter puts them in its own shape, and `openai_error` below is that shape
+(`ProxyError.fields`); each door puts them in its own shape, and `openai_error` below is that shape
 for the OpenAI wire. Anything else that reaches a client becomes an `internal_error` that leaks nothing.
 
     ProxyError                      status / type / code / param / headers

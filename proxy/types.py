@@ -2,7 +2,7 @@
 
 The canonical conversation is OpenAI's chat-completions form: a list of chat messages, answered by
 `chat.completion` objects or a stream of `chat.completion.chunk` objects. LiteLLM speaks it to every provider,
-so the stages after a wire adapter see nothing else (docs/architecture.md, "The canonical form").
+so the stages after a door see nothing else (docs/architecture.md, "The canonical form").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reading a request body: within its size limit, as UTF-8 JSON, into an object every wire adapter validates.
+"""Reading a request body: within its size limit, as UTF-8 JSON, into an object every door validates.
 
 Everything a client can get wrong about the bytes themselves is refused here with a 400 (or 413) before any
-state is touched; what the fields mean is each wire adapter's business.
+state is touched; what the fields mean is each door's business.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ async def request_body(request: Request, config: Config, max_bytes: int | None =
 
 
 async def parse_off_loop(raw: bytes, parse: Callable[[bytes], T]) -> T:
-    """A wire adapter's `parse` of a body: in a worker thread when the body is large (`proxy.offload`)."""
+    """A door's `parse` of a body: in a worker thread when the body is large (`proxy.offload`)."""
     return await compute(len(raw), parse, raw)
 
 

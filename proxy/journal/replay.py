@@ -2,7 +2,7 @@
 
 An Idempotency-Key retry may ask for a stream where the first attempt asked for JSON, or the reverse, and
 events of ended steps expire: the step row's assembled answer is then enough to answer in the canonical form
-(a `chat.completion`, or a minimal `chat.completion.chunk` sequence), which the wire adapter renders.
+(a `chat.completion`, or a minimal `chat.completion.chunk` sequence), which the door renders.
 """
 
 from __future__ import annotations

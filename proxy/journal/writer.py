@@ -155,7 +155,7 @@ class Journal:
     async def append(self, step: Step, chunks: Sequence[Chunk]) -> list[str]:
         """Store a batch of chunks as events in one write job; returns once they are committed.
 
-        Returns each chunk's JSON as stored, so a wire adapter can send the very bytes that are durable without
+        Returns each chunk's JSON as stored, so a door can send the very bytes that are durable without
         encoding every chunk a second time.
         """
         if step.status != StepStatus.OPEN:
