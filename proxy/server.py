@@ -6,9 +6,12 @@ app never reads, one byte at a time holds its socket for ever, and enough of the
 request headers are not complete within `server.header_timeout_s` of its first byte (or of the connection),
 and one whose body is not complete within `server.body_timeout_s` of its headers plus a grace period. The
 chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) and answers a 408 first; the
-protocol's timer is the backstop for a body nobody reads. The keep-alive timeout stays well above common
-clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same
-moment races the client's next request on that connection, which then fails with a `ReadError`.
+protocol's timer is the backstop for a body nobody reads. A response whose client takes none of its bytes for
+`server.write_timeout_s` (its socket and the transport's buffer full) is dropped: the connection is aborted,
+which the app hears as the client leaving (a stream's relay journals the answer to its end). The keep-alive
+timeout stays well above common clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a
+server that closes at the same moment races the client's next request on that connection, which then fails with
+a `ReadError`.
 
 Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
 open-file limit, the other half left to upstream connections and the store) a new connection makes room by
@@ -44,6 +47,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
+    write_timeout_s: ClassVar[float]
     max_connections: ClassVar[int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -51,6 +55,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         """Since when this connection waits for a request's headers (None while a request is under way)."""
+        self._write_deadline: asyncio.TimerHandle | None = None
+        """Armed while the transport's buffer is full (writing paused): the client takes nothing."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -83,7 +89,32 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_write()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_expired(self) -> None:
+        self._write_deadline = None
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            self.logger.info(
+                "dropping a client at %s: it took none of its response for %s s (server.write_timeout_s)",
+                _peer(self.client),
+                self.write_timeout_s,
+            )
+            self.transport.abort()  # close() would wait for the buffer to drain, i.e. for ever
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -128,6 +159,7 @@ def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
         {
             "header_timeout_s": server.header_timeout_s,
             "body_timeout_s": server.body_timeout_s,
+            "write_timeout_s": server.write_timeout_s,
             "max_connections": server.max_connections or default_max_connections(),
         },
     )
