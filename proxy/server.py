@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import socket
+import struct
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -114,6 +116,11 @@ class DeadlineProtocol(HttpToolsProtocol):
                 _peer(self.client),
                 self.write_timeout_s,
             )
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                # Linger 0: the kernel resets the connection instead of holding the unsent bytes (megabytes) in a
+                # closing socket that retries them for minutes.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.transport.abort()  # close() would wait for the buffer to drain, i.e. for ever
 
     def on_message_begin(self) -> None:
