@@ -62,6 +62,8 @@ DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024
 LOG_FORMATS = ("TEXT", "JSON")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_WRITE_TIMEOUT_S = 30.0
+"""How long a response may wait for its client to take bytes (a full socket) before the client is dropped."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ServerConfig:
     port: int = setting(DEFAULT_PORT, minimum=0, maximum=65535)
     header_timeout_s: float = setting(DEFAULT_HEADER_TIMEOUT_S, low=0.001, high=3600.0)
     body_timeout_s: float = setting(DEFAULT_BODY_TIMEOUT_S, low=0.001, high=86400.0)
+    write_timeout_s: float = setting(DEFAULT_WRITE_TIMEOUT_S, low=0.001, high=86400.0)
+    """How long a client may leave a response unread (its socket full) before it is dropped; a stream's answer is
+    still journaled to its end (`journal.finish_on_disconnect`)."""
     keep_alive_s: float = setting(DEFAULT_KEEP_ALIVE_S, low=0.001, high=86400.0)
     max_header_bytes: int = setting(DEFAULT_MAX_HEADER_BYTES, minimum=1024, maximum=16 * 1024 * 1024)
     """A request's line and headers together; past it the request is answered 431 before it is parsed further."""

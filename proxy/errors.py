@@ -13,6 +13,7 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── AuthenticationFailed    401 invalid_api_key
     │   ├── NotFound                404 model_not_found / session_not_found / ...
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
+    │   ├── ClientTooSlow           408 client_too_slow (a stream's client fell too far behind; dropped)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
     │   └── PayloadTooLarge         413 request_too_large / message_too_large
     ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
@@ -100,6 +101,13 @@ class RequestTimeout(ClientError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Connection": "close"})
+
+
+class ClientTooSlow(ClientError):
+    """A stream's client fell further behind than its relay holds for it (`proxy.journal.relay`) and did not catch
+    up within `server.write_timeout_s`: it is dropped; the answer is still journaled to its end."""
+
+    status, code = 408, "client_too_slow"
 
 
 class Conflict(ClientError):

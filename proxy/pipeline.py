@@ -397,5 +397,6 @@ class Pipeline:
             background=self.background,
             deadlines=deadlines,
             max_answer_chars=self.config.request_limits.max_answer_chars,
+            write_timeout_s=self.config.server.write_timeout_s,
         )
         return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))

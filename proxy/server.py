@@ -6,9 +6,12 @@ app never reads, one byte at a time holds its socket for ever, and enough of the
 request headers are not complete within `server.header_timeout_s` of its first byte (or of the connection),
 and one whose body is not complete within `server.body_timeout_s` of its headers plus a grace period. The
 chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) and answers a 408 first; the
-protocol's timer is the backstop for a body nobody reads. The keep-alive timeout stays well above common
-clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same
-moment races the client's next request on that connection, which then fails with a `ReadError`.
+protocol's timer is the backstop for a body nobody reads. A response whose client takes none of its bytes for
+`server.write_timeout_s` (its socket and the transport's buffer full) is dropped: the connection is aborted,
+which the app hears as the client leaving (a stream's relay journals the answer to its end). The keep-alive
+timeout stays well above common clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a
+server that closes at the same moment races the client's next request on that connection, which then fails with
+a `ReadError`.
 
 A request's line and headers together are capped at `server.max_header_bytes`: bytes are counted as they
 arrive, before httptools sees them (it gathers a header in memory piece by piece, so a 64 MB one costs its size
@@ -31,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import socket
+import struct
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -61,6 +66,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
     max_header_bytes: ClassVar[int]
+    write_timeout_s: ClassVar[float]
     max_connections: ClassVar[int]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,6 +78,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         """Bytes of the current request's line and headers received so far (None once they are complete)."""
         self._refused = False
         """Answered 431: what still arrives is dropped until the connection closes."""
+        self._write_deadline: asyncio.TimerHandle | None = None
+        """Armed while the transport's buffer is full (writing paused): the client takes nothing."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -142,7 +150,37 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_write()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_expired(self) -> None:
+        self._write_deadline = None
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            self.logger.info(
+                "dropping a client at %s: it took none of its response for %s s (server.write_timeout_s)",
+                _peer(self.client),
+                self.write_timeout_s,
+            )
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                # Linger 0: the kernel resets the connection instead of holding the unsent bytes (megabytes) in a
+                # closing socket that retries them for minutes.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()  # close() would wait for the buffer to drain, i.e. for ever
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -205,6 +243,7 @@ def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
             "header_timeout_s": server.header_timeout_s,
             "body_timeout_s": server.body_timeout_s,
             "max_header_bytes": server.max_header_bytes,
+            "write_timeout_s": server.write_timeout_s,
             "max_connections": server.max_connections or default_max_connections(),
         },
     )

@@ -2,13 +2,19 @@
 
 Three parties per stream, so none waits on another more than it must:
 
-    reader task   upstream chunks → `pending` (as fast as the upstream sends)
-    pump task     takes everything pending as one group → `journal.append` (one commit) → the group, with
-                  the JSON the journal stored for each chunk → `ready` queue
+    reader task   upstream chunks → `pending` (as fast as the upstream sends, up to `MAX_PENDING_CHUNKS`)
+    pump task     takes up to `MAX_GROUP_CHUNKS` pending as one group → `journal.append` (one commit) → the
+                  group, with the JSON the journal stored for each chunk → `ready` queue (the backlog)
     consumer      `events()`: `ready` → the wire adapter, which renders it for its client
 
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
 group rather than one per chunk, and no chunk is relayed before its commit (docs/architecture.md, invariant 7).
+Every stage is bounded, so a stream's memory and the event loop's longest turn depend on a group's size, not on
+the answer's: a group is at most `MAX_GROUP_CHUNKS` (the work between two suspensions), the reader waits while
+`pending` is full (the upstream's socket then holds the rest), and the pump waits while the client's backlog is
+over `MAX_BACKLOG_CHARS`. A client that does not catch up within `write_timeout_s` is dropped — its `events()`
+raise `ClientTooSlow` — and the answer is journaled to its end as for a client that left: the client is
+dropped, never the data.
 The pump owns the step's ending: seal on completion (the answer lands in history before `events()` ends), fail
 on an upstream error (raised from `events()` after the last durable group) and on a journal failure (disk full),
 interrupt when cancelled; no ending leaves the step open while this process lives (see `Journal.close` for a
@@ -27,7 +33,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.errors import AnswerTooLarge, error_fields
+from proxy.config import DEFAULT_WRITE_TIMEOUT_S
+from proxy.errors import AnswerTooLarge, ClientTooSlow, error_fields
 from proxy.journal.assembly import answer_chars
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
@@ -39,6 +46,14 @@ log = logging.getLogger(__name__)
 READER_SLICE_S = 0.001
 """How long the reader may parse an already-buffered burst before it lets the pump and the client run: long
 enough for groups of dozens of chunks (one commit each), short enough to add at most ~1 ms to any chunk."""
+MAX_GROUP_CHUNKS = 256
+"""Chunks journaled in one commit and relayed as one group: the event loop's work between two suspensions
+(encoding, assembling and rendering a group of small chunks takes a few ms)."""
+MAX_PENDING_CHUNKS = 2 * MAX_GROUP_CHUNKS
+"""Chunks read ahead of the journal; past this the reader waits, and the upstream's socket holds the rest."""
+MAX_BACKLOG_CHARS = 256 * 1024
+"""JSON characters of durable groups waiting for the client; past this the pump waits for it (at most the write
+timeout, then drops it). Bounds a stalled client's memory: its groups' chunks cost a few times their JSON."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,36 @@ DONE = _Done()
 Ready = Sequence[Journaled] | BaseException | _Done
 
 
+class Backlog:
+    """The durable groups waiting for the client, and their size in JSON characters."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[Ready, int]] = asyncio.Queue()
+        self.chars = 0
+        self.caught_up = asyncio.Event()
+        """Set whenever the backlog is at most `MAX_BACKLOG_CHARS` (or the client is gone)."""
+        self.caught_up.set()
+
+    def put(self, item: Ready, chars: int = 0) -> None:
+        self.queue.put_nowait((item, chars))
+        self.chars += chars
+        if self.chars > MAX_BACKLOG_CHARS:
+            self.caught_up.clear()
+
+    def took(self, chars: int) -> None:
+        self.chars -= chars
+        if self.chars <= MAX_BACKLOG_CHARS:
+            self.caught_up.set()
+
+    def drop(self, last: Ready) -> None:
+        """Forget every group the client has not taken; `last` is all it will get."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.chars = 0
+        self.caught_up.set()
+        self.queue.put_nowait((last, 0))
+
+
 class StreamRelay:
     def __init__(
         self,
@@ -68,6 +113,7 @@ class StreamRelay:
         background: set[asyncio.Task[None]],
         deadlines: StreamDeadlines | None = None,
         max_answer_chars: int | None = None,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
     ) -> None:
         self._journal = journal
         self._step = step
@@ -75,11 +121,15 @@ class StreamRelay:
         self._deadlines = deadlines
         self._max_answer_chars = max_answer_chars
         self._finish_on_disconnect = finish_on_disconnect
+        self._write_timeout_s = write_timeout_s
         self._pending: list[Chunk] = []
         self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        """Set whenever `pending` has room: the reader waits on it."""
+        self._room.set()
         self._ended = False
         self._error: BaseException | None = None
-        self._ready: asyncio.Queue[Ready] = asyncio.Queue()
+        self._backlog = Backlog()
         self._detached = False
         self._started = False
         self._abandoned = False
@@ -96,10 +146,23 @@ class StreamRelay:
 
         Closing it before the end (the client left) detaches the consumer; see `finish_on_disconnect`.
         """
-        return JournaledGroups(self._ready, self._client_gone)
+        return JournaledGroups(self._backlog, self._client_gone)
+
+    @property
+    def backlog_chars(self) -> int:
+        """JSON characters of durable groups the client has not taken yet."""
+        return self._backlog.chars
+
+    @property
+    def pending_chunks(self) -> int:
+        """Chunks read from the upstream and not yet journaled."""
+        return len(self._pending)
 
     def _client_gone(self) -> None:
+        if self._detached:
+            return  # dropped already (`_drop_client`)
         self._detached = True
+        self._backlog.caught_up.set()
         if self._finish_on_disconnect:
             log.info("client left stream step %d; reading the answer to its end", self._step.id)
         elif self._started:
@@ -117,10 +180,17 @@ class StreamRelay:
             while True:
                 await self._arrived.wait()
                 self._arrived.clear()
-                group, self._pending = self._pending, []
+                group = self._pending[:MAX_GROUP_CHUNKS]
+                del self._pending[:MAX_GROUP_CHUNKS]
+                if self._pending:
+                    self._arrived.set()
+                self._room.set()
                 if group:
                     texts = await self._journal.append(self._step, group)
-                    self._publish([Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)])
+                    journaled = [Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)]
+                    del group
+                    self._publish(journaled, sum(len(text) for text in texts))
+                    await self._wait_for_client()
                 if self._ended and not self._pending:
                     break
             if self._error is None:
@@ -172,6 +242,11 @@ class StreamRelay:
                         raise AnswerTooLarge(limit, self._step.id)
                     self._pending.append(chunk)
                     self._arrived.set()
+                    if len(self._pending) >= MAX_PENDING_CHUNKS:
+                        self._room.clear()
+                        await self._room.wait()
+                        slice_started = time.monotonic()
+                        continue
                     now = time.monotonic()
                     if slice_started is None or now - slice_started >= READER_SLICE_S:
                         await asyncio.sleep(0)
@@ -201,9 +276,35 @@ class StreamRelay:
         except Exception as exc:
             log.debug("closing the upstream stream of step %d: %s", self._step.id, exc)
 
-    def _publish(self, item: Ready) -> None:
+    async def _wait_for_client(self) -> None:
+        """Hold the stream while the client's backlog is full; drop a client that does not catch up in time."""
+        if self._backlog.caught_up.is_set():
+            return
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._backlog.caught_up.wait()
+        except TimeoutError:
+            self._drop_client()
+
+    def _drop_client(self) -> None:
+        behind = self._backlog.chars
+        self._detached = True
+        self._backlog.drop(
+            ClientTooSlow(
+                f"The client fell {behind} characters behind the stream and did not catch up within "
+                f"{self._write_timeout_s} s (server.write_timeout_s); the answer is kept in journal step "
+                f"{self._step.id}."
+            )
+        )
+        if self._finish_on_disconnect:
+            log.info("stream step %d: client too slow, dropped; reading the answer to its end", self._step.id)
+        else:
+            log.info("stream step %d: client too slow, dropped", self._step.id)
+            self._pump.cancel()
+
+    def _publish(self, item: Ready, chars: int = 0) -> None:
         if not self._detached:
-            self._ready.put_nowait(item)
+            self._backlog.put(item, chars)
 
 
 class JournaledGroups:
@@ -213,8 +314,9 @@ class JournaledGroups:
     code: `aclose` must tell the relay that the consumer left, even before the first group.
     """
 
-    def __init__(self, ready: asyncio.Queue[Ready], on_leave: Callable[[], None]) -> None:
-        self._ready = ready
+    def __init__(self, backlog: Backlog, on_leave: Callable[[], None]) -> None:
+        self._backlog = backlog
+        self._ready = backlog.queue
         self._on_leave = on_leave
         self._finished = False
         self._slice_started = time.monotonic()
@@ -226,7 +328,7 @@ class JournaledGroups:
         if self._finished:
             raise StopAsyncIteration
         if self._ready.empty():
-            item = await self._ready.get()  # suspends
+            item, chars = await self._ready.get()  # suspends
             self._slice_started = time.monotonic()
         else:
             # A backlog of groups and a client that reads as fast as we write would never suspend: let the other
@@ -234,7 +336,8 @@ class JournaledGroups:
             if time.monotonic() - self._slice_started >= READER_SLICE_S:
                 await asyncio.sleep(0)
                 self._slice_started = time.monotonic()
-            item = self._ready.get_nowait()
+            item, chars = self._ready.get_nowait()
+        self._backlog.took(chars)
         if isinstance(item, _Done):
             self._finished = True
             raise StopAsyncIteration

@@ -122,6 +122,11 @@ class ProxyProcess:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(

@@ -6,7 +6,6 @@ fed through its queue as `StreamRelay` feeds it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -16,7 +15,7 @@ from proxy.doors.messages.output import MessageEvents, MessageShape
 from proxy.doors.responses.fields import ToolNames
 from proxy.doors.responses.output import EventStream, ResponseShape
 from proxy.errors import UpstreamError
-from proxy.journal.relay import DONE, Journaled, JournaledGroups, Ready
+from proxy.journal.relay import DONE, Backlog, Journaled, JournaledGroups
 from proxy.types import Chunk
 from proxy.vocabulary import EVENT
 
@@ -25,16 +24,16 @@ STEP = 0x10
 
 def groups(*items: Sequence[Chunk] | BaseException) -> JournaledGroups:
     """The relay's consumer side with these groups already durable, then the end (or a failure)."""
-    ready: asyncio.Queue[Ready] = asyncio.Queue()
+    ready = Backlog()
     ended = False
     for item in items:
         if isinstance(item, BaseException):
-            ready.put_nowait(item)
+            ready.put(item)
             ended = True
         else:
-            ready.put_nowait([Journaled(chunk, json.dumps(chunk)) for chunk in item])
+            ready.put([Journaled(chunk, json.dumps(chunk)) for chunk in item])
     if not ended:
-        ready.put_nowait(DONE)
+        ready.put(DONE)
     return JournaledGroups(ready, lambda: None)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from proxy.config import JournalConfig, ModelEntry
-from proxy.errors import UpstreamError, error_fields
+from proxy.errors import ClientTooSlow, UpstreamError, error_fields
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
-from proxy.journal.relay import Journaled, StreamRelay
+from proxy.journal.relay import MAX_BACKLOG_CHARS, MAX_GROUP_CHUNKS, MAX_PENDING_CHUNKS, Journaled, StreamRelay
 from proxy.journal.steps import Step, StepStatus
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
@@ -86,7 +86,12 @@ class Rig:
         )
 
     async def relay(
-        self, step: Step, *, finish_on_disconnect: bool = True, deadlines: StreamDeadlines | None = None
+        self,
+        step: Step,
+        *,
+        finish_on_disconnect: bool = True,
+        deadlines: StreamDeadlines | None = None,
+        write_timeout_s: float = WAIT_S,
     ) -> StreamRelay:
         chunks = await self.upstream.open_stream(ENTRY, MESSAGES, {"stream": True})
         return StreamRelay(
@@ -96,6 +101,7 @@ class Rig:
             finish_on_disconnect=finish_on_disconnect,
             background=self.background,
             deadlines=deadlines,
+            write_timeout_s=write_timeout_s,
         )
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -478,4 +484,112 @@ async def test_the_pump_is_a_background_task_until_the_step_ends(rig: Rig) -> No
             pass
         await pump
     assert rig.background == set()
+    assert step.status == StepStatus.SEALED
+
+
+# --- issue 29, items 5 and 6: every stage of a stream is bounded --------------------------------------------------
+
+LONG_PIECE = "x" * 99 + " "
+STALL_TIMEOUT_S = 0.5
+
+
+def long_answer(count: int, piece: str = LONG_PIECE) -> list[Chunk]:
+    return [chunk(piece) for _ in range(count)] + [chunk(None, "stop")]
+
+
+async def watch(relay: StreamRelay, until: asyncio.Task[None], peaks: dict[str, int]) -> None:
+    """Record the relay's largest backlog and read-ahead while `until` runs."""
+    while not until.done():
+        peaks["backlog"] = max(peaks.get("backlog", 0), relay.backlog_chars)
+        peaks["pending"] = max(peaks.get("pending", 0), relay.pending_chunks)
+        await asyncio.sleep(0)
+
+
+async def test_a_client_that_stops_reading_holds_a_bounded_backlog_then_is_dropped_and_the_answer_journaled(
+    rig: Rig,
+) -> None:
+    """Item 5: today the ready queue takes every group of the answer while the client reads nothing."""
+    chunks = long_answer(4000)  # ~1 MB of JSON, four times what the relay holds for a client
+    rig.upstream.stream(chunks)
+    step = await rig.begin()
+    relay = await rig.relay(step, write_timeout_s=STALL_TIMEOUT_S)
+    events = relay.events()
+    peaks: dict[str, int] = {}
+    async with asyncio.timeout(WAIT_S):
+        first = await anext(events)  # then the client takes nothing more
+        await asyncio.gather(rig.pump(), watch(relay, rig.pump(), peaks))
+    one_group = MAX_GROUP_CHUNKS * max(len(item.text) for item in first)
+    assert peaks["backlog"] <= MAX_BACKLOG_CHARS + one_group
+    assert peaks["pending"] <= MAX_PENDING_CHUNKS
+    assert relay.backlog_chars == 0  # what it did not take is freed
+
+    # Write-before-relay kept: the client is dropped, not the data.
+    assert step.status == StepStatus.SEALED
+    assert rig.stored(step) == texts(chunks)
+    with pytest.raises(ClientTooSlow) as dropped:
+        await anext(events)
+    assert dropped.value.code == "client_too_slow"
+    assert str(step.id) in dropped.value.message
+    with pytest.raises(StopAsyncIteration):
+        await anext(events)
+    await events.aclose()
+
+
+async def test_a_dropped_client_interrupts_the_step_when_finish_on_disconnect_is_off(rig: Rig) -> None:
+    script = rig.upstream.stream(long_answer(4000))
+    step = await rig.begin()
+    relay = await rig.relay(step, finish_on_disconnect=False, write_timeout_s=STALL_TIMEOUT_S)
+    events = relay.events()
+    async with asyncio.timeout(WAIT_S):
+        await anext(events)
+        await asyncio.gather(rig.pump(), return_exceptions=True)
+    assert step.status == StepStatus.INTERRUPTED
+    assert not script.ended.is_set() or script.sent < 4001
+    with pytest.raises(ClientTooSlow):
+        await anext(events)
+
+
+async def test_a_slow_client_that_catches_up_in_time_gets_the_whole_answer(rig: Rig) -> None:
+    chunks = long_answer(4000)
+    rig.upstream.stream(chunks)
+    step = await rig.begin()
+    relay = await rig.relay(step, write_timeout_s=WAIT_S)
+    received: list[Chunk] = []
+    async with asyncio.timeout(WAIT_S):
+        async for group in relay.events():
+            received.extend(item.chunk for item in group)
+            await asyncio.sleep(0.01)  # slower than the upstream: the relay waits for it
+    assert received == chunks
+    assert step.status == StepStatus.SEALED
+
+
+async def test_groups_and_read_ahead_are_bounded_however_fast_the_upstream(rig: Rig) -> None:
+    """Item 6: today one commit held in flight makes the next group everything the upstream sent meanwhile, so
+    the loop's work per group (encoding, assembling, rendering) grew with the answer."""
+    chunks = long_answer(5000, "abc ")
+    script = rig.upstream.stream(chunks)
+    commit = rig.journal.hold = asyncio.Event()
+    step = await rig.begin()
+    relay = await rig.relay(step)
+    received: list[Chunk] = []
+    peaks: dict[str, int] = {}
+
+    async def consume() -> None:
+        async for group in relay.events():
+            received.extend(item.chunk for item in group)
+
+    consumer = asyncio.create_task(consume())
+    watcher = asyncio.create_task(watch(relay, consumer, peaks))
+    async with asyncio.timeout(WAIT_S):
+        await rig.journal.appending.wait()
+        for _ in range(200):  # the first commit is in flight: the upstream is read as far as the bound allows
+            await asyncio.sleep(0)
+        assert relay.pending_chunks == MAX_PENDING_CHUNKS
+        assert script.sent <= MAX_PENDING_CHUNKS + 1
+        commit.set()
+        await asyncio.gather(consumer, watcher)
+    assert received == chunks
+    assert max(rig.journal.groups) <= MAX_GROUP_CHUNKS
+    assert peaks["pending"] <= MAX_PENDING_CHUNKS
+    assert rig.stored(step) == texts(chunks)
     assert step.status == StepStatus.SEALED
