@@ -5,7 +5,7 @@ Three parties per stream, so none waits on another more than it must:
     reader task   upstream chunks → `pending` (as fast as the upstream sends, up to `MAX_PENDING_CHUNKS`)
     pump task     takes up to `MAX_GROUP_CHUNKS` pending as one group → `journal.append` (one commit) → the
                   group, with the JSON the journal stored for each chunk → `ready` queue (the backlog)
-    consumer      `events()`: `ready` → the wire adapter, which renders it for its client
+    consumer      `events()`: `ready` → the door, which renders it for its client
 
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
 group rather than one per chunk, and no chunk is relayed before its commit (docs/architecture.md, invariant 7).
