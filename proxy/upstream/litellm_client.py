@@ -112,12 +112,15 @@ class LiteLLMUpstream:
     async def aclose(self) -> None:
         await environment.close_loop_clients(self._litellm)
 
-    def _handler(self, stream: bool) -> Any:
-        """LiteLLM's HTTP handler over `BoundedBodies`, for one kind of call. Kept in LiteLLM's own client cache,
-        which keys it by event loop (an httpx client belongs to the loop that first used it) and from which
-        `aclose` closes it with LiteLLM's clients."""
+    def _handler(self, entry: ModelEntry, stream: bool) -> Any:
+        """LiteLLM's HTTP handler over `BoundedBodies`, for one upstream and one kind of call: one connection pool
+        per upstream, as LiteLLM's own clients have (a call abandoned to one upstream, a summarizer cut off at
+        its deadline, must not disturb the pool another's calls use). Kept in LiteLLM's own client cache, which
+        keys it by event loop (an httpx client belongs to the loop that first used it) and from which `aclose`
+        closes it with LiteLLM's clients."""
         cache = self._litellm.in_memory_llm_clients_cache
-        name = f"context-proxy-bounded-{'stream' if stream else 'json'}-{self._config.timeout_s}"
+        kind = "stream" if stream else "json"
+        name = f"context-proxy-bounded-{kind}-{self._config.timeout_s}-{entry.api_base or 'default'}"
         handler = cache.get_cache(name)
         if handler is None:
             transport = BoundedBodies(httpx.AsyncHTTPTransport(), json_only=not stream)
@@ -160,7 +163,7 @@ class LiteLLMUpstream:
             kwargs["stream_options"] = params["stream_options"]
         rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
         if route.passthrough:
-            kwargs["client"] = self._handler(stream)
+            kwargs["client"] = self._handler(entry, stream)
             if rest:
                 kwargs["extra_body"] = rest
         else:
