@@ -240,7 +240,9 @@ def test_a_bigger_model_gets_the_originals_back_and_the_small_one_reuses_its_sum
 ) -> None:
     fake.context_window = SMALL_WINDOW
     install_responder(fake)
-    proxy, client = start(serve_proxy, fake)
+    # No pre-compaction: whether a batch written ahead in the background is done before the switch back is a
+    # matter of timing, and its joining at the next crossing is pre-compaction's subject, not this test's.
+    proxy, client = start(serve_proxy, fake, precompact_ratio="off")
     session = ScriptedSession(client, fake, "switch")
     while sum(turn.compacted for turn in session.turns) < 2:
         session.turn()

@@ -375,10 +375,13 @@ async def test_a_refusal_in_each_dialect_crosses_the_litellm_boundary_marked(
     expected_prompt = fake.prompt_tokens(messages)
 
     with pytest.raises(UpstreamError) as caught:
-        if stream:
-            await upstream.open_stream(entry, messages, {"stream": True})
-        else:
-            await upstream.complete(entry, messages, {})
+        try:
+            if stream:
+                await upstream.open_stream(entry, messages, {"stream": True})
+            else:
+                await upstream.complete(entry, messages, {})
+        finally:
+            await upstream.aclose()
 
     error = caught.value
     refusal = DIALECTS[dialect](expected_prompt, 0, 100)

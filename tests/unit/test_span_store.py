@@ -405,7 +405,10 @@ async def test_the_summarizer_stays_within_its_own_model(fake: FakeUpstream) -> 
     upstream = UpstreamRouter(UpstreamConfig(timeout_s=10), (tiny,))
     budgets = Budgets((tiny,), upstream.model_info, ContextConfig().safety_margin)
     summarizer = Summarizer(upstream, tiny, budgets, ContextConfig())
-    written = await summarizer.summarize([{"role": "user", "content": "x " * 100}], 2048, tiny)
+    try:
+        written = await summarizer.summarize([{"role": "user", "content": "x " * 100}], 2048, tiny)
+    finally:
+        await upstream.aclose()
     assert written.generated_by == "llm"
     assert fake.requests[-1].body["max_tokens"] == 300  # the model's max_output, not 2 × 2048
     capacity = summarizer.input_capacity(tiny)

@@ -50,8 +50,10 @@ def entry(fake: FakeUpstream) -> ModelEntry:
 
 
 @pytest.fixture
-def upstream(entry: ModelEntry) -> Upstream:
-    return LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
+async def upstream(entry: ModelEntry) -> AsyncIterator[Upstream]:
+    client = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
+    yield client
+    await client.aclose()  # its connection pools are cached per event loop until closed
 
 
 async def collect(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -348,15 +350,18 @@ async def test_retry_after_is_kept(upstream: Upstream, entry: ModelEntry, fake: 
 async def test_unreachable_upstream_is_502() -> None:
     entry = entry_for(f"http://127.0.0.1:{free_port()}/v1")
     upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=5), (entry,))
-    for attempt in ("complete", "stream"):
-        with pytest.raises(UpstreamError) as caught:
-            if attempt == "stream":
-                await upstream.open_stream(entry, MESSAGES, {"stream": True})
-            else:
-                await upstream.complete(entry, MESSAGES, {})
-        error = caught.value
-        assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
-        assert UPSTREAM_KEY not in error.message
+    try:
+        for attempt in ("complete", "stream"):
+            with pytest.raises(UpstreamError) as caught:
+                if attempt == "stream":
+                    await upstream.open_stream(entry, MESSAGES, {"stream": True})
+                else:
+                    await upstream.complete(entry, MESSAGES, {})
+            error = caught.value
+            assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
+            assert UPSTREAM_KEY not in error.message
+    finally:
+        await upstream.aclose()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -366,10 +371,13 @@ async def test_slow_upstream_is_504(entry: ModelEntry, fake: FakeUpstream, strea
     fake.fail_next(Fault(status=200, delay_s=delay_s))
     started = time.monotonic()
     with pytest.raises(UpstreamError) as caught:
-        if stream:
-            await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
-        else:
-            await upstream.complete(entry, MESSAGES, {})
+        try:
+            if stream:
+                await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+            else:
+                await upstream.complete(entry, MESSAGES, {})
+        finally:
+            await upstream.aclose()
     assert time.monotonic() - started < delay_s - 0.2
     error = caught.value
     assert (error.status, error.type, error.code) == (504, "timeout", "upstream_timeout")
