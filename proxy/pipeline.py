@@ -137,11 +137,8 @@ class Pipeline:
         sends back in its place."""
         plan = await self._saved(tenant, conversation, options, entry)
         self.journal.metrics.client_compactions.labels("item").inc()
-        log.info(
-            "client compaction answered: session %s, %d messages kept",
-            plan.reconciled.session.id,
-            len(plan.reconciled.path),
-        )
+        kept = len(plan.reconciled.path)
+        log.info("client compaction answered: session %s, %d messages kept", plan.reconciled.session.id, kept)
         report = replace(plan.report(), prompt_tokens=0)
         return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
 

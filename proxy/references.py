@@ -51,7 +51,10 @@ def reference_in(messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
         message = messages[index]
         if message.get("role") != "user":
             continue
-        for match in reversed(_TOKEN.findall(content_text(message.get("content")))):
+        text = content_text(message.get("content"))
+        if TOKEN_PREFIX not in text:  # every request is looked through: a plain search first, no pattern
+            continue
+        for match in reversed(_TOKEN.findall(text)):
             message_id = referenced(match)
             if message_id is not None:
                 return index, message_id

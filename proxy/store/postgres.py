@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import TransactionStatus
-from psycopg.rows import RowMaker
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from proxy.config import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
-from proxy.store.dialect import Translated, translate
+from proxy.store.dialect import Translated
 from proxy.store.engine import (
     Outcome,
     StoreUnavailable,
@@ -48,6 +45,7 @@ from proxy.store.engine import (
     run_job,
 )
 from proxy.store.outage import Outage, reason_of
+from proxy.store.pg_connection import PgConnection, PgRow, Translations, adapt, configure, pg_rows
 from proxy.store.pg_locks import AdvisoryLocks
 from proxy.store.pg_migrations import MIGRATIONS
 
@@ -63,111 +61,12 @@ READ_WAIT_S = 5
 MIGRATION_LOCK = "context-proxy: migrations"
 
 
-class PgRow:
-    """A row read by position or by column name, as `sqlite3.Row` is."""
-
-    __slots__ = ("_index", "_values")
-
-    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
-        self._values = values
-        self._index = index
-
-    def __getitem__(self, key: int | str) -> Any:
-        return self._values[self._index[key]] if isinstance(key, str) else self._values[key]
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._values)
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-
-def pg_rows(cursor: Any) -> RowMaker[PgRow]:
-    index = {column.name: i for i, column in enumerate(cursor.description or ())}
-    return lambda values: PgRow(values, index)
-
-
-class _Number(Loader):
-    """`numeric` (what SUM of integers gives) as an int when whole, as SQLite gives it; else a float."""
-
-    def load(self, data: Buffer) -> int | float:
-        value = Decimal(bytes(data).decode())
-        return int(value) if value == value.to_integral_value() else float(value)
-
-
-class _Flag(Dumper):
-    """A bool as the integer SQLite stores it (`stream`, `background` are integer columns)."""
-
-    oid = psycopg.adapters.types["int8"].oid
-
-    def dump(self, obj: bool) -> Buffer:
-        return b"1" if obj else b"0"
-
-
-def _adapt(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    connection.adapters.register_loader("numeric", _Number)
-    connection.adapters.register_dumper(bool, _Flag)
-
-
-class _Translations:
-    """Each statement translated once (`proxy.store.dialect`); the store runs a few dozen distinct ones."""
-
-    def __init__(self) -> None:
-        self._done: dict[str, Translated] = {}
-
-    def __call__(self, sql: str) -> Translated:
-        found = self._done.get(sql)
-        if found is None:
-            found = self._done[sql] = translate(sql)
-        return found
-
-
-class PgCursor:
-    def __init__(self, cursor: psycopg.Cursor[PgRow]) -> None:
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    def fetchone(self) -> PgRow | None:
-        return self._cursor.fetchone() if self._cursor.description is not None else None
-
-    def fetchall(self) -> list[PgRow]:
-        return self._cursor.fetchall() if self._cursor.description is not None else []
-
-    def __iter__(self) -> Iterator[PgRow]:
-        return iter(self.fetchall())
-
-
-class PgConnection:
-    """A psycopg connection that runs the store's SQLite SQL (`proxy.store.connection.Connection`)."""
-
-    def __init__(self, connection: psycopg.Connection[PgRow], translations: _Translations) -> None:
-        self.raw = connection
-        self._translations = translations
-
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> PgCursor:
-        translated = self._translations(sql)
-        query = translated.sql
-        return PgCursor(self.raw.execute(query, translated.parameters(parameters) if translated.order else None))
-
-    def executemany(self, sql: str, parameters: Sequence[Sequence[Any]], /) -> PgCursor:
-        translated = self._translations(sql)
-        cursor = self.raw.cursor()
-        cursor.executemany(translated.sql, [translated.parameters(p) for p in parameters])
-        return PgCursor(cursor)
-
-
-def _connect(url: str, translations: _Translations, timeout: int = CONNECT_TIMEOUT_S) -> PgConnection:
+def _connect(url: str, translations: Translations, timeout: int = CONNECT_TIMEOUT_S) -> PgConnection:
     try:
         connection = psycopg.Connection.connect(url, autocommit=True, row_factory=pg_rows, connect_timeout=timeout)
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"cannot connect to the store at {redacted_url(url)}: {reason_of(exc)}") from None
-    _adapt(connection)
+    adapt(connection)
     return PgConnection(connection, translations)
 
 
@@ -186,7 +85,7 @@ class PostgresEngine:
         writer: PgConnection,
         reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]],
         locks: AdvisoryLocks,
-        translations: _Translations,
+        translations: Translations,
         outage: Outage,
     ) -> None:
         self._url = url
@@ -198,14 +97,14 @@ class PostgresEngine:
 
     @classmethod
     async def open(cls, url: str, pool_size: int, executor: ThreadPoolExecutor) -> PostgresEngine:
-        translations = _Translations()
+        translations = Translations()
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(executor, _connect, url, translations)
         reads: AsyncConnectionPool[psycopg.AsyncConnection[PgRow]] = AsyncConnectionPool(
             url,
             connection_class=psycopg.AsyncConnection[PgRow],
             kwargs={"autocommit": True, "row_factory": pg_rows, "connect_timeout": CONNECT_TIMEOUT_S},
-            configure=_configure,
+            configure=configure,
             min_size=1,
             max_size=max(1, pool_size),
             name="store-reads",
@@ -357,10 +256,6 @@ async def _one(cursor: psycopg.AsyncCursor[PgRow]) -> Row | None:
     return await cursor.fetchone()
 
 
-async def _configure(connection: psycopg.AsyncConnection[Any]) -> None:
-    _adapt(connection)
-
-
 def storage_error(exc: BaseException) -> BaseException:
     """PostgreSQL's "disk full" as the 507 a client can act on; any other failure unchanged."""
     if not isinstance(exc, psycopg.errors.DiskFull):
@@ -385,7 +280,7 @@ def migrate(connection: PgConnection, location: str) -> None:
 def check_store(url: str) -> None:
     """StoreRefused (SchemaTooNew among them) if the database is another application's or was migrated by a
     newer proxy. Reads only; an empty database is fine."""
-    connection = _connect(url, _Translations())
+    connection = _connect(url, Translations())
     try:
         _refuse_unknown(connection, redacted_url(url))
     finally:
