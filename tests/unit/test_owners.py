@@ -229,8 +229,9 @@ async def test_a_serving_process_sweeps_a_dead_replicas_steps_without_a_restart(
         await asyncio.sleep(0.1)
         assert await status(store, step.id) == "open"  # the replica's lease still holds
         store.clock.now += LEASE_S + 1
+        # One sweep closes the step, then forgets the gone owner: wait for both, not only the first.
         for _ in range(500):
-            if await status(store, step.id) != "open":
+            if await status(store, step.id) != "open" and owner_rows(store.path) == {survivor.id}:
                 break
             await asyncio.sleep(0.01)
     finally:
