@@ -56,6 +56,9 @@ class Conversation:
     fit_output: bool = False
     """The client asks for its own model's output limit, not the configured model's (Anthropic clients): the
     output to reserve is lowered to what the configured model can give."""
+    definitions: int = 0
+    """What the request's tool definitions and output schema cost by the proxy's count (`tokens.count_definitions`,
+    set by the pipeline): sent with every request besides the messages, so the budget leaves room for them."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,12 @@ class ContextReport:
 
     session_id: str
     prompt_tokens: int
-    """The working context sent upstream, by the proxy's own count."""
+    """The working context sent upstream with the request's definitions (tools, schema), by the proxy's count."""
     budget: int
     """The effective input budget it had to fit."""
     history_tokens: int
-    """The whole stored conversation, which the working context stands for."""
+    """The whole stored conversation, which the working context stands for (with the request's definitions: what
+    sending it all would cost)."""
     summaries: int
     recalled: int = 0
     """Archived passages recalled into the working context."""

@@ -54,15 +54,19 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.offload import compute
 from proxy.plan import Plan
-from proxy.tokens import count_message, count_prompt, encoding_for_model, rough_size
+from proxy.tokens import count_definitions, count_message, count_prompt, encoding_for_model, rough_size
 from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
 from proxy.upstream.protocol import Upstream
+from proxy.vocabulary import SYSTEM_ROLES
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+TOOL_CHARS = 2_000
+"""About what one tool definition of an agent's holds: how the work of counting them is sized (`offload`)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class Pipeline:
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
         entry = self._entry(conversation.model)
-        conversation = self._fit_output(entry, conversation)
+        conversation = await self._counted(entry, self._fit_output(entry, conversation))
         self._budget(entry, conversation, {})  # refuses a max_tokens that leaves no input room, before any write
         key = options.idempotency_key
         # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
@@ -162,21 +166,28 @@ class Pipeline:
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
-        budget = self._budget(entry, conversation, reconciled.settings).input_budget
+        budget = self._budget(entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
         return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
 
     async def count_tokens(self, conversation: Conversation) -> int:
-        """What the proxy would send for `conversation`, by its own count: the conversation as it stands while it
-        fits, else about the share compaction brings it to (`context.compact_to` of the model's input budget)."""
+        """What the proxy would send for `conversation`, by its own count, definitions (tools) included: the
+        conversation as it stands while it fits, else about the size compaction brings it to (`compact_to` of
+        what the system prompt and the definitions leave of the model's input budget: `Policy.level`)."""
         entry = self._entry(conversation.model)
+        conversation = await self._counted(entry, conversation)
         encoding = encoding_for_model(entry.model)
         size = sum(map(rough_size, conversation.messages))
         counts = await compute(size, lambda: [count_message(m, encoding) for m in conversation.messages])
+        budget = self.budgets.budget(entry, None, {}, conversation.definitions)
+        policy = self.compactor.policy(budget.for_messages, self.config.context.preserve_recent)
+        floor = count_prompt(
+            c for c, m in zip(counts, conversation.messages, strict=True) if m.get("role") in SYSTEM_ROLES
+        )
         tokens = count_prompt(counts)
-        budget = self.budgets.budget(entry, None, {}).input_budget
-        context = self.config.context
-        return int(context.compact_to * budget) if tokens > context.trigger_ratio * budget else tokens
+        if tokens > policy.level(policy.trigger_ratio, floor):
+            tokens = int(policy.level(policy.compact_to, floor))
+        return tokens + budget.definitions
 
     def _entry(self, model: str) -> ModelEntry:
         entry = self.config.model(model)
@@ -227,7 +238,7 @@ class Pipeline:
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
-            budget = self._budget(entry, conversation, reconciled.settings).input_budget
+            budget = self._budget(entry, conversation, reconciled.settings)
             prepared = await self._prepare(
                 CompactionRequest.for_session(
                     tenant,
@@ -237,7 +248,7 @@ class Pipeline:
                     messages=conversation.messages,
                     entry=entry,
                     encoding=encoding,
-                    budget=budget,
+                    budget=budget.for_messages,
                     preserve_recent=self.config.context.preserve_recent,
                     allowance=allowance,
                 ),
@@ -259,14 +270,31 @@ class Pipeline:
         return await self.history.attach_settings(reconciled, changes) if changes else reconciled
 
     def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
-        budget = self.budgets.budget(entry, conversation.max_output, settings)
+        budget = self.budgets.budget(entry, conversation.max_output, settings, conversation.definitions)
         if budget.input_budget <= 0:
             raise ContextTooLarge(
                 f"max_tokens={budget.reserved_output} leaves no room for input in the "
                 f"{budget.limits.context_window}-token context window of model '{entry.name}'.",
                 param=conversation.max_output_param,
             )
+        if budget.for_messages <= 0:
+            raise ContextTooLarge(
+                f"The request's tool definitions ({budget.definitions} tokens) leave no room for messages in the "
+                f"{budget.input_budget}-token input budget of model '{entry.name}'. Send fewer tools or use a model "
+                "with a larger context window.",
+                param="tools",
+            )
         return budget
+
+    async def _counted(self, entry: ModelEntry, conversation: Conversation) -> Conversation:
+        """`conversation` with what its definitions cost (`Conversation.definitions`)."""
+        params = conversation.params
+        if not params.get("tools") and not params.get("response_format"):
+            return conversation
+        tools = params.get("tools")
+        size = TOOL_CHARS * (1 + (len(tools) if isinstance(tools, list) else 0))  # no walk to decide where to count
+        definitions = await compute(size, count_definitions, params, encoding_for_model(entry.model))
+        return replace(conversation, definitions=definitions)
 
     async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:
@@ -300,10 +328,10 @@ class Pipeline:
         except UpstreamError as exc:
             if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
-            factor = self.budgets.learn(plan.entry, plan.prepared.tokens, exc.context_overflow)
+            factor = self.budgets.learn(plan.entry, plan.sent_tokens, exc.context_overflow)
             log.warning(
                 "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
-                plan.prepared.tokens,
+                plan.sent_tokens,
                 plan.entry.name,
                 factor,
             )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.budget.budgets import Budget
 from proxy.compaction.compactor import WorkingContext
 from proxy.compaction.spans import Allowance
 from proxy.config import ModelEntry
@@ -21,7 +22,7 @@ class Plan:
 
     entry: ModelEntry
     reconciled: Reconciled
-    budget: int
+    budget: Budget
     prepared: WorkingContext
     encoding: str
     allowance: Allowance
@@ -35,12 +36,17 @@ class Plan:
             context["wire"] = dict(self.wire)
         return context
 
+    @property
+    def sent_tokens(self) -> int:
+        """What the request sends upstream by the proxy's count: its working context and its definitions."""
+        return self.prepared.tokens + self.budget.definitions if self.prepared.messages else 0
+
     def report(self) -> ContextReport:
         return ContextReport(
             session_id=self.reconciled.session.id,
-            prompt_tokens=self.prepared.tokens,
-            budget=self.budget,
-            history_tokens=count_prompt(m.tokens for m in self.reconciled.path),
+            prompt_tokens=self.sent_tokens,
+            budget=self.budget.input_budget,
+            history_tokens=count_prompt(m.tokens for m in self.reconciled.path) + self.budget.definitions,
             summaries=self.prepared.summaries,
             recalled=self.prepared.recalled,
         )

@@ -8,6 +8,7 @@ tiktoken finds its files offline because startup ran `proxy.environment.prepare(
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -23,6 +24,15 @@ REPLY_PRIMING_TOKENS = 3
 
 IMAGE_PART_TOKENS = 765
 """What a high-detail 512px tile image costs at OpenAI; images are not sent to us as pixels we could measure."""
+FILE_PAGE_TOKENS = 1_500
+"""What one page of a file part (a PDF) costs: Anthropic and OpenAI read each page as its text and an image."""
+FILE_PAGE_BYTES = 50_000
+"""About one PDF page, to estimate the pages of a file sent inline; a file sent by id counts as one page."""
+TOKENS_PER_TOOL = 8
+"""A function's framing in the provider's rendering of the tool list (its name line, its parameters' braces)."""
+TOOLS_OVERHEAD = 12
+"""The tool list's own framing (OpenAI's `namespace functions`, Anthropic's tool-use preamble is larger and is
+left to the safety margin and the learned ratio)."""
 
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
 
@@ -105,9 +115,7 @@ def count_message(message: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) 
     tokens = TOKENS_PER_MESSAGE
     content = message.get("content")
     if isinstance(content, list):
-        tokens += IMAGE_PART_TOKENS * sum(
-            1 for part in content if isinstance(part, Mapping) and part.get("type") in ("image_url", "input_image")
-        )
+        tokens += sum(_media_tokens(part) for part in content if isinstance(part, Mapping))
     name = message.get("name")
     if isinstance(name, str):
         texts.append(name)
@@ -121,6 +129,60 @@ def count_message(message: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) 
         texts.append(str(function.get("arguments", "")))
         tokens += TOKENS_PER_TOOL_CALL
     return tokens + sum(count_text(text, encoding) for text in texts if text)
+
+
+def count_definitions(params: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) -> int:
+    """Tokens a request sends besides its messages: its tool definitions and its structured-output schema.
+
+    Providers render them into the prompt (OpenAI as a TypeScript-like namespace, Anthropic as JSON in a system
+    preamble), so they count against the window like messages; an agent's are often larger than its system
+    prompt. Counted as name, description and the JSON schema's text, which is close to both renderings. An agent
+    sends the same definitions with every request: the count is remembered by their text."""
+    tools = params.get("tools")
+    functions = (
+        [tool["function"] for tool in tools if isinstance(tool, Mapping) and isinstance(tool.get("function"), Mapping)]
+        if isinstance(tools, list)
+        else []
+    )
+    response_format = params.get("response_format")
+    schema = response_format.get("json_schema") if isinstance(response_format, Mapping) else None
+    if not functions and not isinstance(schema, Mapping):
+        return 0
+    text = json.dumps([functions, schema], ensure_ascii=False, sort_keys=True, default=str)
+    return _definitions_tokens(text, encoding, bool(tools))
+
+
+@lru_cache(maxsize=64)
+def _definitions_tokens(text: str, encoding: str, listed: bool) -> int:
+    """`count_definitions` of `text` (`[functions, schema]` as JSON); `listed`: the request has a tool list."""
+    functions, schema = json.loads(text)
+    total = TOOLS_OVERHEAD if listed else 0
+    for function in functions:
+        total += TOKENS_PER_TOOL + _definition_tokens(function, "parameters", encoding)
+    if isinstance(schema, dict):
+        total += TOKENS_PER_TOOL + _definition_tokens(schema, "schema", encoding)
+    return total
+
+
+def _definition_tokens(definition: Mapping[str, Any], schema_key: str, encoding: str) -> int:
+    texts = [str(definition.get("name") or ""), str(definition.get("description") or "")]
+    schema = definition.get(schema_key)
+    if schema is not None:
+        texts.append(json.dumps(schema, ensure_ascii=False, sort_keys=True))
+    return sum(count_text(text, encoding) for text in texts if text)
+
+
+def _media_tokens(part: Mapping[str, Any]) -> int:
+    """The providers' per-item estimate for what is not text: an image, a file's pages."""
+    kind = part.get("type")
+    if kind in ("image_url", "input_image"):
+        return IMAGE_PART_TOKENS
+    if kind in ("file", "input_file"):
+        file = part.get("file") if kind == "file" else part
+        data = file.get("file_data") if isinstance(file, Mapping) else None
+        size = len(data) * 3 // 4 if isinstance(data, str) else 0  # base64
+        return FILE_PAGE_TOKENS * max(1, -(-size // FILE_PAGE_BYTES))
+    return 0
 
 
 def count_prompt(counts: Iterable[int]) -> int:

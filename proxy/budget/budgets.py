@@ -1,13 +1,15 @@
 """The effective input budget: how many tokens one request's working context may use.
 
     input budget = (context window − reserved output − safety margin) / learned correction, capped by the session
+    for messages = input budget − the request's definitions (tools, output schema: `tokens.count_definitions`)
 
 The reserved output is the request's own max_tokens when it gives one, else the model's output limit. The
 margin exists because our tiktoken count is only an estimate of the provider's tokenizer; when the upstream
 still counts more than we did, `corrections` learns the ratio per model, and the window itself when the
-upstream reports a smaller one than configured. A session's `X-Context-Budget` may
-lower the result, never raise it. `Budgets` is the one place this is computed, and the one holder of the learned
-corrections: the request path, the inspection views and the summarizer all ask it.
+upstream reports a smaller one than configured. The ratio is of whole prompts, definitions included, so it stays
+a tokenizer's ratio and never absorbs the size of a tool list. A session's `X-Context-Budget` may lower the result,
+never raise it. `Budgets` is the one place this is computed, and the one holder of the learned corrections: the
+request path, the inspection views and the summarizer all ask it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ class Budget:
     """Tokens the working context may use (0 if the reserved output leaves none: the caller reports it)."""
     session_cap: int | None
     """The session's X-Context-Budget, set only when it lowered the budget."""
+    definitions: int = 0
+    """What the request's tool definitions and output schema cost: sent with every request, before any message."""
+
+    @property
+    def for_messages(self) -> int:
+        """What the working context's messages may use: the input budget less the definitions."""
+        return max(0, self.input_budget - self.definitions)
 
 
 def effective_budget(
@@ -74,9 +83,14 @@ class Budgets:
         return limits if reported is None else with_reported_window(limits, reported)
 
     def budget(
-        self, entry: ModelEntry, requested_output: int | None = None, settings: Mapping[str, Any] | None = None
+        self,
+        entry: ModelEntry,
+        requested_output: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+        definitions: int = 0,
     ) -> Budget:
-        """The budget of one request to `entry` (`requested_output`: its max_tokens) in a session with `settings`."""
+        """The budget of one request to `entry` (`requested_output`: its max_tokens, `definitions`: what its tools
+        cost) in a session with `settings`."""
         budget = effective_budget(
             self.limits(entry),
             requested_output,
@@ -88,6 +102,7 @@ class Budgets:
             budget.reserved_output,
             self._corrections.apply(entry.name, budget.input_budget),
             budget.session_cap,
+            definitions,
         )
 
     def fitted_output(self, entry: ModelEntry, requested: int) -> int:

@@ -109,10 +109,16 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     fixed = kept_tokens + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS
     if fixed > budget:
         return _too_large(items, kept, fixed, budget)
-    trigger = policy.trigger_ratio * budget
+    floor = (
+        kept_tokens
+        + sum(items[position].tokens for position in range(recent, count) if items[position].role in PINNED_ROLES)
+        + REPLY_PRIMING_TOKENS
+    )
+    trigger = policy.level(policy.trigger_ratio, floor)
+    target = policy.level(policy.compact_to, floor)
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
-        return ContextLayout(parts=tuple(range(count)), tokens=everything)
+        return ContextLayout(parts=tuple(range(count)), tokens=everything, floor=floor)
 
     arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
     if compacting:
@@ -128,8 +134,9 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
                 break
             active += [span for span in spans if span.held == batch]
     context, layout, stubbed = arrange(active)
+    context = replace(context, floor=floor)
     total = context.tokens
-    if total <= (policy.compact_to * budget if compacting else trigger):
+    if total <= (target if compacting else trigger):
         return replace(context, held_back=len(active) < len(spans))
     view = View(
         items=items,
@@ -140,7 +147,7 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
         layout=layout,
         neighbours=_neighbours(items, layout, recent),
         stubbed=stubbed,
-        needed=total - policy.compact_to * budget,
+        needed=total - target,
     )
     need = next_span(view)
     if need is not None:

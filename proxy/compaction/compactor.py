@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
-from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions, ahead_policy
+from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
@@ -63,6 +63,8 @@ class WorkingContext:
     """Archived passages recalled into the working context."""
     ahead: bool = False
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
+    floor: int = field(default=0, compare=False)
+    """What it sends whatever is compacted (`Policy.level`): system and pinned messages."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +135,12 @@ class Compactor:
 
     async def prepare(self, request: CompactionRequest) -> WorkingContext:
         everything = count_prompt(stored.tokens for stored in request.path)
-        if everything <= self._config.trigger_ratio * request.budget:
+        floor = count_prompt(stored.tokens for stored in request.path if stored.role in SYSTEM_ROLES)
+        if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
-            return WorkingContext([dict(message) for message in request.messages], everything, summaries=0, written=0)
+            messages = [dict(message) for message in request.messages]
+            return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
         await self._ahead.wait(request, allowance)
         state = await self._paths.read(request)
@@ -191,7 +195,8 @@ class Compactor:
     def precompact(self, request: CompactionRequest, prepared: WorkingContext) -> None:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
-        self._ahead.start(request, prepared.tokens, ahead=prepared.ahead)
+        policy = self._request_policy(request)
+        self._ahead.start(request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead)
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
@@ -201,13 +206,12 @@ class Compactor:
         """Stop the pre-compactions (shutdown): see `Precompactions.close`."""
         await self._ahead.close(grace_s)
 
-    async def _write_ahead(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
+    async def _write_ahead(self, request: CompactionRequest, policy: Policy) -> None:
         """The pre-compaction's spans (`ahead_policy`), held back until the crossing (`Span.held`). A summarizer
         allowance of its own; when it is used up the task stops, and the crossing request writes what is
         missing."""
         state = await self._paths.read(request)
         stored = await self._in_force(request)
-        policy = ahead_policy(self._request_policy(request), tokens, ratio)
         allowance = self.allowance()
         render = functools.partial(self._read, request, state)
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
@@ -261,7 +265,9 @@ class Compactor:
                 messages.append(stubbed_message(request.messages[part], state.stubs[part]))
             else:
                 messages.append(dict(request.messages[part]))
-        return WorkingContext(messages, context.tokens, summaries, written, ahead=context.held_back)
+        return WorkingContext(
+            messages, context.tokens, summaries, written, ahead=context.held_back, floor=context.floor
+        )
 
     async def _recalled(
         self, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext
@@ -298,9 +304,7 @@ class Compactor:
         )
 
 
-def _superseded(
-    stored: Mapping[int, StoredSpan], need: NeedsSummary, summary: StoredSpan
-) -> dict[int, StoredSpan]:
+def _superseded(stored: Mapping[int, StoredSpan], need: NeedsSummary, summary: StoredSpan) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
 

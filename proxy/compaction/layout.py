@@ -8,7 +8,7 @@ to write), so that neither imports the other's internals.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.compaction.summary_text import DEFAULT_SUMMARY_MAX, DEFAULT_SUMMARY_MIN, DEFAULT_TARGET_RATIO, target_tokens
 from proxy.config import SUMMARIZE, TOOL_RESULTS
@@ -89,6 +89,12 @@ class Policy:
     """`tool-results` stubs the tool outputs of user turns older than the last `keep_turns`."""
     marker_tokens: int = DEFAULT_MARKER_TOKENS
 
+    def level(self, ratio: float, floor: int) -> float:
+        """The context size at `ratio` of the free space: what the budget leaves once the `floor` (the messages
+        every request sends whatever happens: system prompts, pins) is paid. Triggers and targets are levels, so
+        a large fixed preamble does not leave compaction aiming below it (and compacting on every turn)."""
+        return floor + ratio * max(0, self.budget - floor)
+
     def summary_target(self, input_tokens: int) -> int:
         """The content size a summary of `input_tokens` tokens should have."""
         return target_tokens(input_tokens, self.target_ratio, self.summary_min, self.summary_max)
@@ -117,6 +123,8 @@ class ContextLayout:
     """Item indices sent as their tool-output stub."""
     held_back: bool = False
     """Spans written ahead of need are not in use yet: the next crossing's compaction is already written."""
+    floor: int = field(default=0, compare=False)
+    """What the context sends whatever is compacted (`Policy.level`): its system and pinned messages."""
 
 
 @dataclass(frozen=True)

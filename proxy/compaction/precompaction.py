@@ -26,15 +26,16 @@ log = logging.getLogger(__name__)
 CLOSE_GRACE_S = 5.0
 """How long shutdown lets running pre-compactions finish before it cancels them."""
 
-WriteAhead = Callable[[CompactionRequest, int, float], Awaitable[None]]
-"""Writes, held back, the spans a session's next crossing will need: given the request, what it sent (tokens)
-and the pre-compaction ratio (the compactor's loop, with `ahead_policy`)."""
+WriteAhead = Callable[[CompactionRequest, Policy], Awaitable[None]]
+"""Writes, held back, the spans a session's next crossing will need: given the request and the policy to write
+them by (the compactor's loop, with `ahead_policy`)."""
 
 
-def ahead_policy(policy: Policy, tokens: int, ratio: float) -> Policy:
+def ahead_policy(policy: Policy, tokens: int, floor: int, ratio: float) -> Policy:
     """Compact as the crossing will, ahead of it: to `compact_to` less the room still left before the trigger
-    (the turns until the crossing fill it)."""
-    headroom = max(0.0, policy.trigger_ratio - tokens / policy.budget)
+    (the turns until the crossing fill it), both shares of the free space above `floor` (`Policy.level`)."""
+    free = max(1, policy.budget - floor)
+    headroom = max(0.0, policy.trigger_ratio - (tokens - floor) / free)
     return replace(
         policy,
         trigger_ratio=min(policy.trigger_ratio, ratio),
@@ -56,14 +57,15 @@ class Precompactions:
         """Pre-compactions running, by (tenant, session)."""
         self._slots = asyncio.Semaphore(config.precompact_concurrency)
 
-    def start(self, request: CompactionRequest, tokens: int, *, ahead: bool) -> None:
-        """Start writing the session's next spans in the background when the request sent more than
-        `context.precompact_ratio` of its budget and no spans already wait (`ahead`); one task per session."""
+    def start(self, request: CompactionRequest, policy: Policy, tokens: int, floor: int, *, ahead: bool) -> None:
+        """Start writing the session's next spans in the background when the request sent `tokens`, more than
+        `context.precompact_ratio` of its free space above `floor`, and no spans already wait (`ahead`); one task
+        per session."""
         ratio = self._ratio
         key = (request.tenant, request.session_id)
-        if ratio is None or ahead or tokens <= ratio * request.budget or key in self._running:
+        if ratio is None or ahead or tokens <= policy.level(ratio, floor) or key in self._running:
             return
-        task = asyncio.create_task(self._run(request, tokens, ratio))
+        task = asyncio.create_task(self._run(request, ahead_policy(policy, tokens, floor, ratio)))
         self._running[key] = task
         task.add_done_callback(functools.partial(self._done, key))
 
@@ -113,10 +115,10 @@ class Precompactions:
         if not task.cancelled() and task.exception() is not None:
             log.warning("pre-compaction of session %s failed: %s", key[1], task.exception())
 
-    async def _run(self, request: CompactionRequest, tokens: int, ratio: float) -> None:
+    async def _run(self, request: CompactionRequest, policy: Policy) -> None:
         async with self._slots, self._fleet_lock(request, wait=False) as held:
             if held:  # else another replica is writing this session's next spans
-                await self._write_ahead(request, tokens, ratio)
+                await self._write_ahead(request, policy)
 
     @contextlib.asynccontextmanager
     async def _fleet_lock(self, request: CompactionRequest, *, wait: bool) -> AsyncIterator[bool]:

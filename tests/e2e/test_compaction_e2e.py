@@ -9,6 +9,7 @@ a session that completes without an SDK error and without a retry proves that ev
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -363,6 +364,55 @@ def test_an_upstream_that_counts_more_is_healed_once_and_not_hit_again(
     # The inspection view reports the budget the requests got, learned correction included.
     view = httpx.get(f"{proxy.url}/sessions/{turns[-1].headers['x-session-id']}").json()
     assert view["usage"]["budget"] == shrunk
+
+
+def agent_tools(count: int, words: int) -> list[dict[str, Any]]:
+    """An agent's tool list: `count` functions, each described in about `words` words."""
+    rng = seeded("tools")
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{index}",
+                "description": filler(rng, words),
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string", "description": filler(rng, words // 4)}},
+                    "required": ["path"],
+                },
+            },
+        }
+        for index in range(count)
+    ]
+
+
+def test_an_agents_tool_definitions_count_against_the_window(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
+    # ~1,400 tokens of tools on a 4,096-token model that counts them (as OpenAI and Anthropic do): a budget of
+    # messages only would send ~1,400 tokens too many at the first crossing and learn a tokenizer ratio that is
+    # really the tools' size.
+    fake.context_window = SMALL_WINDOW
+    install_responder(fake)
+    _proxy, client = start(serve_proxy, fake)
+    tools = agent_tools(8, 120)
+    session = ScriptedSession(client, fake, "agent-tools", tools=tools, tool_every=3)
+
+    turns = session.run(30)
+
+    assert fake.rejected == []
+    assert_no_retries(turns)
+    assert any(turn.compacted for turn in turns)
+    for request in fake.requests:
+        body = request.body
+        assert fake.prompt_tokens(body["messages"], body.get("tools")) + (body.get("max_tokens") or 0) <= SMALL_WINDOW
+    definitions = fake.prompt_tokens([], tools) - fake.prompt_tokens([])
+    assert definitions > 1_000
+    budget = int(turns[-1].headers["x-context-budget"])
+    assert budget == SMALL_WINDOW - MAX_OUTPUT - math.ceil(0.05 * SMALL_WINDOW)  # no ratio learned
+    for turn in turns:
+        check_headers(turn, budget)
+        sent = turn.chat_requests[-1]
+        # What the proxy reports sending is the messages and the tools, by its count (within the margin).
+        assert int(turn.headers["x-context-tokens"]) >= fake.prompt_tokens(sent, tools) * 0.95
 
 
 # 9 — X-Context-Mode: off.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -157,8 +157,15 @@ def test_count_tokens_reports_what_the_proxy_would_send(serve_proxy: ServeProxy,
     with anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0) as client:
         small = client.messages.count_tokens(model="small", messages=[{"role": "user", "content": "count me"}])
         big = client.messages.count_tokens(model="small", messages=[{"role": "user", "content": "word " * 20_000}])
+        schema = {"type": "object", "properties": {"command": {"type": "string", "description": "word " * 300}}}
+        tools = [{"name": f"tool_{n}", "description": "word " * 200, "input_schema": schema} for n in range(2)]
+        with_tools = client.messages.count_tokens(
+            model="small", messages=[{"role": "user", "content": "count me"}], tools=cast(Any, tools)
+        )
     assert 0 < small.input_tokens < 20
     assert big.input_tokens < 4096  # not the 20,000 the client sent: the share the proxy compacts to
+    # The tools are sent with every request: they count (~1,000 tokens of descriptions and schemas here).
+    assert 1_000 < with_tools.input_tokens - small.input_tokens < 1_100
     assert row_counts(proxy.config.store.path)["messages"] == 0  # counting stores nothing
 
 

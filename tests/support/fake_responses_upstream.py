@@ -208,8 +208,12 @@ def _output_text(item: dict[str, Any]) -> str:
 
 
 def count_input_tokens(body: dict[str, Any]) -> int:
-    """The request's prompt tokens as the fake counts them (instructions and every item's text, chat formula)."""
-    return count_prompt_tokens(_as_messages(body))
+    """The request's prompt tokens as the fake counts them (instructions and every item's text, chat formula; each
+    function tool as FakeUpstream counts a chat function)."""
+    tools = body.get("tools")
+    listed = tools if isinstance(tools, list) else []
+    functions = [{"function": tool} for tool in listed if isinstance(tool, dict) and tool.get("type") == "function"]
+    return count_prompt_tokens(_as_messages(body), functions)
 
 
 def _reply_tokens(reply: ResponsesReply) -> int:

@@ -175,9 +175,15 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def count_prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """OpenAI's cookbook formula for chat prompts, with o200k_base."""
+def count_prompt_tokens(messages: list[dict[str, Any]], tools: Any = None) -> int:
+    """OpenAI's cookbook formula for chat prompts, with o200k_base; the tool definitions count too (OpenAI renders
+    them into the prompt), as name, description and JSON schema, as the Anthropic fake counts them."""
     total = TOKENS_REPLY_PRIMING
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict):
+            total += _tokens(f"{function.get('name', '')}{function.get('description', '')}")
+            total += _tokens(json.dumps(function.get("parameters"), sort_keys=True)) if "parameters" in function else 0
     for message in messages:
         total += TOKENS_PER_MESSAGE
         for key in ("role", "name", "tool_call_id"):
@@ -531,9 +537,9 @@ class FakeUpstream(LoopbackServer):
     def count_tokens(messages: list[dict[str, Any]]) -> int:
         return count_prompt_tokens(messages)
 
-    def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
+    def prompt_tokens(self, messages: list[dict[str, Any]], tools: Any = None) -> int:
         """The prompt as this upstream counts it: OpenAI's count times `token_ratio`."""
-        return math.ceil(count_prompt_tokens(messages) * self.token_ratio)
+        return math.ceil(count_prompt_tokens(messages, tools) * self.token_ratio)
 
     def _take_fault(self, stream: bool) -> Fault | None:
         with self._lock:
@@ -586,7 +592,7 @@ class FakeUpstream(LoopbackServer):
             messages = _check_body(body)
             if self.strict_roles:
                 _check_role_order(messages)
-            prompt_tokens = self.prompt_tokens(messages)
+            prompt_tokens = self.prompt_tokens(messages, body.get("tools"))
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
             dialect = self.context_dialect
             if dialect is None:

@@ -176,6 +176,8 @@ class ScriptedSession:
     """Every n-th user turn is streamed (0: never)."""
     facts: Mapping[int, str] = field(default_factory=lambda: dict(FACTS))
     """User turn → a fact sentence planted in it."""
+    tools: list[dict[str, Any]] | None = None
+    """Function definitions sent with every request (an agent's), none by default."""
     messages: list[dict[str, Any]] = field(default_factory=lambda: [{"role": "system", "content": SYSTEM_PROMPT}])
     turns: list[TurnRecord] = field(default_factory=list)
 
@@ -235,9 +237,10 @@ class ScriptedSession:
         """The assistant message the client appends, and the response headers."""
         extra = {"X-Session-Id": self.session_id, **headers}
         messages = cast("list[ChatCompletionMessageParam]", self.messages)
+        tools: Any = self.tools if self.tools is not None else openai.NOT_GIVEN
         if not stream:
             raw = self.client.chat.completions.with_raw_response.create(
-                model=model, messages=messages, extra_headers=extra
+                model=model, messages=messages, tools=tools, extra_headers=extra
             )
             completion = raw.parse()
             assert isinstance(completion, ChatCompletion)
@@ -249,7 +252,7 @@ class ScriptedSession:
                 ]
             return answer, dict(raw.headers.items())
         with self.client.chat.completions.with_streaming_response.create(
-            model=model, messages=messages, stream=True, extra_headers=extra
+            model=model, messages=messages, stream=True, tools=tools, extra_headers=extra
         ) as response:
             chunks = list(response.parse())
             return assemble(chunks), dict(response.headers.items())

@@ -216,8 +216,11 @@ def test_needs_summary_for_the_oldest_range_just_long_enough_to_reach_compact_to
         acknowledgement = policy.acknowledgement_tokens if items[end].role == "user" else 0  # rule 6
         return total - original + policy.estimated_summary(original) + acknowledgement
 
-    assert after(result.end) <= policy.compact_to * policy.budget
-    assert after(result.end - 1) > policy.compact_to * policy.budget
+    # The target is `compact_to` of the free space above the system prompt (and the reply priming).
+    target = policy.level(policy.compact_to, items[0].tokens + PRIMING)
+    assert target > policy.compact_to * policy.budget
+    assert after(result.end) <= target
+    assert after(result.end - 1) > target
     assert result.parts == tuple(range(1, result.end))
     assert result.target == policy.summary_target(sum(item.tokens for item in items[1 : result.end]))
 
@@ -231,8 +234,30 @@ def test_after_the_summary_the_context_uses_it_and_fits() -> None:
     assert loop.summaries == 1
     assert result.parts[0] == 0
     assert result.parts[1] == loop.spans[0]
-    assert result.tokens <= policy.compact_to * policy.budget
+    assert result.floor == items[0].tokens + PRIMING
+    assert result.tokens <= policy.level(policy.compact_to, result.floor)
     check_context(items, policy, result)
+
+
+def test_a_large_system_prompt_is_paid_first_and_compaction_aims_at_half_of_what_it_leaves() -> None:
+    # An agent's preamble: a system prompt of 60 % of the budget. Aiming at `compact_to` of the whole budget would
+    # aim below the system prompt itself, so every compaction would take all it could and the next turn cross
+    # again; aiming at `compact_to` of the free space leaves room for turns between compactions.
+    policy = Policy(budget=3_000)
+    loop = Loop(policy)
+    items = chat(0, head=(system(1_800),))
+    crossings = 0
+    for _turn in range(30):
+        items += [user(100), assistant(100)]
+        written = loop.summaries
+        result = loop.run(items)
+        assert isinstance(result, ContextLayout)
+        crossings += loop.summaries > written
+        assert result.floor == 1_800 + PRIMING
+        if loop.summaries > written:
+            assert result.tokens <= policy.level(policy.compact_to, result.floor)
+            assert result.tokens > 1_800 + 400  # it does not compact further than it must
+    assert crossings <= 10  # 200 tokens a turn, ~500 of the free 1,200 freed at each crossing (was: every turn)
 
 
 def test_range_never_splits_a_tool_group() -> None:
