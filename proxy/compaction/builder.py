@@ -37,6 +37,7 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -214,14 +215,18 @@ def stubbed_positions(
     items: Sequence[Item], spans: Sequence[Span], recent: int, kept: frozenset[int]
 ) -> frozenset[int]:
     """Tool outputs that a `tool-results` mask covers, older than the recent block, not kept, whose stub costs
-    less than the output: sent as their stub wherever they are shown verbatim."""
+    less than the output: sent as their stub wherever they are shown verbatim.
+
+    Every mask a session ever wrote stays on its path (one per crossing, each from the start), so the masks are
+    merged into disjoint ranges first and each position is looked at once: linear in the path, not quadratic."""
     stubbed: set[int] = set()
-    for span in spans:
-        if span.is_mask:
-            for position in range(max(0, span.start), min(span.end, recent)):
-                stub = items[position].stub_tokens
-                if stub is not None and stub < items[position].tokens and position not in kept:
-                    stubbed.add(position)
+    reached = 0
+    for start, end in sorted((span.start, span.end) for span in spans if span.is_mask):
+        for position in range(max(reached, start, 0), min(end, recent)):
+            stub = items[position].stub_tokens
+            if stub is not None and stub < items[position].tokens and position not in kept:
+                stubbed.add(position)
+        reached = max(reached, end)
     return frozenset(stubbed)
 
 
@@ -331,11 +336,16 @@ def usable_spans(
         and cuts[span.end]
         and kept_before[span.end] == kept_before[span.start]
     ]
+    # Widest first; the accepted spans are disjoint, so one kept in start order only needs its two neighbours
+    # checked (a long session has a span per crossing: a check against every accepted one is quadratic).
+    starts: list[int] = []
     accepted: list[Span] = []
     for span in sorted(valid, key=lambda s: (s.start - s.end, -s.id)):
-        if all(span.end <= other.start or other.end <= span.start for other in accepted):
-            accepted.append(span)
-    return sorted(accepted, key=lambda s: s.start)
+        at = bisect.bisect_right(starts, span.start)
+        if (at == 0 or accepted[at - 1].end <= span.start) and (at == len(starts) or span.end <= starts[at]):
+            starts.insert(at, span.start)
+            accepted.insert(at, span)
+    return accepted
 
 
 def _layout(

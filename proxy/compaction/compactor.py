@@ -255,8 +255,9 @@ class Compactor:
     ) -> WorkingContext:
         messages: list[Message] = []
         summaries = 0
+        acknowledged = frozenset(context.acknowledgements)
         for index, part in enumerate(context.parts):
-            if index in context.acknowledgements:
+            if index in acknowledged:
                 messages.append(acknowledgement_message())
             if isinstance(part, Span):
                 messages.append(_span_message(stored[part.id]))

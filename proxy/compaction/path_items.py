@@ -23,6 +23,8 @@ from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.tokens import count_message, rough_size
 
+ITEM_CACHE_ENTRIES = 100_000
+"""Builder items remembered (~150 bytes each): a few long sessions' paths."""
 STUB_CACHE_ENTRIES = 20_000
 """Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
 
@@ -41,6 +43,9 @@ class PathReader:
         self._pins = pins
         self._stubs: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         """(message id, encoding) → the tool output's stub and what its message costs."""
+        self._items: OrderedDict[tuple[str, int, bool, int | None], Item] = OrderedDict()
+        """(message id, its tokens, pinned, stub cost) → its builder item: a path is mostly what the previous
+        request's was, and an item is the same for the same message."""
 
     async def read(self, request: CompactionRequest) -> PathState:
         """The builder's items for `request`'s path (pins and, when `tool-results` runs, stub costs known)."""
@@ -48,12 +53,19 @@ class PathReader:
         strategies = request.strategies or self._config.strategies
         stubs = await self._stub_costs(request) if TOOL_RESULTS in strategies else {}
         items = [
-            builder_item(
-                stored, pinned=position in pinned, stub_tokens=stubs[position][1] if position in stubs else None
-            )
+            self._item(stored, position in pinned, stubs[position][1] if position in stubs else None)
             for position, stored in enumerate(request.path)
         ]
+        while len(self._items) > ITEM_CACHE_ENTRIES:
+            self._items.popitem(last=False)
         return PathState(items, {position: stub for position, (stub, _) in stubs.items()})
+
+    def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:
+        key = (stored.id, stored.tokens, pinned, stub_tokens)
+        item = self._items.get(key)
+        if item is None:
+            item = self._items[key] = builder_item(stored, pinned=pinned, stub_tokens=stub_tokens)
+        return item
 
     async def _pinned(self, request: CompactionRequest) -> frozenset[int]:
         """Positions the session pinned by the API, or whose text matches `context.pin_patterns`."""

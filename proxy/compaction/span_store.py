@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -78,10 +79,17 @@ class StoredSpan:
         }
 
 
+SPAN_CACHE_ENTRIES = 50_000
+"""Spans remembered as read (~200 bytes each without their content's text, which is shared with the row)."""
+
+
 class SpanStore:
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self._db = db
         self._clock = clock
+        self._read: OrderedDict[tuple[int, float | None], StoredSpan] = OrderedDict()
+        """(id, orphaned_at) → the span: a row never changes but for its `orphaned_at`, and a long session's path
+        has a span per crossing, each read again by every request."""
 
     async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
         """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
@@ -95,9 +103,18 @@ class SpanStore:
         depth_of = {message.id: message.depth for message in path}
         return [
             summary
-            for summary in map(_summary, rows)
+            for summary in map(self._span, rows)
             if depth_of.get(summary.end_id) == summary.end_depth and summary.start_depth <= summary.end_depth
         ]
+
+    def _span(self, row: Row) -> StoredSpan:
+        key = (row["id"], row["orphaned_at"])
+        span = self._read.get(key)
+        if span is None:
+            span = self._read[key] = _summary(row)
+            if len(self._read) > SPAN_CACHE_ENTRIES:
+                self._read.popitem(last=False)
+        return span
 
     async def add(
         self,
@@ -190,7 +207,7 @@ def _summary(row: Row) -> StoredSpan:
         original_tokens=row["original_tokens"],
         model=row["model"],
         generated_by=row["generated_by"],
-        replaces=tuple(json.loads(row["replaces"])),
+        replaces=() if row["replaces"] == "[]" else tuple(json.loads(row["replaces"])),
         orphaned_at=row["orphaned_at"],
         created_at=row["created_at"],
         strategy=row["strategy"],
