@@ -56,7 +56,9 @@ STRATEGY_NAMES = (TOOL_RESULTS, SUMMARIZE, GOAL_BATCH, SLIDING_WINDOW)
 """The compaction strategies (`proxy.compaction.strategies`), for `context.strategies` and X-Context-Strategy."""
 DEFAULT_STRATEGIES = (TOOL_RESULTS, SUMMARIZE)
 """Old tool outputs become stubs first (no model call, most of an agent's context), then summaries."""
-DEFAULT_TOOL_RESULTS_KEEP_TURNS = 2
+DEFAULT_TOOL_RESULTS_KEEP_TURNS = 1
+"""All but the newest tool outputs are stubbed at a crossing: an agent reads what it just ran, and stubbing the
+rest at once moves the next crossing furthest away and changes the prompt least after the change."""
 DEFAULT_PRECOMPACT_RATIO = 0.8
 DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024

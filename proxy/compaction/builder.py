@@ -14,10 +14,11 @@ database or a model. Its rules:
    messages alone exceed the budget, that is `RecentTooLarge`: the client gets a clear error, never a silent cut.
 3. Older messages form blocks: each usable summary span (shown as its summary, or as its originals when they
    are cheaper) and atomic units of unsummarized messages (a tool group is one unit).
-4. If the result fits `trigger_ratio * budget` it is the `ContextLayout`. Otherwise `NeedsSummary` names the
-   oldest unsummarized range worth summarizing, extended just far enough that the total drops to
-   `compact_to * budget`: compaction happens in big steps so that the following requests are prefix-extensions
-   of each other and provider prompt caches keep hitting (invariant 6).
+4. If the result fits the `trigger_ratio` level of the free space (`Policy.level`: what the budget leaves above
+   the system and pinned messages) it is the `ContextLayout`. Otherwise (a *crossing*) every span written ahead
+   joins, and `NeedsSummary` names the next span to write until the total drops to the `compact_to` level:
+   compaction happens in big steps so that the following requests are prefix-extensions of each other and
+   provider prompt caches keep hitting (invariant 6).
 5. When every older message is summarized, adjacent summaries (and the messages between them) are summarized
    again, hierarchically; when nothing more can be summarized and it still does not fit, `RecentTooLarge`.
 6. A summary is a user turn. Where it would make two user turns follow each other (system messages between
@@ -94,9 +95,10 @@ __all__ = [
 def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compacting: bool = False) -> BuildResult:
     """The working context for `items`, or the span that must be written first, or why it cannot fit.
 
-    `compacting` is True on the calls that follow a `NeedsSummary` within one request: the compaction then
-    goes on until the total reaches `compact_to * budget` (or nothing more can be compacted), rather than
-    stopping as soon as it fits again, so that one compaction is one big step, however many rounds it takes.
+    `compacting` is True on the calls that follow a `NeedsSummary` within one request (and from the start at a
+    crossing): the compaction then goes on until the total reaches the `compact_to` level (or nothing more can
+    be compacted), rather than stopping as soon as it fits again, so that one compaction is one big step,
+    however many rounds it takes.
     """
     count = len(items)
     budget = max(0, policy.budget)
@@ -119,22 +121,21 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     target = policy.level(policy.compact_to, floor)
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
-        return ContextLayout(parts=tuple(range(count)), tokens=everything, floor=floor)
+        held = any(span.held for span in spans)
+        return ContextLayout(parts=tuple(range(count)), tokens=everything, held_back=held, floor=floor)
 
     arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
-    if compacting:
-        active = list(spans)
-    else:
-        # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the
-        # prompt changes at the crossing, as it would have without pre-compaction (invariant 6). A batch (one
-        # pre-compaction's spans) joins whole, so the crossing is one big step; batches join in the order they
-        # were written, so a later request's choice includes an earlier one's.
-        active = [span for span in spans if not span.held]
-        for batch in sorted({span.held for span in spans if span.held}):
-            if arrange(active)[0].tokens <= trigger:
-                break
-            active += [span for span in spans if span.held == batch]
+    # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the
+    # prompt changes at the crossing, as it would have without pre-compaction (invariant 6). At the crossing
+    # every held batch joins at once and compaction goes on to the target: the prompt changes there anyway,
+    # and the deeper it goes in that one step, the further away the next crossing is.
+    active = list(spans) if compacting else [span for span in spans if not span.held]
     context, layout, stubbed = arrange(active)
+    if not compacting and context.tokens > trigger:
+        compacting = True
+        if len(active) < len(spans):
+            active = list(spans)
+            context, layout, stubbed = arrange(active)
     context = replace(context, floor=floor)
     total = context.tokens
     if total <= (target if compacting else trigger):

@@ -43,6 +43,8 @@ __all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
+WITHOUT_MODEL = frozenset({TOOL_RESULTS, SLIDING_WINDOW})
+"""Strategies whose spans are written without a model call: a crossing writes them at once."""
 MAX_ROUNDS = 32
 """Spans one request may write; each round shrinks the context, so this is never reached in practice."""
 NAMED_PINS = 10
@@ -142,19 +144,38 @@ class Compactor:
             messages = [dict(message) for message in request.messages]
             return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
-        await self._ahead.wait(request, allowance)
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         policy = self._request_policy(request)
-        for written in range(MAX_ROUNDS):
+        waited = False
+        written = 0
+        while written < MAX_ROUNDS:
             result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
-            if isinstance(result, ContextLayout):
-                return await self._recalled(request, result, self._render(request, result, stored, state, written))
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
+            if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
+                # A crossing never waits for a model while what is written (its masks, the batches written ahead,
+                # a summary it had to write) fits the budget: the summaries that would take it deeper are written
+                # in the background and join at the next crossing. Else it waits for the session's pre-compaction
+                # (it is writing them), then writes what is still missing itself.
+                shallow = replace(policy, compact_to=policy.trigger_ratio)
+                fitting = build(state.items, [s.span() for s in stored.values()], shallow, compacting=True)
+                if isinstance(fitting, ContextLayout):
+                    result = fitting
+                elif not waited:
+                    waited = True
+                    await self._ahead.wait(request, allowance)
+                    stored = await self._in_force(request)
+                    continue
+            if isinstance(result, ContextLayout):
+                joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
+                if joined:
+                    await self._summaries.release(request.tenant, joined)
+                return await self._recalled(request, result, self._render(request, result, stored, state, written))
             render = functools.partial(self._read, request, state)
             summary = await self._writer.write(request, result, stored, allowance, render)
             stored = _superseded(stored, result, summary)
+            written += 1
         raise ContextTooLarge(
             f"The conversation could not be compacted to fit {request.budget} tokens in {MAX_ROUNDS} rounds.",
             param="messages",
@@ -219,7 +240,7 @@ class Compactor:
             result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True)
             if not isinstance(result, NeedsSummary):
                 return
-            if result.strategy not in (TOOL_RESULTS, SLIDING_WINDOW) and allowance.made >= allowance.calls:
+            if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
                 return
             summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
             stored = _superseded(stored, result, summary)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.compaction.summary_text import DEFAULT_SUMMARY_MAX, DEFAULT_SUMMARY_MIN, DEFAULT_TARGET_RATIO, target_tokens
-from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.config import DEFAULT_TOOL_RESULTS_KEEP_TURNS, SUMMARIZE, TOOL_RESULTS
 from proxy.vocabulary import SYSTEM_ROLES
 
 PINNED_ROLES = frozenset(SYSTEM_ROLES)
@@ -26,7 +26,6 @@ DEFAULT_ACKNOWLEDGEMENT_TOKENS = 7
 """What `acknowledgement_message()` costs, in cl100k_base and o200k_base alike."""
 DEFAULT_MARKER_TOKENS = 40
 """What a sliding-window marker costs as sent, at most: one line naming how many messages and which turns."""
-DEFAULT_KEEP_TURNS = 2
 MIN_COMPACT_TO = 0.05
 """The lowest target a compaction aims at (`context.compact_to`'s own lower bound)."""
 
@@ -85,8 +84,8 @@ class Policy:
     """What one acknowledgement (rule 6) costs as sent."""
     strategies: tuple[str, ...] = (SUMMARIZE,)
     """The compaction strategies, in the order they are asked for the next span."""
-    keep_turns: int = DEFAULT_KEEP_TURNS
-    """`tool-results` stubs the tool outputs of user turns older than the last `keep_turns`."""
+    keep_turns: int = DEFAULT_TOOL_RESULTS_KEEP_TURNS
+    """`tool-results` stubs the tool outputs of model turns older than the last `keep_turns`."""
     marker_tokens: int = DEFAULT_MARKER_TOKENS
 
     def level(self, ratio: float, floor: int) -> float:

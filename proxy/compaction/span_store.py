@@ -87,8 +87,8 @@ class SpanStore:
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self._db = db
         self._clock = clock
-        self._read: OrderedDict[tuple[int, float | None], StoredSpan] = OrderedDict()
-        """(id, orphaned_at) → the span: a row never changes but for its `orphaned_at`, and a long session's path
+        self._read: OrderedDict[tuple[int, float | None, int], StoredSpan] = OrderedDict()
+        """(id, orphaned_at, held) → the span: a row never changes but for those two, and a long session's path
         has a span per crossing, each read again by every request."""
 
     async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
@@ -108,13 +108,24 @@ class SpanStore:
         ]
 
     def _span(self, row: Row) -> StoredSpan:
-        key = (row["id"], row["orphaned_at"])
+        key = (row["id"], row["orphaned_at"], row["held"])
         span = self._read.get(key)
         if span is None:
             span = self._read[key] = _summary(row)
             if len(self._read) > SPAN_CACHE_ENTRIES:
                 self._read.popitem(last=False)
         return span
+
+    async def release(self, tenant: str, ids: Sequence[int]) -> None:
+        """Spans written ahead of need (`held`) are in use from now on: the crossing they joined at has come, and
+        they stay in the working context like spans written when needed (were they held back again once the
+        context fits without them, the prompt would change back and forth)."""
+        await self._db.write(
+            lambda connection: connection.execute(
+                "UPDATE summaries SET held = 0 WHERE tenant = ? AND id IN (SELECT value FROM json_each(?))",
+                (tenant, json.dumps(list(ids))),
+            )
+        )
 
     async def add(
         self,

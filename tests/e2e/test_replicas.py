@@ -201,7 +201,7 @@ def test_a_conversation_alternating_replicas_stays_one_session_with_exact_histor
     database = postgres.database()
     replicas = start_replicas(replica_config(tmp_path, fake, database), "a", "b")
     clients = [sdk(replica) for replica in replicas]
-    turns = 36
+    turns = 44
     # One system prompt: a system message is identified by its position, so both share their root node.
     conversations: dict[str, Messages] = {
         name: [{"role": "system", "content": "You answer questions about the project."}]

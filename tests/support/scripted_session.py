@@ -22,6 +22,7 @@ from typing import Any, cast
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
+from proxy.compaction.stubs import STUB_PREFIX
 from proxy.compaction.summary_text import INSTRUCTION, SUMMARY_HEADER
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 
@@ -306,13 +307,22 @@ def prefix_breaks(turns: Sequence[TurnRecord]) -> list[int]:
 
 
 def shrinking(turns: Sequence[TurnRecord]) -> list[int]:
-    """Turns whose working context is smaller than the one before: where a compaction took effect (a summary
-    written in the background is used at the crossing, with no summarizer call of its own)."""
+    """Turns where a compaction took effect: the working context is smaller than the one before (a summary
+    written in the background is used at the crossing, with no summarizer call of its own), or stubs more tool
+    outputs (a crossing that masked, and needed no more to fit)."""
     return [
         turn.number
         for previous, turn in itertools.pairwise(turns)
         if int(turn.headers["x-context-tokens"]) < int(previous.headers["x-context-tokens"])
+        or stubs(turn.chat_requests[-1]) > stubs(previous.chat_requests[-1])
     ]
+
+
+def stubs(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Tool outputs sent as the proxy's stubs."""
+    return sum(
+        1 for m in messages if m.get("role") == "tool" and content_text(m.get("content")).startswith(STUB_PREFIX)
+    )
 
 
 def without_nulls(value: Any) -> Any:

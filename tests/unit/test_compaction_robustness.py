@@ -531,7 +531,7 @@ async def test_every_compacted_context_is_valid_for_strict_templates_and_counted
         assert budget < total([path[0], *path[-4:]]) + 200
         return
 
-    assert prepared.summaries >= 1
+    assert prepared.summaries >= 1 or prepared.written >= 1  # summarized, or (a budget close to it) masked
     assert role_order_error(prepared.messages) is None
     assert prepared.tokens == sum(count_message(m, ENCODING) for m in prepared.messages) + PRIMING
     assert prepared.tokens <= budget

@@ -30,7 +30,7 @@ TENANT = "t"
 ENCODING = "cl100k_base"
 SMALL = ModelEntry(name="small", model="openai/small-4k", context_window=4_096)
 """A 4k-token model: its output limit defaults to half the window, so about 1,800 tokens of input remain."""
-TURNS = 50
+TURNS = 70
 REQUIRED = 12
 
 FACTS: dict[int, tuple[str, str]] = {
@@ -177,7 +177,7 @@ def config() -> ContextConfig:
     return ContextConfig(strategies=("summarize",))
 
 
-async def test_most_planted_facts_survive_fifty_turns_of_fallback_summaries(
+async def test_most_planted_facts_survive_seventy_turns_of_fallback_summaries(
     db: Database, config: ContextConfig
 ) -> None:
     prepared = await session_with_the_summarizer_down(db, config)

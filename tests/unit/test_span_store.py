@@ -390,7 +390,8 @@ async def test_preserve_recent_widens_to_keep_a_tool_group_whole(history: Histor
         {"role": "user", "content": "next"},
     ]
     path = await stored_path(history, messages)
-    compactor = Compactor(ContextConfig(), summaries, fake)
+    # The tool output older than the last model turn would be stubbed in its place: keep it, to see the group.
+    compactor = Compactor(ContextConfig(tool_results_keep_turns=2), summaries, fake)
 
     prepared = await compactor.prepare(replace(request(path, total(path) - 50), preserve_recent=2))
 
