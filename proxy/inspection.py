@@ -145,15 +145,17 @@ class Inspector:
         path = await self.history.path(tenant, session_id, encoding) or []
         summaries = await self.summaries.on_path(tenant, path)
         settings = await self.history.settings_on(tenant, path)
-        view = await self.compactor.view(self._request(tenant, session_id, path, entry, encoding, settings))
         last = await self.journal.last_context(tenant, session_id)
+        definitions = _definitions(last)
+        request = self._request(tenant, session_id, path, entry, encoding, settings, definitions)
+        view = await self.compactor.view(request)
         if last is None:
             budget = self.budgets.budget(entry, None, settings).input_budget
             usage = usage_view(view.tokens, budget, len(view.spans), "estimate")
         else:
             usage = usage_view(last["prompt_tokens"], last["budget"], last["summaries"], "last_request")
             path = await self._as_sent(path, last.get("pinned") or {})
-        usage["history_tokens"] = count_prompt(m.tokens for m in path)
+        usage["history_tokens"] = count_prompt(m.tokens for m in path) + definitions
         pinned = pinned_groups(path, await self.pins.on_session(tenant, session_id), self.config.context.pin_patterns)
         limits = self.budgets.limits(entry)
         return SessionState(session, settings, limits, usage, path, summaries, view, pinned)
@@ -163,7 +165,9 @@ class Inspector:
         async with self.history.lock(tenant, session_id):
             path = await self.history.path(tenant, session_id, encoding) or []
             settings = await self.history.settings_on(tenant, path)
-            summary = await self.compactor.force(self._request(tenant, session_id, path, entry, encoding, settings))
+            definitions = _definitions(await self.journal.last_context(tenant, session_id))
+            request = self._request(tenant, session_id, path, entry, encoding, settings, definitions)
+            summary = await self.compactor.force(request)
         if summary is None:
             raise InvalidRequest(
                 f"Session {session_id} has nothing to summarize: every message older than the "
@@ -229,8 +233,10 @@ class Inspector:
         entry: ModelEntry,
         encoding: str,
         settings: Mapping[str, Any],
+        definitions: int,
     ) -> CompactionRequest:
-        """What the session's next request would ask of the compactor, with its remembered budget and strategies."""
+        """What the session's next request would ask of the compactor, with its remembered budget and strategies,
+        and the `definitions` (tools) its last request sent."""
         return CompactionRequest.for_session(
             tenant,
             path,
@@ -239,7 +245,7 @@ class Inspector:
             messages=[m.message for m in path],
             entry=entry,
             encoding=encoding,
-            budget=self.budgets.budget(entry, None, settings).input_budget,
+            budget=self.budgets.budget(entry, None, settings, definitions).for_messages,
             preserve_recent=self.config.context.preserve_recent,
         )
 
@@ -261,6 +267,12 @@ class Inspector:
         """The path with the system prompts its session last sent (a node keeps the first prompt sent there)."""
         forms = await self.history.forms(pinned)
         return [replace(m, message=forms[m.id]) if m.id in forms else m for m in path]
+
+
+def _definitions(last: Mapping[str, Any] | None) -> int:
+    """What the definitions (tools) of a session's last request cost: its next one is planned with them."""
+    value = (last or {}).get("definitions")
+    return value if isinstance(value, int) else 0
 
 
 def usage_view(context_tokens: int, budget: int, in_context: int, source: str) -> dict[str, Any]:

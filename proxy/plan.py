@@ -29,9 +29,14 @@ class Plan:
     wire: Mapping[str, Any]
 
     def context(self) -> dict[str, Any]:
-        """What the step records of it: the report's numbers, the system prompts as sent, and what the client's
-        door keeps of the request (`Conversation.wire`)."""
-        context = {**self.report().as_json(), "pinned": self.reconciled.pinned_forms()}
+        """What the step records of it: the report's numbers, what its definitions cost (the session views plan
+        the next request with them), the system prompts as sent, and what the client's door keeps of the request
+        (`Conversation.wire`)."""
+        context = {
+            **self.report().as_json(),
+            "definitions": self.budget.definitions,
+            "pinned": self.reconciled.pinned_forms(),
+        }
         if self.wire:
             context["wire"] = dict(self.wire)
         return context

@@ -392,7 +392,7 @@ def test_an_agents_tool_definitions_count_against_the_window(serve_proxy: ServeP
     # really the tools' size.
     fake.context_window = SMALL_WINDOW
     install_responder(fake)
-    _proxy, client = start(serve_proxy, fake)
+    proxy, client = start(serve_proxy, fake)
     tools = agent_tools(8, 120)
     session = ScriptedSession(client, fake, "agent-tools", tools=tools, tool_every=3)
 
@@ -413,6 +413,10 @@ def test_an_agents_tool_definitions_count_against_the_window(serve_proxy: ServeP
         sent = turn.chat_requests[-1]
         # What the proxy reports sending is the messages and the tools, by its count (within the margin).
         assert int(turn.headers["x-context-tokens"]) >= fake.prompt_tokens(sent, tools) * 0.95
+    # The session view plans the next request with the tools its last one sent.
+    view = session_view(proxy, turns[-1].headers["x-session-id"])
+    assert view["usage"]["budget"] == budget
+    assert view["usage"]["history_tokens"] >= definitions + fake.prompt_tokens(session.messages) * 0.95
 
 
 # 9 — X-Context-Mode: off.
