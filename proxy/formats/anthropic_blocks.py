@@ -18,7 +18,7 @@ from typing import Any
 
 from proxy.tokens import content_text
 from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.vocabulary import ITEMS, SYSTEM_ROLES, Origin, origin
 
 Block = dict[str, Any]
 
@@ -42,13 +42,29 @@ def assistant_from_blocks(blocks: Sequence[Block]) -> Message:
     return message
 
 
-def anthropic_request(messages: Iterable[Message]) -> tuple[list[Block] | str | None, list[dict[str, Any]]]:
+MAX_BREAKPOINTS = 4
+"""Anthropic refuses a request with more `cache_control` breakpoints than this."""
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def anthropic_request(
+    messages: Iterable[Message], tools: Sequence[Any] = ()
+) -> tuple[list[Block] | str | None, list[dict[str, Any]]]:
     """A working context as Anthropic's `system` (None if there is none) and `messages`. A message the client
-    sent as a plain string goes as that string when it is its turn's only message."""
+    sent as a plain string goes as that string when it is its turn's only message.
+
+    Where the proxy's summaries end, the prompt stays the same until the next crossing that summarizes, while the
+    client's own breakpoints (its system prompt, its latest turns) sit before it or move with every turn: a
+    `cache_control` breakpoint is added after the last summary (or marker), when the client's, its `tools`
+    included, leave room for one, so that a crossing that only stubs tool outputs still reads the summaries
+    from the cache."""
     system: list[Block] | str | None = None
     turns: list[dict[str, Any]] = []
+    stable: int | None = None
     for message in messages:
         role = message.get("role")
+        if origin(message) in (Origin.SUMMARY, Origin.MARKER):
+            stable = len(turns) if not turns or turns[-1]["role"] != "user" else len(turns) - 1
         if role in SYSTEM_ROLES and not turns:
             system = _merged(system, _plain(message) if ITEMS not in message else _blocks(message))
             continue
@@ -60,7 +76,28 @@ def anthropic_request(messages: Iterable[Message]) -> tuple[list[Block] | str | 
             turns[-1]["content"] = _merged(turns[-1]["content"], content)
         else:
             turns.append({"role": side, "content": content})
+    if stable is not None and _breakpoints([*tools, *_as_blocks(system or []), *_turn_blocks(turns)]) < MAX_BREAKPOINTS:
+        blocks = _as_blocks(turns[stable]["content"])
+        blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+        turns[stable] = {**turns[stable], "content": blocks}
     return system, turns
+
+
+def _turn_blocks(turns: Sequence[dict[str, Any]]) -> list[Any]:
+    """Every block of the turns, a tool result's own blocks too: where a breakpoint may stand."""
+    blocks: list[Any] = []
+    for turn in turns:
+        for block in _as_blocks(turn["content"]):
+            blocks.append(block)
+            inner = block.get("content") if isinstance(block, dict) else None
+            if isinstance(inner, list):
+                blocks.extend(inner)
+    return blocks
+
+
+def _breakpoints(blocks: Sequence[Any]) -> int:
+    """The `cache_control` breakpoints among a request's tools and blocks."""
+    return sum(1 for block in blocks if isinstance(block, dict) and block.get("cache_control") is not None)
 
 
 def _is_plain(message: Message) -> bool:

@@ -44,7 +44,7 @@ class AnthropicClient(NativeClient):
         return headers
 
     def body(self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool) -> JSONObject:
-        system, messages = anthropic_request(context)
+        system, messages = anthropic_request(context, request.body.get("tools") or ())
         body = {**request.body, **({"system": system} if system else {}), "messages": messages}
         return {**body, "model": model_id(entry, "anthropic"), "stream": stream}
 

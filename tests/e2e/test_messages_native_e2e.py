@@ -122,6 +122,9 @@ def test_a_long_native_conversation_compacts_alternating_without_a_refusal(
     assert len(last) < len(messages)  # compacted
     assert [m["role"] for m in last] == ["user", "assistant"] * (len(last) // 2) + ["user"] * (len(last) % 2)
     assert "Earlier conversation" in json.dumps(last)
+    # A cache breakpoint where the summaries end (the client's own is on its system prompt only).
+    summary_turns = [f"messages.{i}.content.0" for i, m in enumerate(last) if "Earlier conversation" in json.dumps(m)]
+    assert [path for path, _ in proxied[-1].cache_breakpoints] == ["system.0", summary_turns[-1]]
     # Prompt caching: each request's system prompt, up to its breakpoint, is the previous one's; and between
     # compactions each prompt extends the previous one (the compactions are the only breaks).
     assert all(body["system"] == system for body in bodies)

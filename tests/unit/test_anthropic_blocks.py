@@ -141,8 +141,36 @@ def test_the_proxy_s_own_messages_stand_where_they_are_and_turns_alternate() -> 
         ]
     )
     assert [turn["role"] for turn in turns] == ["user", "assistant", "user"]
-    assert turns[0]["content"] == "[Summary of earlier turns] ..."
+    # The summaries' end is where the prompt stays the same until the next summary: a cache breakpoint.
+    assert turns[0]["content"] == [
+        {"type": "text", "text": "[Summary of earlier turns] ...", "cache_control": {"type": "ephemeral"}}
+    ]
     assert turns[1]["content"] == "Understood."
+
+
+def marked(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+
+
+def test_a_breakpoint_follows_the_last_summary_only_while_the_client_leaves_room_for_one() -> None:
+    summary = {"role": "user", "content": "[Summary] one", "origin": Origin.SUMMARY}
+    second = {"role": "user", "content": "[Summary] two", "origin": Origin.SUMMARY}
+    acknowledgement = {"role": "assistant", "content": "Understood.", "origin": Origin.ACKNOWLEDGEMENT}
+    latest = {"role": "user", "content": "go on", ITEMS: [marked("go on")]}
+    system = {"role": "system", "content": "Rules.", ITEMS: [marked("Rules.")]}
+    tools = [{"name": "Bash", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]
+    context = [system, summary, acknowledgement, second, acknowledgement, latest]
+
+    _system, turns = anthropic_request(context, tools)  # three of the client's: one more fits
+    assert turns[0]["content"] == "[Summary] one"
+    assert turns[2]["content"] == [marked("[Summary] two")]
+
+    result = {"role": "tool", "tool_call_id": "toolu_1", ITEMS: [{**RESULT, "content": [marked("sunny")]}]}
+    _system, turns = anthropic_request([*context[:-1], result, latest], tools)  # four already: Anthropic's limit
+    assert turns[2]["content"] == "[Summary] two"
+
+    _system, turns = anthropic_request([system, latest], tools)  # nothing of the proxy's: nothing added
+    assert turns == [{"role": "user", "content": [marked("go on")]}]
 
 
 def test_an_empty_item_list_falls_back_to_the_message_s_text() -> None:
