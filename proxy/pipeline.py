@@ -328,7 +328,7 @@ class Pipeline:
         except UpstreamError as exc:
             if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
-            factor = self.budgets.learn(plan.entry, plan.sent_tokens, exc.context_overflow)
+            factor = await self.budgets.learn(plan.entry, plan.sent_tokens, exc.context_overflow)
             log.warning(
                 "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
                 plan.sent_tokens,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from proxy import environment
 from proxy.budget.budgets import Budgets
+from proxy.budget.shared_corrections import REFRESH_S, SharedCorrections
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import Recall
@@ -80,7 +81,8 @@ async def open_services(
             journal.owner = owners.id
             await recovery.recover()
         upstream = UpstreamRouter(config.upstream, config.models, Redactor.from_config(config))
-        budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
+        budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin, SharedCorrections(db))
+        await budgets.refresh()
         name = config.context.summarizer_model
         summaries = SpanStore(db)
         pins = Pins(db)
@@ -95,6 +97,7 @@ async def open_services(
         if owners is not None:
             maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
+            maintenance.append(asyncio.create_task(_refresh_periodically(budgets), name="shared-corrections"))
         yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics)
     finally:
         await _finish(background, maintenance)
@@ -126,6 +129,16 @@ async def _release(owners: Owners) -> None:
     except Exception as exc:
         # The row stays; other processes take this one's open steps once its lease runs out.
         log.warning("journal owner %s could not be released: %s", owners.id, exc)
+
+
+async def _refresh_periodically(budgets: Budgets) -> None:
+    """Adopt the corrections other replicas learned (a store that is down is read again next time)."""
+    while True:
+        await asyncio.sleep(REFRESH_S)
+        try:
+            await budgets.refresh()
+        except Exception as exc:
+            log.warning("shared corrections could not be read: %s", exc)
 
 
 async def _prune_periodically(recovery: Recovery) -> None:

@@ -14,16 +14,21 @@ request path, the inspection views and the summarizer all ask it.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.corrections import TokenCorrections
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
+from proxy.budget.shared_corrections import Learned, SharedCorrections
 from proxy.config import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.history.settings import session_budget
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
@@ -69,11 +74,19 @@ def effective_budget(
 class Budgets:
     """Every configured model's limits (resolved once at startup) and the corrections learned since."""
 
-    def __init__(self, models: tuple[ModelEntry, ...], lookup: ModelInfoLookup, safety_margin: float) -> None:
+    def __init__(
+        self,
+        models: tuple[ModelEntry, ...],
+        lookup: ModelInfoLookup,
+        safety_margin: float,
+        shared: SharedCorrections | None = None,
+    ) -> None:
+        """`shared`: the corrections the replicas of the store share (none: this process learns alone)."""
         self._lookup = lookup
         self._table = {entry.name: model_limits(entry, lookup) for entry in models}
         self._safety_margin = safety_margin
         self._corrections = TokenCorrections()
+        self._shared = shared
 
     def limits(self, entry: ModelEntry) -> ModelLimits:
         """The model's limits, with the smaller window its upstream reported when it refused a prompt."""
@@ -112,7 +125,22 @@ class Budgets:
         limits = self.limits(entry)
         return min(requested, limits.max_output, limits.context_window // OUTPUT_SHARE)
 
-    def learn(self, entry: ModelEntry, ours: int, overflow: ContextOverflow) -> float:
+    async def learn(self, entry: ModelEntry, ours: int, overflow: ContextOverflow) -> float:
         """The upstream refused `ours` tokens as too many for its window: shrink this model's budgets from now on
-        by what its refusal reported (`upstream.context_window` read it where the error entered)."""
-        return self._corrections.learn(entry.name, ours, overflow, self.limits(entry).context_window)
+        by what its refusal reported (`upstream.context_window` read it where the error entered), here and, once
+        published, on the other replicas."""
+        factor = self._corrections.learn(entry.name, ours, overflow, self.limits(entry).context_window)
+        if self._shared is not None:
+            learned = Learned(entry.name, factor, self._corrections.window(entry.name))
+            try:
+                await self._shared.publish(learned, time.time())
+            except Exception as exc:  # the store down: this replica keeps it, the others learn for themselves
+                log.warning("could not share the correction learned for %s: %s", entry.name, exc)
+        return factor
+
+    async def refresh(self) -> None:
+        """Adopt what the other replicas learned (`SharedCorrections`)."""
+        if self._shared is None:
+            return
+        for learned in await self._shared.read():
+            self._corrections.adopt(learned.model, learned.factor, learned.window)

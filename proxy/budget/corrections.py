@@ -22,7 +22,8 @@ MAX_FACTOR = 4.0
 
 class TokenCorrections:
     """Per model: how many upstream tokens one of ours is worth (≥ 1), and the window the upstream reported when
-    it is smaller than the configured one. Process memory, learned again on restart."""
+    it is smaller than the configured one. Process memory; shared with the other replicas and kept across restarts
+    by `proxy.budget.shared_corrections`."""
 
     def __init__(self) -> None:
         self._factors: dict[str, float] = {}
@@ -34,6 +35,12 @@ class TokenCorrections:
     def window(self, model: str) -> int | None:
         """The window the upstream reported for `model`, when it was smaller than the one we used."""
         return self._windows.get(model)
+
+    def adopt(self, model: str, factor: float, window: int | None) -> None:
+        """What another replica learned for `model`: kept where it is tighter than what this one knows."""
+        self._factors[model] = min(MAX_FACTOR, max(self.factor(model), factor))
+        if window is not None and window < self._windows.get(model, window + 1):
+            self._windows[model] = window
 
     def apply(self, model: str, budget: int) -> int:
         return math.floor(budget / self.factor(model))

@@ -240,6 +240,21 @@ def m009_recall(connection: Connection) -> None:
     )
 
 
+def m010_model_corrections(connection: Connection) -> None:
+    """What the replicas learned about each model's tokenizer and window (`proxy.budget.shared_corrections`)."""
+    run_script(
+        connection,
+        """
+        CREATE TABLE model_corrections (
+            model TEXT PRIMARY KEY,
+            factor DOUBLE PRECISION NOT NULL,
+            context_window INTEGER,
+            updated_at DOUBLE PRECISION NOT NULL
+        )
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -250,4 +265,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m007_pins,
     m008_compaction_events,
     m009_recall,
+    m010_model_corrections,
 )

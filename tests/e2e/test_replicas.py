@@ -24,6 +24,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from proxy.budget.shared_corrections import REFRESH_S
 from tests.support import proxy_server
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 from tests.support.postgres_server import PostgresServer
@@ -498,3 +499,33 @@ def test_a_replica_killed_mid_stream_leaves_what_its_client_saw_and_a_survivor_r
         messages.append({"role": "user", "content": "and now?"})
         answer, _ = ask(client, "big", messages, headers)
     assert answer["content"] == "echo: and now?"
+
+
+def test_a_correction_one_replica_learned_is_not_paid_again_by_the_other(
+    tmp_path: Path, postgres: PostgresServer, fake: FakeUpstream, start_replicas: StartReplicas
+) -> None:
+    # The upstream counts 40 % more than the proxy: its first crossing is refused once, and healed, on replica a.
+    fake.token_ratio = 1.4
+    fake.context_window = SMALL_WINDOW
+    install_responder(fake)
+    replicas = start_replicas(replica_config(tmp_path, fake, postgres.database()), "a", "b")
+    first, second = (sdk(replica) for replica in replicas)
+    rng = seeded("corrections")
+    try:
+        messages: Messages = [{"role": "system", "content": "You answer briefly."}]
+        for _ in range(30):
+            messages.append({"role": "user", "content": filler(rng, 120)})
+            messages.append(ask(first, "small", messages, {})[0])
+            if fake.rejected:
+                break
+        assert len(fake.rejected) == 1
+        time.sleep(REFRESH_S + 1)  # replica b reads what a learned
+        other: Messages = [{"role": "system", "content": "Another conversation."}]
+        for _ in range(30):
+            other.append({"role": "user", "content": filler(rng, 120)})
+            other.append(ask(second, "small", other, {})[0])
+    finally:
+        first.close()
+        second.close()
+    assert len(fake.rejected) == 1, log_tail(replicas)
+    assert any(is_summarizer_request(request.body) for request in fake.requests)  # b compacted too

@@ -19,8 +19,10 @@ from proxy.budget.limits import (
     prefix_limits,
     with_reported_window,
 )
+from proxy.budget.shared_corrections import SharedCorrections
 from proxy.config import ModelEntry
 from proxy.errors import ContextOverflow
+from proxy.store.database import Database
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:
@@ -221,23 +223,23 @@ LLAMA_CPP_REFUSAL = ContextOverflow(prompt_tokens=2063, context_window=2048)
 """What llama.cpp's "request (2063 tokens) exceeds the available context size (2048 tokens)" reports."""
 
 
-def test_budgets_learn_the_ratio_from_the_refusal_of_another_provider() -> None:
+async def test_budgets_learn_the_ratio_from_the_refusal_of_another_provider() -> None:
     local = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 2048, 256)
     budgets = Budgets((local,), unknown, 0.05)
     before = budgets.budget(local).input_budget
 
-    factor = budgets.learn(local, 1624, LLAMA_CPP_REFUSAL)
+    factor = await budgets.learn(local, 1624, LLAMA_CPP_REFUSAL)
 
     assert factor == pytest.approx(2063 / 1624 * HEADROOM)
     assert budgets.budget(local).input_budget == math.floor(before / factor)
     assert budgets.limits(local) == ModelLimits(2048, 256, "config")
 
 
-def test_budgets_use_the_smaller_window_the_upstream_reported() -> None:
+async def test_budgets_use_the_smaller_window_the_upstream_reported() -> None:
     configured = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 8192, 1024)
     budgets = Budgets((configured,), unknown, 0.05)
 
-    budgets.learn(configured, 2063, LLAMA_CPP_REFUSAL)
+    await budgets.learn(configured, 2063, LLAMA_CPP_REFUSAL)
 
     assert budgets.limits(configured) == ModelLimits(2048, 1024, "upstream")
     assert budgets.budget(configured).input_budget == 2048 - 1024 - math.ceil(0.05 * 2048)
@@ -246,3 +248,24 @@ def test_budgets_use_the_smaller_window_the_upstream_reported() -> None:
 def test_a_reported_window_keeps_the_output_limit_below_it() -> None:
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 4096) == ModelLimits(4096, 2048, "upstream")
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 16384) == ModelLimits(8192, 4096, "config")
+
+
+async def test_what_one_replica_learns_the_others_adopt_and_keep_across_restarts(db: Database) -> None:
+    local = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 8192, 1024)
+    first, second = (Budgets((local,), unknown, 0.05, SharedCorrections(db)) for _ in range(2))
+    before = second.budget(local).input_budget
+
+    factor = await first.learn(local, 1500, ContextOverflow(prompt_tokens=1800, context_window=None))
+    assert second.budget(local).input_budget == before  # until it reads what the other learned
+    await second.refresh()
+
+    assert second.budget(local).input_budget == math.floor(before / factor)
+    # The second replica's own refusal builds on what it adopted; a restart starts from what the fleet knows.
+    again = await second.learn(local, 2000, ContextOverflow(prompt_tokens=2063, context_window=4096))
+    assert again > factor
+    await first.learn(local, 1500, ContextOverflow(prompt_tokens=1600, context_window=None))  # looser: ignored
+    restarted = Budgets((local,), unknown, 0.05, SharedCorrections(db))
+    await restarted.refresh()
+    assert restarted.limits(local) == ModelLimits(4096, 1024, "upstream")
+    assert [(row.factor, row.window) for row in await SharedCorrections(db).read()] == [(again, 4096)]
+    assert restarted.budget(local).input_budget == math.floor((4096 - 1024 - math.ceil(0.05 * 4096)) / again)
