@@ -157,11 +157,14 @@ class AnswerTooLarge(ProxyError):
 
     status, type, code = 502, "upstream_error", "answer_too_large"
 
-    def __init__(self, limit: int, step_id: int) -> None:
+    def __init__(self, limit: int, step_id: int | None = None) -> None:
+        kept = "" if step_id is None else f"; what arrived is kept in journal step {step_id}"
         super().__init__(
-            f"The upstream's answer exceeded {limit} characters (limits.max_answer_chars) and was cut off; what "
-            f"arrived is kept in journal step {step_id}."
+            f"The upstream's answer exceeded {limit} characters (limits.max_answer_chars) and was cut off{kept}."
         )
+        self.limit = limit
+        self.step_id = step_id
+        """None where it is raised, before the step is known (an upstream body's reader): the pipeline sets it."""
 
 
 class StorageFull(ProxyError):

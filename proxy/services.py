@@ -79,7 +79,9 @@ async def open_services(
             await owners.register()
             journal.owner = owners.id
             await recovery.recover()
-        upstream = UpstreamRouter(config.upstream, config.models, Redactor.from_config(config))
+        upstream = UpstreamRouter(
+            config.upstream, config.models, Redactor.from_config(config), config.request_limits.max_answer_chars
+        )
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin)
         name = config.context.summarizer_model
         summaries = SpanStore(db)

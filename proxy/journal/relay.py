@@ -257,7 +257,9 @@ class StreamRelay:
             # Handed to the pump, which journals it as the step's error and raises it to the consumer.
             self._error = exc
             if isinstance(exc, AnswerTooLarge):
-                log.warning("stream step %d: %s", self._step.id, exc)
+                if exc.step_id is None:  # one event passed the byte cap as it was read (`upstream.bounded_bodies`)
+                    self._error = AnswerTooLarge(exc.limit, self._step.id)
+                log.warning("stream step %d: %s", self._step.id, self._error)
             if isinstance(exc, TimeoutError) and deadlines is not None and deadline.expired():
                 self._error = deadlines.exceeded(first_seen)
                 log.warning("stream step %d: %s", self._step.id, self._error)

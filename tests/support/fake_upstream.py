@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,8 @@ class Fault:
     raw_body: bytes | None = None
     """Sent as the whole answer, with `status` and `media_type`, to a stream or non-stream request alike."""
     media_type: str = "application/json"
+    raw_parts: Callable[[], Iterator[bytes]] | None = None
+    """Like `raw_body`, made and sent piece by piece: a body too large for the test to hold."""
 
     @property
     def breaks_stream(self) -> bool:
@@ -465,6 +467,11 @@ def completion_chunks(
     return chunks
 
 
+async def _async_parts(parts: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
@@ -574,6 +581,9 @@ class FakeUpstream(LoopbackServer):
             await self._pause(fault.delay_s)
             if fault.raw_body is not None:
                 return Response(fault.raw_body, status_code=fault.status, media_type=fault.media_type)
+            if fault.raw_parts is not None:
+                parts = _async_parts(fault.raw_parts())
+                return StreamingResponse(parts, status_code=fault.status, media_type=fault.media_type)
             if not fault.breaks_stream and (fault.status >= 400 or fault.body is not None):
                 error = fault.body if fault.body is not None else default_error_body(fault.status)
                 return JSONResponse(error, status_code=fault.status, headers=fault.headers)
