@@ -168,9 +168,18 @@ class AnswerTooLarge(ProxyError):
 
 
 class StorageFull(ProxyError):
-    """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept."""
+    """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept
+    (mid-stream: nothing after what was already journaled)."""
 
     status, code = 507, "storage_full"
+
+    @classmethod
+    def mid_stream(cls, step_id: int) -> StorageFull:
+        """A stream cut off by a full store: what was relayed before this point was journaled and is kept."""
+        return cls(
+            "The proxy's storage is full: the answer was cut off here. What was relayed before this point is kept "
+            f"(journal step {step_id}); the rest was not saved. The operator must free disk space."
+        )
 
 
 class StoreUnavailable(ProxyError):
