@@ -240,6 +240,11 @@ def m009_recall(connection: Connection) -> None:
     )
 
 
+def m010_journal_events_rowid(connection: Connection) -> None:
+    """Nothing to do: SQLite's m010 undoes its WITHOUT ROWID layout, which PostgreSQL never had (a long row is
+    stored out of line, compressed, by TOAST). Recorded under the same name, so both engines list the same."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -250,4 +255,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m007_pins,
     m008_compaction_events,
     m009_recall,
+    m010_journal_events_rowid,
 )
