@@ -11,8 +11,11 @@ Two routes, chosen once per model entry (measured; see the closing notes of the 
 - Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
   wrapper, which translates the provider's chunks to OpenAI's.
 
-The pass-through route gets its own httpx client over `BoundedBodies` (`proxy.upstream.bounded_bodies`): error
-bodies cut before LiteLLM's passes over them, answers bounded by `limits.max_answer_chars`.
+The pass-through route, and the translated routes of providers whose LiteLLM handler takes LiteLLM's own
+`AsyncHTTPHandler` (`BOUNDED_PROVIDERS`: Anthropic), get an httpx client over `BoundedBodies`
+(`proxy.upstream.bounded_bodies`): error bodies cut before LiteLLM's passes over them, answers bounded by
+`limits.max_answer_chars`. Other providers' handlers build their own clients (OpenAI-SDK ones, Bedrock's signed
+ones): LiteLLM reads their error bodies whole, and there is no seam to give it ours.
 
 Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
 with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
@@ -46,6 +49,10 @@ KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
 """Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
 
 DIRECT_PROVIDERS = frozenset({"openai"})
+BOUNDED_PROVIDERS = frozenset({"openai", "anthropic"})
+"""Providers whose LiteLLM handler takes our `AsyncHTTPHandler` as `client` (and so reads through
+`BoundedBodies`); LiteLLM builds its own client for the others (OpenAI-SDK clients, Bedrock's signer, ...), whose
+error bodies it reads whole."""
 _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 
 
@@ -168,8 +175,9 @@ class LiteLLMUpstream:
         if stream and params.get("stream_options") is not None:
             kwargs["stream_options"] = params["stream_options"]
         rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
-        if route.passthrough:
+        if route.provider in BOUNDED_PROVIDERS:
             kwargs["client"] = self._handler(entry, stream)
+        if route.passthrough:
             if rest:
                 kwargs["extra_body"] = rest
         else:
