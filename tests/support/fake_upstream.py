@@ -111,6 +111,8 @@ class Fault:
     media_type: str = "application/json"
     raw_parts: Callable[[], Iterator[bytes]] | None = None
     """Like `raw_body`, made and sent piece by piece: a body too large for the test to hold."""
+    when: Callable[[dict[str, Any]], bool] | None = None
+    """Only a request whose body this accepts takes the fault (others are answered as usual)."""
 
     @property
     def breaks_stream(self) -> bool:
@@ -542,10 +544,10 @@ class FakeUpstream(LoopbackServer):
         """The prompt as this upstream counts it: OpenAI's count times `token_ratio`."""
         return math.ceil(count_prompt_tokens(messages) * self.token_ratio)
 
-    def _take_fault(self, stream: bool) -> Fault | None:
+    def _take_fault(self, stream: bool, body: dict[str, Any]) -> Fault | None:
         with self._lock:
             for index, fault in enumerate(self._faults):
-                if stream or not fault.breaks_stream:
+                if (stream or not fault.breaks_stream) and (fault.when is None or fault.when(body)):
                     return self._faults.pop(index)
         return None
 
@@ -576,7 +578,7 @@ class FakeUpstream(LoopbackServer):
             self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items())))
 
         stream = body.get("stream") is True
-        fault = self._take_fault(stream)
+        fault = self._take_fault(stream, body)
         if fault is not None:
             await self._pause(fault.delay_s)
             if fault.raw_body is not None:
