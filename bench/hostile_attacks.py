@@ -14,7 +14,7 @@ got (`Outcome.outcome`) and what the data lost or leaked (`Outcome.lost`). Sizes
     6   1MB-in-4-char-chunks         a 1 MB streamed answer in 4-character chunks (issue: 4 MB)
     7   40MB-non-stream-answer       a 40 MB non-stream answer (`max_answer_chars` 4M by default: its byte cap is
                                      ~25 MB)
-        one-20MB-sse-event           one 20 MB SSE event in a stream
+        one-40MB-sse-event           one 40 MB SSE event in a stream (over the byte cap too)
     8   fuzzed-bad-bodies            13 bodies of the shapes the fuzzer found (bad parts, roles, sources, NaN,
                                      orphan and unanswered tool calls, 5M-character strings) on the four routes
     9   env-key-echoed               a model whose key comes from OPENAI_API_KEY; the upstream's 401 echoes it
@@ -457,7 +457,7 @@ ATTACKS = (
     ),
     Attack("1MB-in-4-char-chunks", chat(True), 29, "6", answer=("chunks", f"{MB}:4")),
     Attack("40MB-non-stream-answer", chat(False), 29, "7", answer=("json-answer", str(40 * MB))),
-    Attack("one-20MB-sse-event", chat(True), 29, "7", answer=("one-event", str(20 * MB))),
+    Attack("one-40MB-sse-event", chat(True), 29, "7", answer=("one-event", str(40 * MB))),
     Attack("fuzzed-bad-bodies", bad_bodies, 29, "8"),
     Attack(
         "env-key-echoed",
