@@ -96,6 +96,25 @@ async def relay_cost(chunks: list[Chunk], batch: int) -> float:
     return len(chunks) / (time.perf_counter() - started)
 
 
+async def journal_stream(journal: Journal, groups: list[list[Chunk]], encode: bool = False) -> None:
+    """One streamed step: begin, append each group (and encode it as SSE, as the relay does), seal."""
+    step = await journal.begin(
+        tenant=TENANT,
+        session_id=None,
+        model=MODEL,
+        fingerprint="bench",
+        idempotency_key=None,
+        stream=True,
+        parent_message_id=None,
+        encoding="cl100k_base",
+    )
+    for group in groups:
+        await journal.append(step, group)
+        if encode:
+            _sse(group)
+    await journal.seal(step)
+
+
 async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], batch: int) -> float:
     """Chunks/s through begin → append per batch → seal → SSE encoding, on a fresh store at `db_path`."""
     db = await Database.open(db_path, synchronous)
@@ -103,20 +122,7 @@ async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], bat
         journal = Journal(db, Answers(History(db)), JournalConfig(synchronous=synchronous))
         groups = _batches(chunks, batch)
         started = time.perf_counter()
-        step = await journal.begin(
-            tenant=TENANT,
-            session_id=None,
-            model=MODEL,
-            fingerprint="bench",
-            idempotency_key=None,
-            stream=True,
-            parent_message_id=None,
-            encoding="cl100k_base",
-        )
-        for group in groups:
-            await journal.append(step, group)
-            _sse(group)
-        await journal.seal(step)
+        await journal_stream(journal, groups, encode=True)
         return len(chunks) / (time.perf_counter() - started)
     finally:
         await db.close()
@@ -161,19 +167,7 @@ async def size_section(chunk_count: int, chars: int, folder_root: Path | None, r
         try:
             journal = Journal(db, Answers(History(db)), JournalConfig(synchronous="NORMAL"))
             chunks = sized_chunks(chunk_count, chars)
-            step = await journal.begin(
-                tenant=TENANT,
-                session_id=None,
-                model=MODEL,
-                fingerprint="bench",
-                idempotency_key=None,
-                stream=True,
-                parent_message_id=None,
-                encoding="cl100k_base",
-            )
-            for group in _batches(chunks, 8):
-                await journal.append(step, group)
-            await journal.seal(step)
+            await journal_stream(journal, _batches(chunks, 8))
         finally:
             await db.close()
         text = chunk_count * chars
