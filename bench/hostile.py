@@ -1,43 +1,46 @@
-"""What one hostile request costs everyone else: the attack table of issue 12 item 1.
+"""What one hostile client costs everyone else: the attack tables of issue 12 item 1 and issue 29.
 
-Run by hand: `python bench/hostile.py [--baseline DIR] [--only NAME,...]`. For every attack, and for every
-target (this checkout, then the baseline's), a fresh `context-proxy serve` process with its own store, one model
-with a context window no attack reaches (`BIG_WINDOW`) on a fake upstream of its own. While the hostile request
-runs (and for a second after it ends), a prober thread GETs `/healthz` every 10 ms; the table gives
+Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29] [--only NAME,...]`. For every attack, and for
+every target (this checkout, then the baseline's), a fresh `context-proxy serve` process with its own store (SQLite,
+or a PostgreSQL server of its own), one model with a context window no attack reaches (`BIG_WINDOW`) on a fake
+upstream of its own (answering as the attack needs: `bench.harness.servers.ANSWERS`). While the attack runs (and
+for a second after it ends), a prober process GETs `/healthz` every 10 ms, on a new connection each time as a load
+balancer does; the table gives
 
-    outcome       the hostile request's HTTP status and error code, or for a stream `[DONE]` / the error event's code
-    request s     how long the hostile request took, from the first byte sent to the last byte read
-    worst / p99   the slowest and the 99th-percentile `/healthz` answer meanwhile, in ms: how long the event loop
-                  was held, i.e. how long every other client of the proxy waited
-    start / peak  the proxy process's VmHWM (peak resident memory) once it answered `/healthz`, and after the attack
+    outcome       what the attacker got: the HTTP status and error code, for a stream `[DONE]` or the error
+                  event's code, or the attack's own summary (`bench/hostile_attacks.py`)
+    lost/leaked   what the attack cost the data: answers not journaled, bytes stored of a refused answer, a key
+                  found in the response, store, WAL or log, a foreign file changed ("-": nothing to check)
+    attack s      how long the attack took
+    worst gap     the longest time without a successful `/healthz` (failures count as waiting), in ms
+    p99 ms        the 99th-percentile `/healthz` answer
+    start / peak  the proxy process's VmHWM (peak resident memory) after one ordinary request (LiteLLM's first
+                  call imports for ~0.5 s: `warm_up`), and after the attack
 
-Attacks (bodies built once, before any target runs, so that the client is not what is measured):
+The attacks of issue 12 (`REQUEST_ATTACKS`) are single hostile requests; issue 29's (`hostile_attacks.ATTACKS`,
+items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`.
+Bodies are built once, before any target runs, so that the client is not what is measured.
 
-    one-30MB-message-no-spaces   one user message of 30,000,000 "x" (under `max_body_bytes`, over a message's limit)
-    one-3MB-message-no-spaces    3,000,000 "x": under every limit, so really counted and forwarded
-    800k-tiny-messages           800,000 messages {"role":"user","content":"a"} (~24 MB of JSON)
-    20k-messages                 20,000 alternating user/assistant messages of ~100 characters of prose
-    20MB-streamed-answer         a short streamed request the upstream answers with 20,000,000 characters
-    4MB-streamed-answer          the same with 3,900,000 characters (under `max_answer_chars`)
-
-Both targets run with default limits (an older checkout refuses a `limits:` key it does not know). `--baseline DIR`
-is another checkout (e.g. `git worktree add /tmp/base 670ace0`); then one line per attack gives the ratios
-this/baseline of the worst `/healthz` latency, the peak memory and the request's duration, measured side by side
-in one run. A request gets 300 s; `--only` picks attacks, since an unprotected baseline can take minutes on one.
-Each row is told on stderr as it is measured; `--json PATH` writes the table (bench/harness/report.py's format).
+Both targets run with default limits except where an attack sets one the baseline also knows. `--baseline DIR` is
+another checkout (e.g. `git worktree add /tmp/base d80e928`); then a second table gives the ratios this/baseline
+of the worst `/healthz` gap and the peak memory, measured side by side in one run. A request gets 300 s; `--only`
+picks attacks. Each row is told on stderr as it is measured; `--json PATH` writes the tables
+(bench/harness/report.py's format).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,25 +50,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import servers
 from bench.harness.clients import WORDS, percentile
-from bench.harness.processes import ROOT, peak_rss_mib
+from bench.harness.processes import ROOT, checkout_env, peak_rss_mib
 from bench.harness.report import Report, Table, add_json_option, checkout_state, columns
 
 REQUEST_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 120.0
 PROBE_INTERVAL_S = 0.010
 PROBE_AFTER_S = 1.0
-"""Probing goes on this long after the hostile request ended: work the proxy does once it has answered."""
+"""Probing goes on this long after the attack ended: work the proxy does once it has answered."""
 SHORT_REPLY_WORDS = 5
 """The fake's answer to the request attacks: short, so that only the request is hostile."""
+NOTHING = "-"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One proxy under attack: where it listens, where it keeps its store and log."""
+
+    name: str
+    root: Path
+    base: str
+    port: int
+    workdir: Path
+    config: Path
+    log: Path
+    store_path: Path | None
+    """The SQLite file (None on PostgreSQL)."""
+    postgres: Any = None
+    """The `PostgresServer` of the store, when the attack runs on PostgreSQL."""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outcome: str
+    lost: str = NOTHING
 
 
 @dataclass(frozen=True)
 class Attack:
     name: str
-    build: Callable[[], bytes]
-    stream: bool = False
+    drive: Callable[[Target], Outcome]
+    issue: int = 12
+    item: str = "1"
+    answer: tuple[str, str] | None = None
+    """The fake upstream's hostile answer (`servers.ANSWERS`); None: short answers (`reply_chars` if set)."""
     reply_chars: int | None = None
-    """The fake upstream's answer, in characters (None: a short answer)."""
+    sections: Mapping[str, Any] = field(default_factory=dict)
+    """Config sections beside `store` and `models`."""
+    model: Mapping[str, Any] = field(default_factory=dict)
+    """Changes to the one model entry (a key of None removes it)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    postgres: bool = False
+    serve: bool = True
+    """False: the attack starts the proxy itself (its store is the attack), and no prober runs."""
+
+
+# --- the request attacks of issue 12 ------------------------------------------------------------------------------
 
 
 def _body(messages_json: bytes, stream: bool = False) -> bytes:
@@ -73,8 +114,8 @@ def _body(messages_json: bytes, stream: bool = False) -> bytes:
     return head + messages_json + b"}"
 
 
-def _one_message(chars: int) -> Callable[[], bytes]:
-    return lambda: _body(json.dumps([{"role": "user", "content": "x" * chars}]).encode())
+def _one_message(chars: int) -> bytes:
+    return _body(json.dumps([{"role": "user", "content": "x" * chars}]).encode())
 
 
 def _tiny_messages(count: int) -> bytes:
@@ -90,28 +131,53 @@ def _prose_messages(count: int) -> bytes:
     return _body(json.dumps(history).encode())
 
 
-def _short_question() -> bytes:
-    return _body(json.dumps([{"role": "user", "content": "Tell me everything."}]).encode(), stream=True)
+def short_question(stream: bool = True) -> bytes:
+    """The question the fake answers with the attack's hostile answer (`servers.HOSTILE_QUESTION`)."""
+    return _body(json.dumps([{"role": "user", "content": servers.HOSTILE_QUESTION}]).encode(), stream=stream)
 
 
-ATTACKS = (
-    Attack("one-30MB-message-no-spaces", _one_message(30_000_000)),
-    Attack("one-3MB-message-no-spaces", _one_message(3_000_000)),
-    Attack("800k-tiny-messages", lambda: _tiny_messages(800_000)),
-    Attack("20k-messages", lambda: _prose_messages(20_000)),
-    Attack("20MB-streamed-answer", _short_question, stream=True, reply_chars=20_000_000),
-    Attack("4MB-streamed-answer", _short_question, stream=True, reply_chars=3_900_000),
+def warm_up(base: str) -> None:
+    """One ordinary request: LiteLLM's first call in a process imports for ~0.5 s, which is not the attack's."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": "warm up"}]}
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+        client.post(f"{base}/v1/chat/completions", json=body)
+
+
+def request(build: Callable[[], bytes], stream: bool = False) -> Callable[[Target], Outcome]:
+    """An attack that is one request, its body built once (`prepare`) before any target runs."""
+    body = functools.cache(build)
+
+    def drive(target: Target) -> Outcome:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            return Outcome(send(client, f"{target.base}/v1/chat/completions", body(), stream))
+
+    drive.prepare = body  # type: ignore[attr-defined]
+    return drive
+
+
+REQUEST_ATTACKS = (
+    Attack("one-30MB-message-no-spaces", request(lambda: _one_message(30_000_000))),
+    Attack("one-3MB-message-no-spaces", request(lambda: _one_message(3_000_000))),
+    Attack("800k-tiny-messages", request(lambda: _tiny_messages(800_000))),
+    Attack("20k-messages", request(lambda: _prose_messages(20_000))),
+    Attack("20MB-streamed-answer", request(short_question, stream=True), reply_chars=20_000_000),
+    Attack("4MB-streamed-answer", request(short_question, stream=True), reply_chars=3_900_000),
 )
 
 
+# --- measuring ----------------------------------------------------------------------------------------------------
+
+
 class Prober:
-    """GETs `url` every `PROBE_INTERVAL_S` until stopped, from a process of its own: a thread beside the hostile
-    client would measure its own process's GIL as the proxy's latency. Keeps every latency (s), counts failures."""
+    """GETs `url` every `PROBE_INTERVAL_S` until stopped, from a process of its own (a thread beside the attacker
+    would measure its own process's GIL as the proxy's latency), each time on a new connection. Keeps every
+    latency (s), the failures, and the longest time between two successes (or from the start / to the end)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.latencies: list[float] = []
         self.failures = 0
+        self.worst_gap = 0.0
         self._stop_event = multiprocessing.Event()
         receiver, self._sender = multiprocessing.Pipe(duplex=False)
         self._receiver = receiver
@@ -122,26 +188,36 @@ class Prober:
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.latencies, self.failures = self._receiver.recv()
+        self.latencies, self.failures, self.worst_gap = self._receiver.recv()
         self._process.join()
 
 
 def _probe(url: str, stop: Any, results: Any) -> None:
     latencies: list[float] = []
     failures = 0
-    with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+    last_ok = time.perf_counter()
+    worst_gap = 0.0
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=PROBE_TIMEOUT_S, limits=limits) as client:
         while not stop.is_set():
             started = time.perf_counter()
             try:
                 client.get(url).raise_for_status()
+                ok = True
             except httpx.HTTPError:
                 failures += 1
-            latencies.append(time.perf_counter() - started)
+                ok = False
+            now = time.perf_counter()
+            latencies.append(now - started)
+            if ok:
+                worst_gap = max(worst_gap, now - last_ok)
+                last_ok = now
             stop.wait(PROBE_INTERVAL_S)
-    results.send((latencies, failures))
+    worst_gap = max(worst_gap, time.perf_counter() - last_ok)
+    results.send((latencies, failures, worst_gap))
 
 
-def _error_code(text: bytes) -> str:
+def error_code(text: bytes) -> str:
     try:
         error = json.loads(text).get("error")
     except (ValueError, AttributeError):
@@ -151,13 +227,13 @@ def _error_code(text: bytes) -> str:
     return str(error.get("code") or error.get("type") or "")
 
 
-def _send(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
-    """Send the hostile request; return its outcome: status and error code, or how a stream ended."""
+def send(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
+    """Send a request; return its outcome: status and error code, or how a stream ended."""
     headers = {"content-type": "application/json"}
     with client.stream("POST", url, content=body, headers=headers) as response:
         if response.status_code >= 400 or not stream:
             text = response.read()
-            code = _error_code(text) if response.status_code >= 400 else ""
+            code = error_code(text) if response.status_code >= 400 else ""
             return f"{response.status_code} {code}".strip()
         tail, error, received = b"", b"", 0
         for chunk in response.iter_raw():
@@ -170,39 +246,78 @@ def _send(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
             tail = window[-64:]
         if error:
             event = error[len(b"data: ") :].split(b"\n\n", 1)[0]
-            return f"{response.status_code} event {_error_code(event) or '?'} ({received / 1e6:.1f} MB)"
+            return f"{response.status_code} event {error_code(event) or '?'} ({received / 1e6:.1f} MB)"
         done = "[DONE]" if tail.rstrip().endswith(b"data: [DONE]") else "no [DONE]"
         return f"{response.status_code} {done} ({received / 1e6:.1f} MB)"
 
 
-def measure(attack: Attack, body: bytes, upstream: str, root: Path, workdir: Path, name: str) -> dict[str, Any]:
-    """One hostile request against a fresh proxy from the checkout `root`."""
+def write_config(attack: Attack, storedir: Path, upstream: str, name: str, postgres: Any) -> Path:
+    store = {"url": postgres.url} if postgres is not None else {"path": str(storedir / f"{name}.db")}
+    path = servers.proxy_config(storedir, upstream, name, **dict(attack.sections), store=store)
+    config = json.loads(path.read_text())
+    model = config["models"][0]
+    for key, value in attack.model.items():
+        if value is None:
+            model.pop(key, None)
+        else:
+            model[key] = value
+    path.write_text(json.dumps(config))
+    return path
+
+
+@contextmanager
+def postgres_server(wanted: bool) -> Iterator[Any]:
+    if not wanted:
+        yield None
+        return
+    from tests.support.postgres_server import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+def measure(attack: Attack, upstream: str, root: Path, workdir: Path, name: str) -> dict[str, Any]:
+    """One attack against a fresh proxy from the checkout `root`."""
     port = servers.free_port()
     base = servers.base_url(port)
     storedir = workdir / name
     storedir.mkdir()
-    config = servers.proxy_config(storedir, upstream, name)
-    row: dict[str, Any] = {"attack": attack.name, "target": name}
-    with servers.proxy_process(config, port, root=root, log=workdir / f"{name}.log") as child:
+    row: dict[str, Any] = {"attack": attack.name, "item": f"{attack.issue}.{attack.item}", "target": name}
+    with ExitStack() as stack:
+        postgres = stack.enter_context(postgres_server(attack.postgres))
+        config = write_config(attack, storedir, upstream, name, postgres)
+        log = workdir / f"{name}.log"
+        store_path = None if postgres is not None else storedir / f"{name}.db"
+        target = Target(name, root, base, port, storedir, config, log, store_path, postgres)
+        if not attack.serve:
+            started = time.perf_counter()
+            outcome = attack.drive(target)
+            row["attack_s"] = time.perf_counter() - started
+            row |= {"outcome": outcome.outcome, "lost": outcome.lost}
+            return row
+        env = {**checkout_env(root), **attack.env}
+        child = stack.enter_context(servers.proxy_process(config, port, root=root, log=log, env=env))
+        target = Target(name, root, base, port, storedir, config, log, store_path, postgres, child.pid)
+        warm_up(base)
         row["start_mib"] = peak_rss_mib(child.pid)
         prober = Prober(f"{base}/healthz")
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
-            prober.start()
-            started = time.perf_counter()
-            try:
-                row["outcome"] = _send(client, f"{base}/v1/chat/completions", body, attack.stream)
-            except httpx.TimeoutException:
-                row["outcome"] = f"client timeout ({REQUEST_TIMEOUT_S:.0f} s)"
-            except httpx.HTTPError as exc:
-                row["outcome"] = f"{type(exc).__name__}"
-            row["request_s"] = time.perf_counter() - started
-            time.sleep(PROBE_AFTER_S)
-            prober.stop()
+        prober.start()
+        started = time.perf_counter()
+        try:
+            outcome = attack.drive(target)
+        except httpx.TimeoutException:
+            outcome = Outcome(f"client timeout ({REQUEST_TIMEOUT_S:.0f} s)")
+        except httpx.HTTPError as exc:
+            outcome = Outcome(type(exc).__name__)
+        row["attack_s"] = time.perf_counter() - started
+        row |= {"outcome": outcome.outcome, "lost": outcome.lost}
+        time.sleep(PROBE_AFTER_S)
+        prober.stop()
         row["peak_mib"] = peak_rss_mib(child.pid)
         child.kill()  # a proxy still busy with the attack would hold up a graceful shutdown
     shutil.rmtree(storedir, ignore_errors=True)
     latencies = sorted(prober.latencies) or [float("nan")]
-    row["worst_ms"] = latencies[-1] * 1000
+    row["gap_ms"] = prober.worst_gap * 1000
     row["p99_ms"] = percentile(latencies, 99, method="inclusive") * 1000
     row["probes"] = len(prober.latencies)
     row["probe_failures"] = prober.failures
@@ -213,19 +328,23 @@ def run(attacks: list[Attack], baseline: Path | None, table: Table) -> None:
     """Every attack against every target; each row is told on stderr as soon as it is measured."""
     targets = [("this", ROOT), *([("baseline", baseline)] if baseline is not None else [])]
     workdir = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
-    bodies = {attack.name: attack.build() for attack in attacks}
+    for attack in attacks:
+        prepare = getattr(attack.drive, "prepare", None)
+        if prepare is not None:
+            prepare()
     for attack in attacks:
         fake_port = servers.free_port()
         upstream = f"{servers.base_url(fake_port)}/v1"
-        words = SHORT_REPLY_WORDS if attack.reply_chars is None else None
-        with servers.fake_upstream(fake_port, reply_words=words, reply_chars=attack.reply_chars):
+        words = SHORT_REPLY_WORDS if attack.reply_chars is None and attack.answer is None else None
+        with servers.fake_upstream(fake_port, reply_words=words, reply_chars=attack.reply_chars, answer=attack.answer):
             for name, root in targets:
                 attack_dir = workdir / attack.name
                 attack_dir.mkdir(exist_ok=True)
-                row = table.add(**measure(attack, bodies[attack.name], upstream, root, attack_dir, name))
+                row = table.add(**measure(attack, upstream, root, attack_dir, name))
+                gap = row.get("gap_ms")
                 print(
-                    f"  {row['attack']} / {name}: {row['outcome']}, {row['request_s']:.2f} s, "
-                    f"worst /healthz {row['worst_ms']:.1f} ms",
+                    f"  {row['attack']} / {name}: {row['outcome']}; lost/leaked {row['lost']}; "
+                    f"{row['attack_s']:.2f} s" + (f", worst /healthz gap {gap:.0f} ms" if gap is not None else ""),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -233,9 +352,9 @@ def run(attacks: list[Attack], baseline: Path | None, table: Table) -> None:
 
 
 ATTACK_COLUMNS = columns(
-    ("attack",), ("target",), ("outcome",), ("request_s", "request s", ".2f"), ("worst_ms", "worst ms", ".1f"),
-    ("p99_ms", "p99 ms", ".1f"), ("start_mib", "start MiB", ".0f"), ("peak_mib", "peak MiB", ".0f"),
-    ("probes",), ("probe_failures", "failed"),
+    ("item",), ("attack",), ("target",), ("outcome",), ("lost", "lost/leaked"), ("attack_s", "attack s", ".2f"),
+    ("gap_ms", "worst gap ms", ",.0f"), ("p99_ms", "p99 ms", ".1f"), ("start_mib", "start MiB", ".0f"),
+    ("peak_mib", "peak MiB", ".0f"), ("probes",), ("probe_failures", "failed"),
 )  # fmt: skip
 
 
@@ -253,43 +372,55 @@ def ratios(table: Table, result: Report) -> None:
         "baseline",
         "this checkout over the baseline's",
         columns(
-            ("attack",), ("worst_ratio", "worst /healthz this/base", ".3f"),
-            ("peak_ratio", "peak RSS this/base", ".2f"), ("request_ratio", "request s this/base", ".3f"),
+            ("attack",), ("gap_ratio", "worst /healthz gap this/base", ".3f"),
+            ("peak_ratio", "peak RSS this/base", ".2f"),
         ),
     )  # fmt: skip
     for this, base in pairs:
+        if "gap_ms" not in this or "gap_ms" not in base:
+            continue
         row = against.add(
             attack=this["attack"],
-            worst_ratio=this["worst_ms"] / base["worst_ms"],
+            gap_ratio=this["gap_ms"] / base["gap_ms"],
             peak_ratio=this["peak_mib"] / base["peak_mib"],
-            request_ratio=this["request_s"] / base["request_s"],
         )
-        result.ratios[f"worst /healthz this/base, {this['attack']}"] = row["worst_ratio"]
+        result.ratios[f"worst /healthz gap this/base, {this['attack']}"] = row["gap_ratio"]
+
+
+def all_attacks() -> list[Attack]:
+    from bench.hostile_attacks import ATTACKS
+
+    return [*REQUEST_ATTACKS, *ATTACKS]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout whose proxy is attacked beside this one")
-    parser.add_argument("--only", help="comma-separated attack names: " + ", ".join(a.name for a in ATTACKS))
+    parser.add_argument("--issue", type=int, choices=(12, 29), help="only the attacks of this issue")
+    parser.add_argument("--only", help="comma-separated attack names (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the attacks' names and stop")
     add_json_option(parser)
     args = parser.parse_args(argv)
-    attacks = list(ATTACKS)
+    attacks = [attack for attack in all_attacks() if args.issue in (None, attack.issue)]
+    if args.list:
+        print("\n".join(f"{attack.issue}.{attack.item}  {attack.name}" for attack in attacks))
+        return
     if args.only:
         names = [name.strip() for name in args.only.split(",") if name.strip()]
-        unknown = sorted(set(names) - {a.name for a in ATTACKS})
+        unknown = sorted(set(names) - {a.name for a in attacks})
         if unknown:
             parser.error(f"unknown attacks: {', '.join(unknown)}")
-        attacks = [a for a in ATTACKS if a.name in names]
+        attacks = [a for a in attacks if a.name in names]
     result = Report.start("hostile", args)
     machine = result.machine
     print(f"CPUs: {machine.cpus} usable ({machine.cpus_total} in the machine); Python {machine.python}")
     baseline = args.baseline.resolve() if args.baseline else None
     if baseline is not None:
         result.parameters["baseline_commit"] = checkout_state(baseline)[0]
-    table = result.table("attacks", "hostile requests", ATTACK_COLUMNS)
+    table = result.table("attacks", "hostile clients", ATTACK_COLUMNS)
     run(attacks, baseline, table)
     ratios(table, result)
-    result.notes.append(f"{len(table.rows)} hostile requests")
+    result.notes.append(f"{len(table.rows)} attacks measured")
     print()
     result.publish(args.json)
 

@@ -6,6 +6,9 @@ is the group of chunks that arrived while the previous commit was in flight: 1 i
 per chunk, the worst case), larger batches a fast one. `synchronous` is SQLite's: NORMAL commits to the WAL
 without fsync (durable against a process kill, not a power cut), FULL fsyncs every commit.
 
+Size (`--size [--chunks N] [--chunk-chars C]`): N chunks of C characters each journaled as one stream and sealed,
+then the pages each table takes (SQLite's dbstat) against the text's size: what a long answer costs on disk.
+
 Run by hand: `.venv/bin/python bench/journal.py [--chunks N] [--dir DIR]`. The served end-to-end relay
 benchmark imports `journal_cost` and `relay_cost` from here.
 
@@ -26,11 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,25 @@ async def relay_cost(chunks: list[Chunk], batch: int) -> float:
     return len(chunks) / (time.perf_counter() - started)
 
 
+async def journal_stream(journal: Journal, groups: list[list[Chunk]], encode: bool = False) -> None:
+    """One streamed step: begin, append each group (and encode it as SSE, as the relay does), seal."""
+    step = await journal.begin(
+        tenant=TENANT,
+        session_id=None,
+        model=MODEL,
+        fingerprint="bench",
+        idempotency_key=None,
+        stream=True,
+        parent_message_id=None,
+        encoding="cl100k_base",
+    )
+    for group in groups:
+        await journal.append(step, group)
+        if encode:
+            _sse(group)
+    await journal.seal(step)
+
+
 async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], batch: int) -> float:
     """Chunks/s through begin → append per batch → seal → SSE encoding, on a fresh store at `db_path`."""
     db = await Database.open(db_path, synchronous)
@@ -99,20 +122,7 @@ async def journal_cost(db_path: Path, synchronous: str, chunks: list[Chunk], bat
         journal = Journal(db, Answers(History(db)), JournalConfig(synchronous=synchronous))
         groups = _batches(chunks, batch)
         started = time.perf_counter()
-        step = await journal.begin(
-            tenant=TENANT,
-            session_id=None,
-            model=MODEL,
-            fingerprint="bench",
-            idempotency_key=None,
-            stream=True,
-            parent_message_id=None,
-            encoding="cl100k_base",
-        )
-        for group in groups:
-            await journal.append(step, group)
-            _sse(group)
-        await journal.seal(step)
+        await journal_stream(journal, groups, encode=True)
         return len(chunks) / (time.perf_counter() - started)
     finally:
         await db.close()
@@ -136,6 +146,38 @@ async def storage_section(chunk_count: int, folder_root: Path | None, result: Re
                 row[mode] = await journal_cost(Path(folder) / f"{mode}-{batch}.sqlite", mode, chunks, batch)
                 row[f"{mode}_ratio"] = row[mode] / off
             table.add(**row)
+
+
+def sized_chunks(count: int, chars: int) -> list[Chunk]:
+    chunks = small_chunks(count)
+    for n, chunk in enumerate(chunks):
+        chunk["choices"][0]["delta"]["content"] = f"{n:08d}" + "x" * (chars - 8)
+    return chunks
+
+
+async def size_section(chunk_count: int, chars: int, folder_root: Path | None, result: Report) -> None:
+    table = result.table(
+        "size",
+        f"{chunk_count} chunks of {chars} characters ({chunk_count * chars / 1e6:.1f} MB of text), sealed",
+        columns(("table",), ("bytes", "bytes on disk", ",.0f"), ("ratio", "per text byte", ".2f")),
+    )
+    with tempfile.TemporaryDirectory(dir=folder_root) as folder:
+        path = Path(folder) / "size.sqlite"
+        db = await Database.open(path, "NORMAL")
+        try:
+            journal = Journal(db, Answers(History(db)), JournalConfig(synchronous="NORMAL"))
+            chunks = sized_chunks(chunk_count, chars)
+            await journal_stream(journal, _batches(chunks, 8))
+        finally:
+            await db.close()
+        text = chunk_count * chars
+        with closing(sqlite3.connect(path)) as connection:
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            query = "SELECT tbl_name, SUM(pgsize) FROM dbstat JOIN sqlite_master USING (name) GROUP BY tbl_name"
+            sizes = dict(connection.execute(query).fetchall())
+        for name in ("journal_events", "journal_steps"):
+            table.add(table=name, bytes=sizes.get(name, 0), ratio=sizes.get(name, 0) / text)
+        table.add(table="whole file", bytes=path.stat().st_size, ratio=path.stat().st_size / text)
 
 
 # --- end to end: served proxies, a fake upstream, all in their own processes ---------------------------------
@@ -287,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=DEFAULT_CHUNKS)
     parser.add_argument("--dir", type=Path, default=None, help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--e2e", action="store_true", help="the served end-to-end benchmark instead")
+    parser.add_argument("--size", action="store_true", help="bytes on disk per byte of text instead")
+    parser.add_argument("--chunk-chars", type=int, default=1024, help="characters per chunk (--size)")
     parser.add_argument("--rounds", type=int, default=E2E_ROUNDS)
     parser.add_argument("--words", type=int, default=E2E_WORDS, help="words (chunks) in the streamed reply")
     parser.add_argument(
@@ -299,12 +343,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve_proxy:
         serve_proxy(args.serve_proxy[0], int(args.serve_proxy[1]), args.journal == "on", args.profile)
         return
-    result = Report.start("journal-e2e" if args.e2e else "journal", args)
+    result = Report.start("journal-e2e" if args.e2e else "journal-size" if args.size else "journal", args)
     del result.parameters["serve_proxy"], result.parameters["journal"]
     if args.e2e:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-journal-") as folder:
             samples = e2e_run(args.rounds, args.words, Path(folder), args.profile)
         e2e_table(samples, args.words, result)
+    elif args.size:
+        asyncio.run(size_section(args.chunks, args.chunk_chars, args.dir, result))
     else:
         asyncio.run(storage_section(args.chunks, args.dir, result))
     result.publish(args.json)

@@ -64,6 +64,8 @@ DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024
 LOG_FORMATS = ("TEXT", "JSON")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_MIN_BODY_RATE = 500.0
+"""Bytes a second below which a request body's connection may be closed to make room (Apache's MinRate)."""
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 """How long a response may wait for its client to take bytes (a full socket) before the client is dropped."""
 
@@ -81,8 +83,12 @@ class ServerConfig:
     max_header_bytes: int = setting(DEFAULT_MAX_HEADER_BYTES, minimum=1024, maximum=16 * 1024 * 1024)
     """A request's line and headers together; past it the request is answered 431 before it is parsed further."""
     max_connections: int | None = setting(None, minimum=1)
-    """Open client connections; a new one beyond closes the one waiting longest for a request (or itself, when all
-    are busy). None: half of what the open-file limit leaves (`proxy.server.default_max_connections`)."""
+    """Open client connections; a new one beyond closes the one waiting longest for a request, else the slowest
+    body (below `min_body_rate`), else is served only as a health check. None: half of what the open-file limit
+    leaves (`proxy.server.default_max_connections`)."""
+    min_body_rate: float = setting(DEFAULT_MIN_BODY_RATE, low=0.0, high=1e12)
+    """Bytes a second: a request body arriving slower (after a second) makes its connection evictable when
+    `max_connections` is reached."""
 
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")

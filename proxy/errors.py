@@ -157,17 +157,29 @@ class AnswerTooLarge(ProxyError):
 
     status, type, code = 502, "upstream_error", "answer_too_large"
 
-    def __init__(self, limit: int, step_id: int) -> None:
+    def __init__(self, limit: int, step_id: int | None = None) -> None:
+        kept = "" if step_id is None else f"; what arrived is kept in journal step {step_id}"
         super().__init__(
-            f"The upstream's answer exceeded {limit} characters (limits.max_answer_chars) and was cut off; what "
-            f"arrived is kept in journal step {step_id}."
+            f"The upstream's answer exceeded {limit} characters (limits.max_answer_chars) and was cut off{kept}."
         )
+        self.limit = limit
+        self.step_id = step_id
+        """None where it is raised, before the step is known (an upstream body's reader): the pipeline sets it."""
 
 
 class StorageFull(ProxyError):
-    """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept."""
+    """The store could not grow (SQLite_FULL): the operator must free disk space; nothing of the write was kept
+    (mid-stream: nothing after what was already journaled)."""
 
     status, code = 507, "storage_full"
+
+    @classmethod
+    def mid_stream(cls, step_id: int) -> StorageFull:
+        """A stream cut off by a full store: what was relayed before this point was journaled and is kept."""
+        return cls(
+            "The proxy's storage is full: the answer was cut off here. What was relayed before this point is kept "
+            f"(journal step {step_id}); the rest was not saved. The operator must free disk space."
+        )
 
 
 class StoreUnavailable(ProxyError):

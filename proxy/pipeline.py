@@ -375,12 +375,15 @@ class Pipeline:
                     f"The upstream did not answer within the proxy's deadline (upstream.stream_deadline_s={total_s})."
                 ) from exc
 
-        sent, response = await self._forward(conversation, options, plan, complete, received)
+        try:
+            sent, response = await self._forward(conversation, options, plan, complete, received)
+        except AnswerTooLarge as exc:  # its body passed the byte cap while it was read: nothing of it is kept
+            raise AnswerTooLarge(exc.limit, (await step_begun).id) from exc
         step = await step_begun
         limit = self.config.request_limits.max_answer_chars
         assembly = assemble([response])
         if assembly.size > limit:
-            step.assembly = assembly  # failing the step keeps what was paid for
+            step.assembly = assembly.cut(limit)  # failing the step keeps what was paid for, up to the limit
             raise AnswerTooLarge(limit, step.id)
         if sent is not plan:
             await self.journal.recontext(step, sent.context())

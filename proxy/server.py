@@ -22,9 +22,14 @@ lose the answer it has not read yet.
 
 Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
 open-file limit, the other half left to upstream connections and the store) a new connection makes room by
-closing the one that has waited longest without a request under way — slow headers, or idle keep-alive — and
-is itself closed only when every connection is busy. Slow clients thus cannot take the sockets real clients
-need, and the process never meets its open-file limit (which `serve` raises to the hard limit).
+closing an *evictable* one: first the one that has waited longest without a request under way (slow headers,
+or idle keep-alive), else the slowest whose request body has arrived, for `BODY_RATE_GRACE_S` or more, slower
+than `server.min_body_rate` bytes a second (a body the app is not reading, its socket paused, is not the
+client's fault and is kept). When nothing is evictable the new connection takes one of `HEALTH_RESERVE` spare
+sockets where only a health check (`HEALTH_PATHS`) is served, then closed; anything else is answered 503
+`server_busy` with `Connection: close`. Slow clients thus cannot take the sockets real clients need, health
+checks are answered while every slot is full, and the process never meets its open-file limit (which `serve`
+raises to the hard limit).
 
 The CLI (`serve`) and the end-to-end tests' server both take their options from `server_options`.
 """
@@ -39,10 +44,13 @@ import struct
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerConfig
-from proxy.errors import ClientError, openai_error
+from proxy.doors.door import error_door
+from proxy.doors.registry import DOORS
+from proxy.errors import ClientError, ProxyError, openai_error
 
 BODY_GRACE_S = 5.0
 """How much longer than `server.body_timeout_s` the protocol waits before closing: the app answers a late body
@@ -58,6 +66,19 @@ client, still sending its headers, reads the answer instead of a reset."""
 RESERVED_FILES = 128
 """Open files kept for the store, logs and the like when the connection cap is derived from the file limit."""
 
+BODY_RATE_GRACE_S = 1.0
+"""How long a request body may arrive before its rate is judged: a client's first packets come in bursts."""
+HEALTH_RESERVE = 16
+"""Sockets beyond `server.max_connections` kept for health checks while every connection is busy."""
+HEALTH_PATHS = frozenset({"/healthz", "/"})
+SERVER_BUSY = 503
+
+
+class ServerBusy(ProxyError):
+    """Every connection is busy with a request and none is slow enough to close: the client may retry."""
+
+    status, type, code = SERVER_BUSY, "server_error", "server_busy"
+
 
 class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline and a body deadline per request, a cap on the size of
@@ -68,6 +89,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     max_header_bytes: ClassVar[int]
     write_timeout_s: ClassVar[float]
     max_connections: ClassVar[int]
+    min_body_rate: ClassVar[float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,6 +102,11 @@ class DeadlineProtocol(HttpToolsProtocol):
         """Answered 431: what still arrives is dropped until the connection closes."""
         self._write_deadline: asyncio.TimerHandle | None = None
         """Armed while the transport's buffer is full (writing paused): the client takes nothing."""
+        self._body_since: float | None = None
+        """Since when the current request's body arrives (None when no body is under way)."""
+        self._body_bytes = 0
+        self._spare = False
+        """Accepted on a spare socket (`HEALTH_RESERVE`): serves one health check, refuses anything else."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -89,24 +116,56 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._make_room()
 
     def _make_room(self) -> None:
-        waiting = [
-            other
-            for other in self.connections
-            if isinstance(other, DeadlineProtocol) and other is not self and other._waiting_since is not None
-        ]
-        victim = min(waiting, key=lambda other: other._waiting_since or 0.0) if waiting else self
+        others = [other for other in self.connections if isinstance(other, DeadlineProtocol) and other is not self]
+        now = self.loop.time()
+        waiting = [other for other in others if other._waiting_since is not None and not other._spare]
+        if waiting:
+            victim = min(waiting, key=lambda other: other._waiting_since or 0.0)
+            reason = "it had waited longest without a request"
+        else:
+            slow = [(rate, other) for other in others if (rate := other._slow_body_rate(now)) is not None]
+            if not slow:
+                self._take_spare(others)
+                return
+            rate, victim = min(slow, key=lambda pair: pair[0])
+            reason = f"its body arrived at {rate:.0f} bytes/s (server.min_body_rate={self.min_body_rate:g})"
         self.logger.info(
-            "closing a connection from %s: %d connections open (server.max_connections=%d)%s",
+            "closing a connection from %s: %d connections open (server.max_connections=%d), and %s",
             _peer(victim.client),
             len(self.connections),
             self.max_connections,
-            "" if victim is self else ", and it had waited longest without a request",
+            reason,
         )
         victim._waiting_since = None
+        victim._body_since = None
         victim.transport.close()
 
+    def _take_spare(self, others: list[DeadlineProtocol]) -> None:
+        """Every connection is busy: serve a health check on a spare socket, or close this one if none is left."""
+        if sum(other._spare for other in others) < HEALTH_RESERVE:
+            self._spare = True
+            return
+        self.logger.info(
+            "closing a connection from %s: %d connections open (server.max_connections=%d), all busy",
+            _peer(self.client),
+            len(self.connections),
+            self.max_connections,
+        )
+        self._waiting_since = None
+        self.transport.close()
+
+    def _slow_body_rate(self, now: float) -> float | None:
+        """The rate its body arrives at, if below `server.min_body_rate` after the grace (else None: not slow)."""
+        if self._body_since is None or self.transport.is_closing() or self.flow.read_paused:
+            return None
+        elapsed = now - self._body_since
+        if elapsed < BODY_RATE_GRACE_S:
+            return None
+        rate = self._body_bytes / elapsed
+        return rate if rate < self.min_body_rate else None
+
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused or self.transport.is_closing():
             return
         if self._head_bytes is None:
             super().data_received(data)
@@ -128,17 +187,27 @@ class DeadlineProtocol(HttpToolsProtocol):
             self.data_received(data[room:])
 
     def _refuse_headers(self) -> None:
-        self._refused = True
-        self._disarm()
         self.logger.info(
             "refusing a request from %s: its line and headers passed %d bytes (server.max_header_bytes)",
             _peer(self.client),
             self.max_header_bytes,
         )
+        error = ClientError(
+            f"The request's line and headers are larger than {self.max_header_bytes} bytes (server.max_header_bytes).",
+            status=HEADERS_TOO_LARGE,
+            code="request_headers_too_large",
+        )
+        self._refuse(error)
+
+    def _refuse(self, error: ProxyError) -> None:
+        """Answer `error` in the shape of the door the request's path lies under, and close the connection."""
+        self._refused = True
+        self._disarm()
         if self.cycle is not None and not self.cycle.response_complete:
             self.transport.close()  # a response is under way on this connection: nothing may be written into it
             return
-        self.transport.write(headers_too_large(self.max_header_bytes, self.server_state.default_headers))
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        self.transport.write(refusal(error, path, self.server_state.default_headers))
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._deadline = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
@@ -191,12 +260,30 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._waiting_since = None
         self._head_bytes = None
         self._disarm()
+        if self._spare and _path(self.url) not in HEALTH_PATHS:
+            self.logger.info("refusing a request from %s: every connection is busy", _peer(self.client))
+            self._refuse(
+                ServerBusy("Every connection of the proxy is busy; retry shortly.", headers={"Retry-After": "1"})
+            )
+            return
         super().on_headers_complete()
+        if self._spare and self.cycle is not None:
+            self.cycle.keep_alive = False  # a spare socket serves one health check: `Connection: close`
+        self._body_since, self._body_bytes = self.loop.time(), 0
         self._arm(self.body_timeout_s + BODY_GRACE_S)
 
+    def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
+        self._body_bytes += len(body)
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         self._disarm()
         self._head_bytes = 0
+        self._body_since = None
         super().on_message_complete()
 
     def _arm(self, seconds: float) -> None:
@@ -215,19 +302,24 @@ class DeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def headers_too_large(limit: int, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The whole 431 response, in OpenAI's error shape, that closes the connection."""
-    error = ClientError(
-        f"The request's line and headers are larger than {limit} bytes (server.max_header_bytes).",
-        status=HEADERS_TOO_LARGE,
-        code="request_headers_too_large",
-    )
-    status, fields, _headers = openai_error(error)
+def refusal(error: ProxyError, path: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The whole response, in the error shape of the door `path` lies under, that refuses a request before the
+    app sees it and closes the connection."""
+    door = error_door(path, DOORS)
+    status, fields, headers = (door.error if door is not None else openai_error)(error)
     body = json.dumps(fields).encode()
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     head += [name + b": " + value for name, value in default_headers]
+    head += [f"{name}: {value}".encode("latin-1") for name, value in headers.items()]
     head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def _path(url: bytes) -> str:
+    try:
+        return httptools.parse_url(url).path.decode("latin-1")
+    except httptools.HttpParserInvalidURLError:
+        return ""
 
 
 def _peer(client: tuple[str, int] | None) -> str:
@@ -245,6 +337,7 @@ def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
             "max_header_bytes": server.max_header_bytes,
             "write_timeout_s": server.write_timeout_s,
             "max_connections": server.max_connections or default_max_connections(),
+            "min_body_rate": server.min_body_rate,
         },
     )
 

@@ -80,7 +80,9 @@ async def open_services(
             await owners.register()
             journal.owner = owners.id
             await recovery.recover()
-        upstream = UpstreamRouter(config.upstream, config.models, Redactor.from_config(config))
+        upstream = UpstreamRouter(
+            config.upstream, config.models, Redactor.from_config(config), config.request_limits.max_answer_chars
+        )
         budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin, SharedCorrections(db))
         await budgets.refresh()
         name = config.context.summarizer_model

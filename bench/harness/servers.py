@@ -6,7 +6,9 @@
     proxy           `python -m proxy serve` from a checkout (this one, or a baseline's) with its own store
 
 This module is also the entry point of the first two: `python -m bench.harness.servers --serve-fake PORT [WORDS]
-[--reply-chars N]` / `--serve-floor PORT URL`.
+[--reply-chars N] [--answer MODE ARG]` / `--serve-floor PORT URL`. `--answer` makes every answer a hostile one
+(`ANSWERS`): a huge error body, an event stream to a non-stream call, one huge event, a huge JSON answer, lines
+that are not JSON, chunks of the wrong shape, a 401 echoing a key, or an answer in many small chunks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +64,30 @@ def proxy_config(workdir: Path, upstream: str, name: str, **sections: Any) -> Pa
     return path
 
 
+ANSWERS = ("error", "sse-to-json", "one-event", "json-answer", "non-json-lines", "wrong-shape", "key-echo", "chunks")
+"""`--answer MODE ARG` of the fake: ARG is a size in characters, except for `key-echo` (the key) and `chunks`
+(`SIZE:PIECE`, an answer of SIZE characters in PIECE-character chunks)."""
+RAW_PIECE = 65536
+ANSWER_FAULTS = 10_000
+"""The fake answers this many requests with the hostile answer: all a benchmark sends."""
+HOSTILE_QUESTION = "Tell me everything."
+"""Only a request whose last message is this gets the hostile answer: a warm-up request gets a short one."""
+
+
 @contextmanager
 def fake_upstream(
-    port: int, *, reply_words: int | None = None, reply_chars: int | None = None, log: Path | None = None
+    port: int,
+    *,
+    reply_words: int | None = None,
+    reply_chars: int | None = None,
+    answer: tuple[str, str] | None = None,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The fake upstream on `port` (its API at `base_url(port)/v1`); see `serve_fake`."""
     argv = python("-m", ENTRY, "--serve-fake", str(port))
     argv += [str(reply_words)] if reply_words is not None else []
     argv += ["--reply-chars", str(reply_chars)] if reply_chars is not None else []
+    argv += ["--answer", *answer] if answer is not None else []
     with child_process(argv, f"{base_url(port)}/v1/models", log=log) as child:
         yield child
 
@@ -95,14 +114,86 @@ def proxy_process(
         yield child
 
 
-def serve_fake(port: int, reply_words: int | None = None, reply_chars: int | None = None) -> None:
+def asks_hostile(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or [{}]
+    return bool(messages[-1].get("content") == HOSTILE_QUESTION)
+
+
+def hostile_answer(mode: str, arg: str) -> Any:
+    """The fake's `Fault` (or, for `chunks`, its `Reply`) for `--answer MODE ARG`; huge bodies are made piece by
+    piece as they are sent."""
+    from tests.support.fake_upstream import Fault, Reply
+
+    def text(size: int) -> Iterator[bytes]:
+        for start in range(0, size, RAW_PIECE):
+            yield b"x" * min(RAW_PIECE, size - start)
+
+    def event(delta: str, finish: str | None = None) -> bytes:
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model"}
+        chunk["choices"] = [{"index": 0, "delta": json.loads(delta), "finish_reason": finish}]
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    def one_event(size: int) -> Iterator[bytes]:
+        yield event('{"role": "assistant", "content": ""}') + event('{"content": "before "}')
+        yield b'data: {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model", '
+        yield b'"choices": [{"index": 0, "delta": {"content": "'
+        yield from text(size)
+        yield b'"}, "finish_reason": null}]}\n\n' + event("{}", "stop") + b"data: [DONE]\n\n"
+
+    def json_answer(size: int) -> Iterator[bytes]:
+        yield b'{"id": "c", "object": "chat.completion", "created": 1, "model": "fake-model", "choices": [{"index":'
+        yield b' 0, "message": {"role": "assistant", "content": "'
+        yield from text(size)
+        yield b'"}, "finish_reason": "stop"}], '
+        yield b'"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}'
+
+    def sse_to_json(size: int) -> Iterator[bytes]:
+        line = event('{"content": "hi"}')
+        for _ in range(size // len(line)):
+            yield line
+
+    if mode == "error":
+        return Fault(status=500, raw_parts=lambda: text(int(arg)), media_type="text/plain")
+    if mode == "sse-to-json":
+        return Fault(status=200, raw_parts=lambda: sse_to_json(int(arg)), media_type="text/event-stream")
+    if mode == "one-event":
+        return Fault(status=200, raw_parts=lambda: one_event(int(arg)), media_type="text/event-stream")
+    if mode == "json-answer":
+        return Fault(status=200, raw_parts=lambda: json_answer(int(arg)))
+    if mode == "non-json-lines":
+        lines = b"data: not json at all\n\n" * max(1, int(arg) // 23) + b"data: [DONE]\n\n"
+        return Fault(status=200, raw_body=lines, media_type="text/event-stream")
+    if mode == "wrong-shape":
+        body = b'data: {"choices": "nope"}\n\n' * max(1, int(arg) // 28) + b"data: [DONE]\n\n"
+        return Fault(status=200, raw_body=body, media_type="text/event-stream")
+    if mode == "key-echo":
+        error = {"message": f"Incorrect API key provided: {arg}.", "type": "invalid_request_error"}
+        return Fault(status=401, body={"error": {**error, "param": None, "code": "invalid_api_key"}})
+    if mode == "chunks":
+        size, piece = (int(part) for part in arg.split(":"))
+        word = "x" * (piece - 1) + " "
+        return Reply(content=(word * (size // piece + 1))[:size], finish_reason="stop")
+    raise ValueError(f"unknown answer {mode!r}: one of {', '.join(ANSWERS)}")
+
+
+def serve_fake(
+    port: int, reply_words: int | None = None, reply_chars: int | None = None, answer: list[str] | None = None
+) -> None:
     """The fake upstream; with `reply_words`, every answer is that many words, streamed as fast as it can; with
-    `reply_chars`, every answer is that many characters of 100-character hyphenated words (one chunk each)."""
+    `reply_chars`, every answer is that many characters of 100-character hyphenated words (one chunk each); with
+    `answer`, every answer is that hostile one (`hostile_answer`)."""
     import uvicorn
 
     from tests.support.fake_upstream import FakeUpstream, Reply
 
     fake = FakeUpstream(context_window=BIG_WINDOW)
+    if answer is not None:
+        hostile = hostile_answer(*answer)
+        short = Reply(content="a short answer")
+        if isinstance(hostile, Reply):
+            fake.responder = lambda body: hostile if asks_hostile(body) else short
+        else:
+            fake.fail_next(replace(hostile, when=asks_hostile), count=ANSWER_FAULTS)
     if reply_words is not None:
         words_reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
         fake.responder = lambda body: words_reply
@@ -142,11 +233,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="entry points of the benchmarks' helper servers")
     parser.add_argument("--serve-fake", nargs="+", metavar=("PORT", "WORDS"))
     parser.add_argument("--reply-chars", type=int, help="with --serve-fake: every answer is this many characters")
+    parser.add_argument("--answer", nargs=2, metavar=("MODE", "ARG"), help="with --serve-fake: " + ", ".join(ANSWERS))
     parser.add_argument("--serve-floor", nargs=2, metavar=("PORT", "UPSTREAM"))
     args = parser.parse_args(argv)
     if args.serve_fake:
         words = int(args.serve_fake[1]) if len(args.serve_fake) > 1 else None
-        serve_fake(int(args.serve_fake[0]), words, args.reply_chars)
+        serve_fake(int(args.serve_fake[0]), words, args.reply_chars, args.answer)
     elif args.serve_floor:
         serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
     else:

@@ -120,6 +120,23 @@ class Assembly:
             for index, call in sorted(self.calls.items())
         ]
 
+    def cut(self, limit: int) -> Assembly:
+        """This answer's first `limit` characters (its text, then its tool calls' arguments), as a step failed
+        for `limits.max_answer_chars` keeps it: an oversized answer is never stored whole. A native upstream's
+        whole message (`answer`) is not kept."""
+        kept = Assembly(finish_reason=self.finish_reason, usage=self.usage)
+        text = self.text.value()[:limit]
+        if text:
+            kept.text.append(text)
+        room = limit - len(text)
+        for index, call in sorted(self.calls.items()):
+            arguments = call.arguments.value()[:room]
+            room -= len(arguments)
+            kept.calls[index] = _ToolCall(call.id, call.type, call.name)
+            if arguments:
+                kept.calls[index].arguments.append(arguments)
+        return kept
+
     def message(self) -> Message:
         """The assistant message this answer is, as stored in history."""
         if self.answer is not None:

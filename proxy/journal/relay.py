@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.config import DEFAULT_WRITE_TIMEOUT_S
-from proxy.errors import AnswerTooLarge, ClientTooSlow, error_fields
+from proxy.errors import AnswerTooLarge, ClientTooSlow, StorageFull, error_fields
 from proxy.journal.assembly import answer_chars
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
@@ -211,6 +211,8 @@ class StreamRelay:
             # more may be relayed. The consumer hears why, and the step ends failed (or, if the store cannot
             # even record that, is known failed in this process: `Journal.close`).
             log.exception("journal failed for stream step %d", self._step.id)
+            if isinstance(exc, StorageFull):
+                exc = StorageFull.mid_stream(self._step.id)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             try:
@@ -257,7 +259,9 @@ class StreamRelay:
             # Handed to the pump, which journals it as the step's error and raises it to the consumer.
             self._error = exc
             if isinstance(exc, AnswerTooLarge):
-                log.warning("stream step %d: %s", self._step.id, exc)
+                if exc.step_id is None:  # one event passed the byte cap as it was read (`upstream.bounded_bodies`)
+                    self._error = AnswerTooLarge(exc.limit, self._step.id)
+                log.warning("stream step %d: %s", self._step.id, self._error)
             if isinstance(exc, TimeoutError) and deadlines is not None and deadline.expired():
                 self._error = deadlines.exceeded(first_seen)
                 log.warning("stream step %d: %s", self._step.id, self._error)

@@ -19,7 +19,8 @@ can open the file with `sqlite3` and read their conversations:
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
-  was interrupted can be retried with the same key, and every attempt stays readable.
+  was interrupted can be retried with the same key, and every attempt stays readable. `journal_events` is an
+  ordinary (rowid) table since `m010_journal_events_rowid`.
 """
 
 from __future__ import annotations
@@ -313,7 +314,31 @@ def m009_recall(connection: Connection) -> None:
     )
 
 
-def m010_model_corrections(connection: Connection) -> None:
+def m010_journal_events_rowid(connection: Connection) -> None:
+    """`journal_events` as an ordinary rowid table: m003 made it WITHOUT ROWID, whose rows live in an index b-tree
+    where a row past ~1,000 bytes (a 4 KiB page's index-payload limit) spills its rest to an overflow page of its
+    own — a ~1 KB chunk's event took ~4.6 KB on disk. A rowid table keeps rows up to ~4,000 bytes in its leaf,
+    and its (step_id, seq) key becomes a small index beside it. Rows and their order are kept."""
+    run_script(
+        connection,
+        """
+        CREATE TABLE journal_events_new (
+            step_id INTEGER NOT NULL REFERENCES journal_steps(id),
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL CHECK (type IN ('text', 'tool_call', 'usage', 'done', 'error', 'chunk')),
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (step_id, seq)
+        );
+        INSERT INTO journal_events_new (step_id, seq, type, content, created_at)
+            SELECT step_id, seq, type, content, created_at FROM journal_events ORDER BY step_id, seq;
+        DROP TABLE journal_events;
+        ALTER TABLE journal_events_new RENAME TO journal_events
+        """,
+    )
+
+
+def m011_model_corrections(connection: Connection) -> None:
     """What the replicas learned about each model's tokenizer and window (`proxy.budget.shared_corrections`)."""
     run_script(
         connection,
@@ -338,5 +363,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     m007_pins,
     m008_compaction_events,
     m009_recall,
-    m010_model_corrections,
+    m010_journal_events_rowid,
+    m011_model_corrections,
 )

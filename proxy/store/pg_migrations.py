@@ -240,7 +240,12 @@ def m009_recall(connection: Connection) -> None:
     )
 
 
-def m010_model_corrections(connection: Connection) -> None:
+def m010_journal_events_rowid(connection: Connection) -> None:
+    """Nothing to do: SQLite's m010 undoes its WITHOUT ROWID layout, which PostgreSQL never had (a long row is
+    stored out of line, compressed, by TOAST). Recorded under the same name, so both engines list the same."""
+
+
+def m011_model_corrections(connection: Connection) -> None:
     """What the replicas learned about each model's tokenizer and window (`proxy.budget.shared_corrections`)."""
     run_script(
         connection,
@@ -265,5 +270,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     m007_pins,
     m008_compaction_events,
     m009_recall,
-    m010_model_corrections,
+    m010_journal_events_rowid,
+    m011_model_corrections,
 )

@@ -115,6 +115,11 @@ def _run_batch(connection: sqlite3.Connection, works: Works) -> list[Outcome]:
     try:
         for work, atomic in works:
             outcomes.append(run_job(connection, work, atomic, storage_error))
+        if not connection.in_transaction:
+            # SQLite rolled the whole transaction back (SQLITE_FULL does): nothing of the group was written, and
+            # the job's own failure says why better than COMMIT's "no transaction is active".
+            failures = [error for _result, error in outcomes if error is not None]
+            raise failures[0] if failures else sqlite3.OperationalError("the transaction was rolled back")
         connection.execute("COMMIT")
     except BaseException:
         if connection.in_transaction:

@@ -11,10 +11,11 @@ Two routes, chosen once per model entry (measured; see the closing notes of the 
 - Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
   wrapper, which translates the provider's chunks to OpenAI's.
 
-LiteLLM reads an error body whole and runs several regular-expression passes over it on the event loop (its
-secret redaction, its error classification): a 10 MB body stalled every request for ~24 s. The pass-through
-route therefore gets its own httpx client (`BoundedBodies`): an error body, or an event stream answering a
-non-stream call, reaches LiteLLM cut to `LITELLM_READ_BYTES` (the rest is never read).
+The pass-through route, and the translated routes of providers whose LiteLLM handler takes LiteLLM's own
+`AsyncHTTPHandler` (`BOUNDED_PROVIDERS`: Anthropic), get an httpx client over `BoundedBodies`
+(`proxy.upstream.bounded_bodies`): error bodies cut before LiteLLM's passes over them, answers bounded by
+`limits.max_answer_chars`. Other providers' handlers build their own clients (OpenAI-SDK ones, Bedrock's signed
+ones): LiteLLM reads their error bodies whole, and there is no seam to give it ours.
 
 Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
 with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
@@ -33,12 +34,13 @@ from typing import Any
 import httpx
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
-from proxy.errors import UpstreamError
+from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.errors import ProxyError, UpstreamError
 from proxy.types import Chunk, Message
+from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
-from proxy.upstream.redaction import CUT_MARK, NO_SECRETS, Redactor
+from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,10 @@ KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
 """Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
 
 DIRECT_PROVIDERS = frozenset({"openai"})
-EVENT_STREAM = "text/event-stream"
-CUT_HEADERS = ("content-length", "content-encoding", "transfer-encoding")
-LITELLM_READ_BYTES = 8 * 1024
-"""The most of an error body LiteLLM is given: its passes over it cost ~8 µs a byte on the event loop (measured:
-68 KB stalled the loop ~0.6 s), so it gets less than the cap on what the proxy keeps of an upstream's text."""
+BOUNDED_PROVIDERS = frozenset({"openai", "anthropic"})
+"""Providers whose LiteLLM handler takes our `AsyncHTTPHandler` as `client` (and so reads through
+`BoundedBodies`); LiteLLM builds its own client for the others (OpenAI-SDK clients, Bedrock's signer, ...), whose
+error bodies it reads whole."""
 _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 
 
@@ -68,8 +69,15 @@ class UpstreamRoute:
 class LiteLLMUpstream:
     """Chat completions through `litellm.acompletion`, to any provider LiteLLM knows."""
 
-    def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        models: tuple[ModelEntry, ...],
+        redactor: Redactor = NO_SECRETS,
+        max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
+    ) -> None:
         self._litellm = environment.litellm()
+        self._max_answer_chars = max_answer_chars
         self._redactor = redactor
         self._config = config
         self._models = models
@@ -123,7 +131,9 @@ class LiteLLMUpstream:
         name = f"context-proxy-bounded-{kind}-{self._config.timeout_s}-{entry.api_base or 'default'}"
         handler = cache.get_cache(name)
         if handler is None:
-            transport = BoundedBodies(httpx.AsyncHTTPTransport(), json_only=not stream)
+            transport = BoundedBodies(
+                httpx.AsyncHTTPTransport(), json_only=not stream, max_answer_chars=self._max_answer_chars
+            )
             module = self._litellm.llms.custom_httpx.http_handler
             handler = module.AsyncHTTPHandler(timeout=self._config.timeout_s, transport=transport)
             cache.set_cache(name, handler, litellm_owned_client=True)
@@ -138,7 +148,10 @@ class LiteLLMUpstream:
             return None
         return info
 
-    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
+    def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> ProxyError:
+        too_large = answer_too_large(exc)
+        if too_large is not None:
+            return too_large
         names = self.route(entry).missing_keys
         hint = missing_keys_text(entry, names) if names else None
         return upstream_error(exc, mid_stream, model=entry.name, missing_keys=hint, redactor=self._redactor)
@@ -162,8 +175,9 @@ class LiteLLMUpstream:
         if stream and params.get("stream_options") is not None:
             kwargs["stream_options"] = params["stream_options"]
         rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
-        if route.passthrough:
+        if route.provider in BOUNDED_PROVIDERS:
             kwargs["client"] = self._handler(entry, stream)
+        if route.passthrough:
             if rest:
                 kwargs["extra_body"] = rest
         else:
@@ -183,41 +197,7 @@ class LiteLLMUpstream:
         return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS, missing_keys=missing)
 
 
-class BoundedBodies(httpx.AsyncBaseTransport):
-    """Hands over an error answer (and, for a non-stream call, an event stream) cut to `LITELLM_READ_BYTES`.
-
-    What LiteLLM does with such a body costs time in proportion to its size, on the event loop; the rest of it
-    is never read, and the connection is closed.
-    """
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, json_only: bool) -> None:
-        self._inner = inner
-        self._json_only = json_only
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._inner.handle_async_request(request)
-        content_type = response.headers.get("content-type", "")
-        if response.status_code < 400 and not (self._json_only and content_type.startswith(EVENT_STREAM)):
-            return response
-        head = bytearray()
-        cut = b""
-        try:
-            async for part in response.aiter_raw():
-                head += part
-                if len(head) > LITELLM_READ_BYTES:
-                    cut = CUT_MARK.encode()
-                    break
-        finally:
-            await response.aclose()
-        headers = [(name, value) for name, value in response.headers.items() if name.lower() not in CUT_HEADERS]
-        content = bytes(head[:LITELLM_READ_BYTES]) + cut
-        return httpx.Response(response.status_code, headers=headers, content=content, request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], UpstreamError]) -> AsyncIterator[Chunk]:
+async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], ProxyError]) -> AsyncIterator[Chunk]:
     """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
 
     The pass-through handler reports `[DONE]` as a dict marker and reports a line it cannot parse as an empty

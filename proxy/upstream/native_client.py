@@ -20,13 +20,12 @@ from typing import Any, Protocol
 
 import httpx
 
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.failures import ERROR_READ_BYTES, SHAPE_ERRORS, UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-
-EVENT_STREAM = "text/event-stream"
 
 
 class EventConverter(Protocol):
@@ -39,8 +38,11 @@ class NativeClient:
     ending_events: frozenset[str] = frozenset()
     """Events after which the stream is over (the rest of the connection is not waited for)."""
 
-    def __init__(self, config: UpstreamConfig, redactor: Redactor = NO_SECRETS) -> None:
+    def __init__(
+        self, config: UpstreamConfig, redactor: Redactor = NO_SECRETS, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS
+    ) -> None:
         self._config = config
+        self._max_answer_chars = max_answer_chars
         self._redactor = redactor
         self._http: httpx.AsyncClient | None = None
 
@@ -64,7 +66,11 @@ class NativeClient:
     def _client(self) -> httpx.AsyncClient:
         # Made on first use, inside the event loop that uses it.
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s))
+            # Errors are read bounded here (`error_text`); answers by the transport.
+            transport = BoundedBodies(
+                httpx.AsyncHTTPTransport(), json_only=False, max_answer_chars=self._max_answer_chars, cut_errors=False
+            )
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s), transport=transport)
         return self._http
 
     async def aclose(self) -> None:

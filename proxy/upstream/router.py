@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.types import Chunk, Message, NativeRequest
 from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.litellm_client import LiteLLMUpstream
@@ -21,11 +21,17 @@ from proxy.upstream.responses_client import ResponsesClient
 
 
 class UpstreamRouter:
-    def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
-        self.chat = LiteLLMUpstream(config, models, redactor)
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        models: tuple[ModelEntry, ...],
+        redactor: Redactor = NO_SECRETS,
+        max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
+    ) -> None:
+        self.chat = LiteLLMUpstream(config, models, redactor, max_answer_chars)
         self._natives: dict[str, NativeClient] = {
-            "responses": ResponsesClient(config, redactor),
-            "messages": AnthropicClient(config, redactor),
+            "responses": ResponsesClient(config, redactor, max_answer_chars),
+            "messages": AnthropicClient(config, redactor, max_answer_chars),
         }
         """By the API a model entry's `api` names."""
 

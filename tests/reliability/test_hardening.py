@@ -20,8 +20,8 @@ from proxy.cli.commands import EXIT_STORE, main
 from proxy.store.database import Database, SchemaTooNew
 from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
-from tests.reliability.support import assert_openai_error
-from tests.support.fake_upstream import FakeUpstream, Fault, error_body
+from tests.reliability.support import assert_openai_error, read_only, sse_events
+from tests.support.fake_upstream import FakeUpstream, Fault, Reply, error_body
 from tests.support.proxy_server import ProxyServer
 
 UPSTREAM_KEY = "sk-upstream-secret"
@@ -147,6 +147,31 @@ def test_disk_full_is_a_507_saying_storage_is_full(proxy: ProxyServer) -> None:
     error = assert_openai_error(caught.value.response.json())
     assert error["code"] == "storage_full"
     assert "storage is full" in error["message"]
+
+
+@pytest.mark.time_budget(30)
+def test_disk_full_mid_stream_says_what_was_kept(proxy: ProxyServer, fake: FakeUpstream) -> None:
+    fake.chunk_delay_s = 0.01
+    fake.responder = lambda body: Reply(content="word " * 300, finish_reason="stop")
+    app = cast(Starlette, proxy._server.config.app)
+    writer: sqlite3.Connection = app.state.services.db.engine.writer
+    body = {"model": "fake", "stream": True, "messages": [{"role": "user", "content": "go on"}]}
+    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json=body, timeout=TIMEOUT_S) as response:
+        events = sse_events(response)
+        first = next(events)
+        pages = writer.execute("PRAGMA page_count").fetchone()[0]
+        writer.execute(f"PRAGMA max_page_count = {pages}")
+        received = [first, *events]
+    last = received[-1]
+    assert isinstance(last, dict)
+    error = assert_openai_error(last)
+    assert error["code"] == "storage_full"
+    assert "nothing was saved" not in error["message"]
+    assert "relayed before this point is kept" in error["message"]
+    with read_only(proxy.config.store.path) as db:
+        step_id, journaled = db.execute("SELECT step_id, COUNT(*) FROM journal_events GROUP BY step_id").fetchone()
+    assert f"journal step {step_id}" in error["message"]
+    assert journaled >= 1
 
 
 # --- item 6: data after [DONE] ------------------------------------------------------------------------------------

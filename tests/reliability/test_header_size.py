@@ -4,7 +4,8 @@ Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.s
 1. A 64 MB header without a key is answered 431 (OpenAI's error shape, `Connection: close`) within a fraction of
    a second, and the process's memory does not grow by anything near the header's size.
 2. While eight clients keep sending such headers, `/healthz` keeps answering.
-3. Ordinary requests, headers just under the cap on one keep-alive connection, and a large body all still work.
+3. On /v1/messages the 431 is in Anthropic's error shape.
+4. Ordinary requests, headers just under the cap on one keep-alive connection, and a large body all still work.
 """
 
 from __future__ import annotations
@@ -119,6 +120,19 @@ def test_a_64_mb_header_without_a_key_is_refused_with_431_at_once(guarded: Proxy
     assert "server.max_header_bytes" in error["message"]
     assert answered_s < REFUSED_WITHIN_S
     assert peak[0] - before < HUGE_HEADER // 8, f"RSS grew {(peak[0] - before) / 2**20:.1f} MiB"
+
+
+@pytest.mark.time_budget(60)
+def test_a_huge_header_to_the_messages_door_is_refused_in_anthropics_shape(guarded: ProxyServer) -> None:
+    raw, _answered_s = send_huge_header(guarded, path="/v1/messages")
+    status, headers, body = split_response(raw)
+    assert status == 431, raw[:500]
+    assert headers["connection"] == "close"
+    refusal = json.loads(body)
+    assert set(refusal) == {"type", "error"}, refusal
+    assert refusal["type"] == "error"
+    assert refusal["error"]["type"] == "invalid_request_error"
+    assert "server.max_header_bytes" in refusal["error"]["message"]
 
 
 @pytest.mark.time_budget(60)

@@ -22,6 +22,7 @@ import pytest
 
 from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS
 from tests.reliability.support import assert_openai_error, read_only
+from tests.support.fake_anthropic_upstream import FakeAnthropicUpstream
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.proxy_server import ProxyProcess, make_config
 
@@ -184,3 +185,28 @@ def test_a_big_or_malformed_upstream_answer_is_a_short_error(tmp_path: Path, fak
     assert SECRET not in log
     long_lines = [len(line) for line in log.splitlines() if len(line) > MAX_TEXT_CHARS + SLACK_CHARS]
     assert not long_lines, f"log lines of {long_lines} characters"
+
+
+@pytest.mark.time_budget(90)
+def test_a_big_error_body_on_a_translated_route_is_read_bounded_too(tmp_path: Path) -> None:
+    """An `anthropic/` model without `api: messages` goes through LiteLLM's translation; its error body is read
+    through the same bounded transport as the pass-through route's (before: whole, ~8 µs a byte on the loop)."""
+    with FakeAnthropicUpstream() as native:
+        model = {"name": "fake", "model": "anthropic/claude-fake", "api_base": native.url, "api_key": SECRET}
+        raw = make_config(tmp_path, native.url, models=[model], upstream={"timeout_s": 10, "num_retries": 0})
+        with ProxyProcess(raw, tmp_path, log_level="debug") as proxy:
+            assert call(proxy.url, False, "translated-warm")[0] == 200
+            streamed = call(proxy.url, True, "translated-stream")  # streams go through the bounded transport too
+            assert streamed[:2] == (200, {}), streamed
+            assert streamed[2][-1] == "[DONE]"
+            with HealthProbe(proxy.url) as probe:
+                text = error_text(2 * MB).decode()
+                native.fail_next(500, {"type": "error", "error": {"type": "api_error", "message": text}})
+                del text
+                status, body, _others = call(proxy.url, False, "translated")
+                time.sleep(3 * PROBE_EVERY_S)
+    assert status == 500, body
+    message = assert_openai_error(body)["message"]
+    assert len(message) <= MAX_TEXT_CHARS
+    assert SECRET not in message
+    assert probe.worst_s < HEALTH_LIMIT_S, f"/healthz waited {probe.worst_s:.2f} s"

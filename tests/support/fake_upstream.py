@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,10 @@ class Fault:
     raw_body: bytes | None = None
     """Sent as the whole answer, with `status` and `media_type`, to a stream or non-stream request alike."""
     media_type: str = "application/json"
+    raw_parts: Callable[[], Iterator[bytes]] | None = None
+    """Like `raw_body`, made and sent piece by piece: a body too large for the test to hold."""
+    when: Callable[[dict[str, Any]], bool] | None = None
+    """Only a request whose body this accepts takes the fault (others are answered as usual)."""
 
     @property
     def breaks_stream(self) -> bool:
@@ -471,6 +475,11 @@ def completion_chunks(
     return chunks
 
 
+async def _async_parts(parts: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
@@ -541,10 +550,10 @@ class FakeUpstream(LoopbackServer):
         """The prompt as this upstream counts it: OpenAI's count times `token_ratio`."""
         return math.ceil(count_prompt_tokens(messages, tools) * self.token_ratio)
 
-    def _take_fault(self, stream: bool) -> Fault | None:
+    def _take_fault(self, stream: bool, body: dict[str, Any]) -> Fault | None:
         with self._lock:
             for index, fault in enumerate(self._faults):
-                if stream or not fault.breaks_stream:
+                if (stream or not fault.breaks_stream) and (fault.when is None or fault.when(body)):
                     return self._faults.pop(index)
         return None
 
@@ -575,11 +584,14 @@ class FakeUpstream(LoopbackServer):
             self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items())))
 
         stream = body.get("stream") is True
-        fault = self._take_fault(stream)
+        fault = self._take_fault(stream, body)
         if fault is not None:
             await self._pause(fault.delay_s)
             if fault.raw_body is not None:
                 return Response(fault.raw_body, status_code=fault.status, media_type=fault.media_type)
+            if fault.raw_parts is not None:
+                parts = _async_parts(fault.raw_parts())
+                return StreamingResponse(parts, status_code=fault.status, media_type=fault.media_type)
             if not fault.breaks_stream and (fault.status >= 400 or fault.body is not None):
                 error = fault.body if fault.body is not None else default_error_body(fault.status)
                 return JSONResponse(error, status_code=fault.status, headers=fault.headers)

@@ -391,3 +391,70 @@ async def test_an_empty_database_is_migrated(store_target: Path | str, contents:
     assert [row[0] for row in committed_rows(store_target, "SELECT name FROM migrations ORDER BY name")] == [
         migration.__name__ for migration in MIGRATIONS
     ]
+
+
+# --- m010: journal events in a rowid table ---------------------------------------------------------------------
+
+EVENT_CHARS = 1024
+EVENTS = 2000
+STORED_PER_TEXT_BYTE = 1.5
+"""Events of ~1 KB take at most this many bytes on disk per byte of their JSON (WITHOUT ROWID took ~4.6)."""
+
+
+def add_step_with_events(connection: sqlite3.Connection, count: int, chars: int) -> int:
+    """A step and `count` events of `chars` characters each; the events' total size in bytes."""
+    connection.execute("BEGIN")
+    connection.execute(
+        "INSERT INTO journal_steps (id, tenant, model, fingerprint, stream, status, created_at) "
+        "VALUES (1, 'open', 'm', 'f', 1, 'open', 1.0)"
+    )
+    rows = [(1, seq, "chunk", f"{seq:08d}" + "x" * (chars - 8), 1.0) for seq in range(count)]
+    connection.executemany(
+        "INSERT INTO journal_events (step_id, seq, type, content, created_at) VALUES (?, ?, ?, ?, ?)", rows
+    )
+    connection.execute("COMMIT")
+    return count * chars
+
+
+def pages_of(connection: sqlite3.Connection, *names: str) -> int:
+    """Bytes of the pages the named tables and their indexes take (SQLite's dbstat)."""
+    marks = ", ".join("?" for _ in names)
+    row = connection.execute(
+        f"SELECT SUM(pgsize) FROM dbstat WHERE name IN ({marks}) "
+        f"OR name IN (SELECT name FROM sqlite_master WHERE tbl_name IN ({marks}) AND type = 'index')",
+        (*names, *names),
+    ).fetchone()
+    return int(row[0])
+
+
+async def test_journal_events_of_a_kilobyte_take_about_their_size(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    await open_and_close(path)
+    with raw(path) as connection:
+        text = add_step_with_events(connection, EVENTS, EVENT_CHARS)
+        stored = pages_of(connection, "journal_events")
+    assert stored / text < STORED_PER_TEXT_BYTE, f"{stored / text:.2f} bytes stored per byte of event text"
+
+
+async def test_events_written_before_m010_are_kept_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    before_m010 = MIGRATIONS[: [m.__name__ for m in MIGRATIONS].index("m010_journal_events_rowid")]
+    with raw(path) as connection:
+        connection.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        for migration in before_m010:
+            connection.execute("BEGIN")
+            migration(connection)
+            connection.execute("INSERT INTO migrations (name, applied_at) VALUES (?, 1.0)", (migration.__name__,))
+            connection.execute("COMMIT")
+        add_step_with_events(connection, 50, 3000)
+        old = connection.execute("SELECT * FROM journal_events ORDER BY step_id, seq").fetchall()
+
+    await open_and_close(path)
+    with raw(path) as connection:
+        assert connection.execute("SELECT * FROM journal_events ORDER BY step_id, seq").fetchall() == old
+        sql = connection.execute("SELECT sql FROM sqlite_master WHERE name = 'journal_events'").fetchone()[0]
+        assert "WITHOUT ROWID" not in sql
+        with pytest.raises(sqlite3.IntegrityError):  # (step_id, seq) is still the key
+            connection.execute(
+                "INSERT INTO journal_events (step_id, seq, type, content, created_at) VALUES (1, 0, 'chunk', '', 1)"
+            )
