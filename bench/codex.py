@@ -5,7 +5,7 @@ forwards to the fake chat-completions upstream (tests/support/fake_upstream.py) 
 user prompt it calls `exec_command` (`ls -la`), on that result it calls the custom tool `apply_patch` to add the
 file the prompt names, on that result it answers "Done: created <file>." Turn 1 is a new thread; the next turns
 resume it (`codex exec resume <thread id>`), so the whole task is one Codex thread and, for the proxy, one
-session. The window is small (8k by default) so that Codex's system prompt and tools plus a few turns make the
+session. The window is small (16k by default) so that Codex's system prompt and tools (~7.6k tokens) plus a few turns make the
 proxy compact; the proxy's summarizer requests go to the same fake and get a fact-keeping summary.
 
 Reported (printed, and with `--json PATH` written in bench/harness/report.py's format): every HTTP request Codex
@@ -55,7 +55,7 @@ from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 from tests.support.proxy_server import ProxyServer, make_config
 
 MODEL = "gpt-5.5"
-DEFAULT_WINDOW = 8_000
+DEFAULT_WINDOW = 16_000
 MAX_OUTPUT = 1024
 DEFAULT_TURNS = 4
 CODEX_TIMEOUT_S = 180.0
