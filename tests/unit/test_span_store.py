@@ -102,9 +102,7 @@ async def stored_path(history: History, messages: list[dict[str, Any]], session:
     return (await history.reconcile(TENANT, session, messages, MODEL, ENCODING)).path
 
 
-async def add(
-    summaries: SpanStore, path: Sequence[StoredMessage], start: int, end: int, **fields: Any
-) -> StoredSpan:
+async def add(summaries: SpanStore, path: Sequence[StoredMessage], start: int, end: int, **fields: Any) -> StoredSpan:
     """A summary of path[start:end]."""
     values: dict[str, Any] = {
         "content": f"covers {start}..{end}",
