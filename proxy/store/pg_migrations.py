@@ -240,6 +240,25 @@ def m009_recall(connection: Connection) -> None:
     )
 
 
+def m010_summarizer_calls(connection: Connection) -> None:
+    run_script(
+        connection,
+        f"""
+        CREATE TABLE summarizer_calls (
+            id {SERIAL},
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            cached_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX summarizer_calls_by_session ON summarizer_calls (tenant, session_id, id)
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -250,4 +269,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m007_pins,
     m008_compaction_events,
     m009_recall,
+    m010_summarizer_calls,
 )

@@ -62,6 +62,7 @@ TABLES: tuple[Table, ...] = (
     Table("journal_events", ("step_id", "seq")),
     Table("pins", ("tenant", "session_id", "message_id")),
     Table("compaction_events", ("id",), identity=True),
+    Table("summarizer_calls", ("id",), identity=True),
 )
 """Every table of the schema that holds data, in an order that satisfies the foreign keys between them."""
 LEFT_OUT = ("migrations", "journal_owners", "recall_messages", "recall_index")

@@ -80,6 +80,7 @@ class FakeSummarizer(Summarizer):
         target: int,
         request_entry: ModelEntry,
         instruction: str | None = None,
+        session: tuple[str, str] | None = None,
     ) -> WrittenSummary:
         self.calls.append(Call([dict(m) for m in messages], target, request_entry))
         content = f"summary {len(self.calls)}: " + " ".join(["fact"] * self.words)
