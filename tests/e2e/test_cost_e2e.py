@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -57,6 +58,7 @@ def test_cached_tokens_per_step_per_session_in_metrics_and_header(serve_proxy: S
     assert 0 < cost["cached_share"] < 1
     assert steps[0]["cached_tokens"] == 0  # nothing was sent before the first request
     for step in steps:
+        assert step["sent_tokens"] > 0  # streamed steps too: the upstream is asked for their usage
         assert 0 <= step["cached_tokens"] <= step["sent_tokens"]
         assert step["requested_tokens"] >= step["counted_tokens"] > 0
         assert (step["cached_tokens"] - 1024) % 128 == 0 or step["cached_tokens"] == 0  # OpenAI's blocks
@@ -93,3 +95,14 @@ def test_summarizer_tokens_are_put_in_the_steps_they_ran_in(serve_proxy: ServePr
     assert cost["requested_tokens"] > cost["counted_tokens"]  # compaction sent less than the client asked
     prompt = metric(proxy, "context_proxy_summarizer_tokens", 'kind="prompt",model="summarizer"')
     assert prompt == cost["summarizer_prompt_tokens"]
+
+
+def test_a_stream_gets_a_usage_chunk_only_if_its_client_asked(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
+    proxy, _client = start(serve_proxy, fake)
+    body = {"model": "big", "messages": [{"role": "user", "content": "hello"}], "stream": True}
+    for options, expected in (({}, 0), ({"stream_options": {"include_usage": True}}, 1)):
+        with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json={**body, **options}, timeout=10) as answer:
+            lines = [line for line in answer.iter_lines() if line.startswith("data: {")]
+        chunks = [json.loads(line.removeprefix("data: ")) for line in lines]
+        assert sum(1 for chunk in chunks if chunk.get("usage")) == expected
+        assert fake.requests[-1].body["stream_options"] == {"include_usage": True}
