@@ -18,8 +18,16 @@ every request the fake upstream received (messages, roles, tools, whether tool c
 the scripted model answered), every Claude Code turn (exit code, tool uses, result, whether the file exists,
 error-like stderr lines), then the proxy's `GET /sessions` and `GET /journal`.
 
+With `--marathon` it runs issue 27's long agent session instead (bench/harness/marathon.py): `--turns` turns of
+one Bash command each (~`--tool-output-tokens` of output), the main model answering after `--model-latency`
+seconds and the proxy's summarizer (a separate model) after `--summarizer-latency`, the proxy in its own process;
+it prints per-turn latency, summarizer calls, rejections, tokens sent and cached, the proxy's CPU time and RSS,
+and whether the first turn's fact is still answered at the end. Issue 27's setting:
+`python bench/claude_code.py --marathon --window 32768 --turns 200`.
+
 Run by hand: `python bench/claude_code.py [--claude PATH] [--window N] [--turns N] [--plain]
-[--max-output-tokens N] [--keep] [--dump FILE] [--json PATH]`.
+[--max-output-tokens N] [--keep] [--dump FILE] [--json PATH] [--marathon [--model-latency S]
+[--summarizer-latency S] [--tool-output-tokens N]]`.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import (
+    FACT_QUESTION,
     AgentTurn,
     HttpExchange,
     LogTap,
@@ -53,9 +62,20 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
+from bench.harness.marathon import (
+    MarathonModel,
+    ProcessProbe,
+    TurnMeter,
+    add_marathon_options,
+    latencies,
+    marathon_prompts,
+    marathon_report,
+    model_entries,
+    session_cost,
+)
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
-from tests.support.proxy_server import ProxyServer, make_config
+from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
 
 MODELS = ("fake-sonnet", "fake-haiku")
 """The main and the small fast model Claude Code asks for; configured on the proxy, both on the one fake."""
@@ -339,6 +359,53 @@ def turns_table(report: Report, turns: list[ClaudeTurn], workdir: Path) -> None:
         notes.append(f"{name}: {repr(path.read_text()) if path.exists() else 'missing'}")
 
 
+def marathon(args: argparse.Namespace, claude: list[str], result: Report) -> None:
+    """Issue 27's long Claude Code session (bench/harness/marathon.py), one `claude -p --continue` per turn."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-claude-marathon-"))
+    workdir, home = tmp / "work", tmp / "home"
+    workdir.mkdir()
+    home.mkdir()
+    models = PLAIN_MODELS if args.plain else MODELS
+    model = MarathonModel("Bash", lambda command: {"command": command, "description": "Run the command"})
+    try:
+        with FakeUpstream(context_window=args.window) as fake:
+            fake.responder = model
+            fake.delay = latencies(args.model_latency, args.summarizer_latency)
+            raw = make_config(
+                tmp,
+                fake.url,
+                models=model_entries(fake.url, args.window, models),
+                upstream={"timeout_s": 120},
+                context={"summarizer_model": "summarizer"},
+            )
+            with ProxyProcess(raw, tmp) as proxy:
+                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
+                env = claude_env(home, proxy.url, models, args.plain, args.max_output_tokens)
+                turns, fact = [], None
+                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
+                    meter.start()
+                    run = run_cli(claude_argv(claude, models[0], prompt, resume=number > 1), workdir, env, 600.0)
+                    outcome = ClaudeTurn(number, prompt, run, 0, 0).result()
+                    answer = str(outcome.get("result") or f"(no result; exit {run.exit_code})")
+                    if prompt == FACT_QUESTION:
+                        fact = answer
+                        break
+                    turn = meter.stop(number, run.exit_code, bool(outcome.get("is_error")), answer)
+                    turns.append(turn)
+                    print(
+                        f"turn {number}: {turn.seconds:.1f} s, exit {run.exit_code}, summarizer {turn.summarizer_calls}"
+                        f", cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.2f} s, "
+                        f"rss {turn.rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                    )
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
+    finally:
+        if args.keep:
+            result.notes.append(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--claude", help="the claude executable (default: /tmp/claudeinst, then PATH)")
@@ -359,11 +426,16 @@ def main(argv: list[str] | None = None) -> None:
         "--compact-every", type=int, help="run `/compact` (Claude Code's own compaction) after every N turns"
     )
     parser.add_argument("--dump", type=Path, help="write the Messages request bodies here as JSON lines")
+    add_marathon_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     claude = find_cli(args.claude, DEFAULT_CLAUDE_PATHS, "claude", INSTALL)
     result = Report.start("claude_code", args)
     result.parameters["cli"] = " ".join(claude)
+    if args.marathon:
+        marathon(args, claude, result)
+        result.publish(args.json)
+        return
 
     tap = LogTap()
     logging.getLogger().addHandler(tap)

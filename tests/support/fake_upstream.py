@@ -81,6 +81,17 @@ class ReceivedRequest:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Served:
+    """The usage the fake reported for one answered request (what a bench adds up as cost)."""
+
+    model: str
+    tools: int
+    """Tool definitions the request offered."""
+    prompt_tokens: int
+    cached_tokens: int
+
+
 @dataclass
 class Reply:
     content: str | None = None
@@ -518,6 +529,8 @@ class FakeUpstream(LoopbackServer):
         self.requests: list[ReceivedRequest] = []
         self.rejected: list[dict[str, Any]] = []
         """The error bodies of requests refused as invalid (the window, pairing, role order)."""
+        self.served: list[Served] = []
+        """The usage of every request answered, in order."""
         self._default_context_window = context_window
         self._default_chunk_delay_s = chunk_delay_s
         self._faults: list[Fault] = []
@@ -540,6 +553,7 @@ class FakeUpstream(LoopbackServer):
         with self._lock:
             self.requests.clear()
             self.rejected.clear()
+            self.served.clear()
             self._faults.clear()
             self._completions = 0
         self.prompt_cache.clear()
@@ -629,6 +643,8 @@ class FakeUpstream(LoopbackServer):
         completion_id, created, model = self._next_completion_id(), int(time.time()), body["model"]
         scope = f"{model}\x00{request.headers.get('authorization', '')}"
         cached = self.prompt_cache.serve(scope, prompt_token_ids(body), prompt_tokens)
+        with self._lock:
+            self.served.append(Served(model, len(body.get("tools") or []), prompt_tokens, cached))
         if not stream:
             return JSONResponse(completion_json(completion_id, created, model, reply, prompt_tokens, cached))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
