@@ -366,7 +366,7 @@ def marathon(args: argparse.Namespace, claude: list[str], result: Report) -> Non
     workdir.mkdir()
     home.mkdir()
     models = PLAIN_MODELS if args.plain else MODELS
-    model = MarathonModel("Bash", lambda command: {"command": command, "description": "Run the command"})
+    model = MarathonModel("Bash", lambda command, _tools: {"command": command, "description": "Run the command"})
     try:
         with FakeUpstream(context_window=args.window) as fake:
             fake.responder = model

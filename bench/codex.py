@@ -14,7 +14,12 @@ fake upstream received (messages, roles, tools, whether tool calls and results p
 answered), every Codex turn (exit code, items, outcome, whether the file exists, error lines from Codex's
 stderr), then the proxy's `GET /sessions` and `GET /journal`.
 
-Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep] [--dump FILE] [--json PATH]`.
+With `--marathon` it runs issue 27's long agent session instead (bench/harness/marathon.py, as
+bench/claude_code.py does): one `exec_command` of ~`--tool-output-tokens` per turn, with `--model-latency` and
+`--summarizer-latency`, the proxy in its own process, measured turn by turn.
+
+Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep] [--dump FILE] [--json PATH]
+[--marathon [--model-latency S] [--summarizer-latency S] [--tool-output-tokens N]]`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import (
+    FACT_QUESTION,
     AgentTurn,
     HttpExchange,
     LogTap,
@@ -50,9 +56,20 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
+from bench.harness.marathon import (
+    MarathonModel,
+    ProcessProbe,
+    TurnMeter,
+    add_marathon_options,
+    latencies,
+    marathon_prompts,
+    marathon_report,
+    model_entries,
+    session_cost,
+)
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
-from tests.support.proxy_server import ProxyServer, make_config
+from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
 
 MODEL = "gpt-5.5"
 DEFAULT_WINDOW = 8_000
@@ -254,6 +271,57 @@ def turns_table(report: Report, turns: list[CodexTurn], workdir: Path) -> None:
         table.notes.append(f"hello.txt contents: {hello.read_text()!r}")
 
 
+def codex_env(home: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CODEX_HOME": str(home),
+        "CTX_KEY": "dummy",
+        "OPENAI_API_KEY": "dummy",
+        "CODEX_API_KEY": "dummy",
+        "NO_COLOR": "1",
+    }
+
+
+def marathon(args: argparse.Namespace, codex: list[str], result: Report) -> None:
+    """Issue 27's long session through Codex (bench/harness/marathon.py), one `codex exec resume` per turn."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-codex-marathon-"))
+    workdir, home = tmp / "work", tmp / "codex-home"
+    workdir.mkdir()
+    model = MarathonModel("exec_command", lambda command, tools: command_arguments_for(tools)(command))
+    try:
+        with FakeUpstream(context_window=args.window) as fake:
+            fake.responder = model
+            fake.delay = latencies(args.model_latency, args.summarizer_latency)
+            entries = model_entries(fake.url, args.window, [MODEL])
+            entries[0]["max_output"] = MAX_OUTPUT
+            context = {"summarizer_model": "summarizer"}
+            raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
+            with ProxyProcess(raw, tmp) as proxy:
+                write_codex_home(home, proxy.url, args.provider, args.auto_compact)
+                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
+                turns, fact, thread_id = [], None, None
+                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
+                    meter.start()
+                    run = run_cli(codex_argv(codex, prompt, thread_id), workdir, codex_env(home), 600.0)
+                    turn = CodexTurn(number, prompt, run, 0, 0)
+                    thread_id = thread_id or turn.thread_id
+                    answer = turn.last_message() or f"(no answer; exit {run.exit_code})"
+                    if prompt == FACT_QUESTION:
+                        fact = answer
+                        break
+                    turns.append(meter.stop(number, run.exit_code, run.exit_code != 0, answer))
+                    print(f"turn {number}: {turns[-1].seconds:.1f} s, exit {run.exit_code}", file=sys.stderr)
+                    if thread_id is None:
+                        result.notes.append(f"turn {number}: no thread id; stopped. {short(run.stderr[-800:], 800)}")
+                        break
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
+    finally:
+        if args.keep:
+            result.notes.append(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--codex", help="the codex executable (default: /tmp/codexinst, then PATH)")
@@ -271,11 +339,16 @@ def main(argv: list[str] | None = None) -> None:
         default="custom",
         help="Codex's provider: one of its own (HTTP), or its OpenAI provider with openai_base_url (WebSocket first)",
     )
+    add_marathon_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     codex = find_cli(args.codex, DEFAULT_CODEX_PATHS, "codex", INSTALL)
     result = Report.start("codex", args)
     result.parameters["cli"] = " ".join(codex)
+    if args.marathon:
+        marathon(args, codex, result)
+        result.publish(args.json)
+        return
 
     tap = LogTap()
     logging.getLogger().addHandler(tap)
@@ -301,14 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             with ProxyServer(raw, tmp, middleware=recorder.around) as proxy:
                 write_codex_home(home, proxy.url, args.provider, args.auto_compact)
                 print(f"codex: {' '.join(codex)}; window {args.window}; workdir {workdir}", file=sys.stderr)
-                env = {
-                    **os.environ,
-                    "CODEX_HOME": str(home),
-                    "CTX_KEY": "dummy",
-                    "OPENAI_API_KEY": "dummy",
-                    "CODEX_API_KEY": "dummy",
-                    "NO_COLOR": "1",
-                }
+                env = codex_env(home)
                 turns: list[CodexTurn] = []
                 thread_id: str | None = None
                 for number, prompt in enumerate(prompts(args.turns), 1):

@@ -82,7 +82,8 @@ class MarathonModel(ScriptedModel):
     """On a turn's prompt: call the shell tool (`shell_tool`, its arguments from `arguments`) with the prompt's
     command; on its result: the output's last line; requests without the tool (side requests): "OK."."""
 
-    def __init__(self, shell_tool: str, arguments: Callable[[str], dict[str, Any]]) -> None:
+    def __init__(self, shell_tool: str, arguments: Callable[[str, list[dict[str, Any]]], dict[str, Any]]) -> None:
+        """`arguments`: the shell tool's arguments for a command, given the tools the request offered."""
         super().__init__(call_prefix="call_marathon")
         self.shell_tool = shell_tool
         self.arguments = arguments
@@ -109,7 +110,8 @@ class MarathonModel(ScriptedModel):
             return Reply(content=f"The last line is: {lines[-1] if lines else '(no output)'}"), "text (after shell)"
         if prompt is None:
             return Reply(content="OK."), "text (no turn prompt in context)"
-        return self.call(self.shell_tool, self.arguments(prompt.group(2))), f"call {self.shell_tool} (turn {prompt[1]})"
+        arguments = self.arguments(prompt.group(2), body.get("tools") or [])
+        return self.call(self.shell_tool, arguments), f"call {self.shell_tool} (turn {prompt[1]})"
 
 
 def latencies(model_s: float, summarizer_s: float) -> Callable[[dict[str, Any]], float]:
