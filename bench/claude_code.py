@@ -46,7 +46,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import (
-    FACT_QUESTION,
     AgentTurn,
     HttpExchange,
     LogTap,
@@ -62,20 +61,10 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
-from bench.harness.marathon import (
-    MarathonModel,
-    ProcessProbe,
-    TurnMeter,
-    add_marathon_options,
-    latencies,
-    marathon_prompts,
-    marathon_report,
-    model_entries,
-    session_cost,
-)
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
-from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
+from tests.support.proxy_server import ProxyServer, make_config
 
 MODELS = ("fake-sonnet", "fake-haiku")
 """The main and the small fast model Claude Code asks for; configured on the proxy, both on the one fake."""
@@ -359,51 +348,28 @@ def turns_table(report: Report, turns: list[ClaudeTurn], workdir: Path) -> None:
         notes.append(f"{name}: {repr(path.read_text()) if path.exists() else 'missing'}")
 
 
-def marathon(args: argparse.Namespace, claude: list[str], result: Report) -> None:
-    """Issue 27's long Claude Code session (bench/harness/marathon.py), one `claude -p --continue` per turn."""
-    tmp = Path(tempfile.mkdtemp(prefix="bench-claude-marathon-"))
-    workdir, home = tmp / "work", tmp / "home"
-    workdir.mkdir()
-    home.mkdir()
+def marathon_agent(args: argparse.Namespace, claude: list[str]) -> Agent:
+    """Claude Code for the marathon (bench/harness/marathon.py): one `claude -p --continue` per turn."""
     models = PLAIN_MODELS if args.plain else MODELS
-    model = MarathonModel("Bash", lambda command, _tools: {"command": command, "description": "Run the command"})
-    try:
-        with FakeUpstream(context_window=args.window) as fake:
-            fake.responder = model
-            fake.delay = latencies(args.model_latency, args.summarizer_latency)
-            raw = make_config(
-                tmp,
-                fake.url,
-                models=model_entries(fake.url, args.window, models),
-                upstream={"timeout_s": 120},
-                context={"summarizer_model": "summarizer"},
-            )
-            with ProxyProcess(raw, tmp) as proxy:
-                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
-                env = claude_env(home, proxy.url, models, args.plain, args.max_output_tokens)
-                turns, fact = [], None
-                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
-                    meter.start()
-                    run = run_cli(claude_argv(claude, models[0], prompt, resume=number > 1), workdir, env, 600.0)
-                    outcome = ClaudeTurn(number, prompt, run, 0, 0).result()
-                    answer = str(outcome.get("result") or f"(no result; exit {run.exit_code})")
-                    if prompt == FACT_QUESTION:
-                        fact = answer
-                        break
-                    turn = meter.stop(number, run.exit_code, bool(outcome.get("is_error")), answer)
-                    turns.append(turn)
-                    print(
-                        f"turn {number}: {turn.seconds:.1f} s, exit {run.exit_code}, summarizer {turn.summarizer_calls}"
-                        f", cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.2f} s, "
-                        f"rss {turn.rss_mib:.0f} MiB",
-                        file=sys.stderr,
-                    )
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
-    finally:
-        if args.keep:
-            result.notes.append(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def start(proxy_url: str, tmp: Path) -> TurnRunner:
+        workdir, home = tmp / "work", tmp / "home"
+        workdir.mkdir()
+        home.mkdir()
+        env = claude_env(home, proxy_url, models, args.plain, args.max_output_tokens)
+
+        def run_turn(number: int, prompt: str) -> tuple[int, bool, str]:
+            run = run_cli(claude_argv(claude, models[0], prompt, resume=number > 1), workdir, env, MARATHON_TIMEOUT_S)
+            outcome = ClaudeTurn(number, prompt, run, 0, 0).result()
+            answer = str(outcome.get("result") or f"(no result; exit {run.exit_code})")
+            return run.exit_code, bool(outcome.get("is_error")), answer
+
+        return run_turn
+
+    def arguments(command: str, _tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"command": command, "description": "Run the command"}
+
+    return Agent("claude", models, "Bash", arguments, start)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -433,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     result = Report.start("claude_code", args)
     result.parameters["cli"] = " ".join(claude)
     if args.marathon:
-        marathon(args, claude, result)
+        run_marathon(args, result, marathon_agent(args, claude))
         result.publish(args.json)
         return
 

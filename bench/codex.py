@@ -40,7 +40,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import (
-    FACT_QUESTION,
     AgentTurn,
     HttpExchange,
     LogTap,
@@ -56,20 +55,10 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
-from bench.harness.marathon import (
-    MarathonModel,
-    ProcessProbe,
-    TurnMeter,
-    add_marathon_options,
-    latencies,
-    marathon_prompts,
-    marathon_report,
-    model_entries,
-    session_cost,
-)
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
-from tests.support.proxy_server import ProxyProcess, ProxyServer, make_config
+from tests.support.proxy_server import ProxyServer, make_config
 
 MODEL = "gpt-5.5"
 DEFAULT_WINDOW = 8_000
@@ -282,44 +271,29 @@ def codex_env(home: Path) -> dict[str, str]:
     }
 
 
-def marathon(args: argparse.Namespace, codex: list[str], result: Report) -> None:
-    """Issue 27's long session through Codex (bench/harness/marathon.py), one `codex exec resume` per turn."""
-    tmp = Path(tempfile.mkdtemp(prefix="bench-codex-marathon-"))
-    workdir, home = tmp / "work", tmp / "codex-home"
-    workdir.mkdir()
-    model = MarathonModel("exec_command", lambda command, tools: command_arguments_for(tools)(command))
-    try:
-        with FakeUpstream(context_window=args.window) as fake:
-            fake.responder = model
-            fake.delay = latencies(args.model_latency, args.summarizer_latency)
-            entries = model_entries(fake.url, args.window, [MODEL])
-            entries[0]["max_output"] = MAX_OUTPUT
-            context = {"summarizer_model": "summarizer"}
-            raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
-            with ProxyProcess(raw, tmp) as proxy:
-                write_codex_home(home, proxy.url, args.provider, args.auto_compact)
-                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
-                turns, fact, thread_id = [], None, None
-                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
-                    meter.start()
-                    run = run_cli(codex_argv(codex, prompt, thread_id), workdir, codex_env(home), 600.0)
-                    turn = CodexTurn(number, prompt, run, 0, 0)
-                    thread_id = thread_id or turn.thread_id
-                    answer = turn.last_message() or f"(no answer; exit {run.exit_code})"
-                    if prompt == FACT_QUESTION:
-                        fact = answer
-                        break
-                    turns.append(meter.stop(number, run.exit_code, run.exit_code != 0, answer))
-                    print(f"turn {number}: {turns[-1].seconds:.1f} s, exit {run.exit_code}", file=sys.stderr)
-                    if thread_id is None:
-                        result.notes.append(f"turn {number}: no thread id; stopped. {short(run.stderr[-800:], 800)}")
-                        break
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
-    finally:
-        if args.keep:
-            result.notes.append(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+def marathon_agent(args: argparse.Namespace, codex: list[str]) -> Agent:
+    """Codex for the marathon (bench/harness/marathon.py): `codex exec`, then `codex exec resume` per turn."""
+
+    def start(proxy_url: str, tmp: Path) -> TurnRunner:
+        workdir, home = tmp / "work", tmp / "codex-home"
+        workdir.mkdir()
+        write_codex_home(home, proxy_url, args.provider, args.auto_compact)
+        thread: list[str] = []
+
+        def run_turn(number: int, prompt: str) -> tuple[int, bool, str]:
+            argv = codex_argv(codex, prompt, thread[0] if thread else None)
+            run = run_cli(argv, workdir, codex_env(home), MARATHON_TIMEOUT_S)
+            turn = CodexTurn(number, prompt, run, 0, 0)
+            if not thread and turn.thread_id:
+                thread.append(turn.thread_id)
+            return run.exit_code, run.exit_code != 0, turn.last_message() or f"(no answer; exit {run.exit_code})"
+
+        return run_turn
+
+    def arguments(command: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return command_arguments_for(tools)(command)
+
+    return Agent("codex", [MODEL], "exec_command", arguments, start, max_output=MAX_OUTPUT)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     result = Report.start("codex", args)
     result.parameters["cli"] = " ".join(codex)
     if args.marathon:
-        marathon(args, codex, result)
+        run_marathon(args, result, marathon_agent(args, codex))
         result.publish(args.json)
         return
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from bench.harness.agents import (
 )
 from bench.harness.report import Report, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
+from tests.support.proxy_server import ProxyProcess, make_config
 from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
 
 MAIN_MODEL_ID = "fake-model"
@@ -47,8 +51,13 @@ DEFAULT_MODEL_LATENCY_S = 0.8
 DEFAULT_SUMMARIZER_LATENCY_S = 2.0
 SLOW_TURN_S = 1.5
 """A turn this much slower than the median counts as slow (issue 27's bound)."""
+MARATHON_TIMEOUT_S = 600.0
+"""One CLI turn's limit."""
 EARLY_TURN = 20
 """The turn whose proxy CPU time and RSS the last turn's are compared with."""
+CPU_WINDOW = 10
+"""Per-turn CPU time is compared as the mean of this many turns (ending at `EARLY_TURN`, and the last ones): one
+turn's is a few tens of milliseconds, read in clock ticks."""
 COST_KEYS = ("steps", "sent_tokens", "cached_tokens", "cached_share", "requested_tokens", "summarizer_calls")
 TURN_PROMPT = re.compile(r"Turn (\d+): run `([^`]+)`")
 ROW_TEXT = "turn {turn} row %g: alpha beta gamma delta epsilon zeta eta theta"
@@ -231,6 +240,65 @@ class TurnMeter:
         )
 
 
+TurnRunner = Callable[[int, str], tuple[int, bool, str]]
+"""Runs one turn's prompt through the CLI: (exit code, whether it reported an error, its answer)."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What the marathon needs of one CLI."""
+
+    name: str
+    model_names: Sequence[str]
+    """The model names the CLI asks for, all configured on the proxy as the main model."""
+    shell_tool: str
+    arguments: Callable[[str, list[dict[str, Any]]], dict[str, Any]]
+    """The shell tool's arguments for a command, given the tools a request offered."""
+    start: Callable[[str, Path], TurnRunner]
+    """Given the proxy's URL and a temporary folder (its own to set up): the turn runner."""
+    max_output: int | None = None
+
+
+def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None:
+    """The whole marathon: the fake, the proxy in its own process, `args.turns` turns and the fact question, the
+    report. The temporary folder is removed unless `args.keep`."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{agent.name}-marathon-"))
+    try:
+        with FakeUpstream(context_window=args.window) as fake:
+            fake.responder = MarathonModel(agent.shell_tool, agent.arguments)
+            fake.delay = latencies(args.model_latency, args.summarizer_latency)
+            entries = model_entries(fake.url, args.window, agent.model_names)
+            for entry in entries[:-1] if agent.max_output else ():
+                entry["max_output"] = agent.max_output
+            context = {"summarizer_model": "summarizer"}
+            raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
+            with ProxyProcess(raw, tmp) as proxy:
+                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
+                run_turn = agent.start(proxy.url, tmp)
+                turns: list[MarathonTurn] = []
+                fact = None
+                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
+                    meter.start()
+                    exit_code, error, answer = run_turn(number, prompt)
+                    if prompt == FACT_QUESTION:
+                        fact = answer
+                        break
+                    turn = meter.stop(number, exit_code, error, answer)
+                    turns.append(turn)
+                    print(
+                        f"turn {number}: {turn.seconds:.1f} s, exit {exit_code}, summarizer {turn.summarizer_calls}, "
+                        f"cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.2f} s, "
+                        f"rss {turn.rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                    )
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
+    finally:
+        if args.keep:
+            result.notes.append(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def cached_share(served: Sequence[Served]) -> float:
     main = [s for s in served if s.tools and s.model == MAIN_MODEL_ID]
     sent = sum(s.prompt_tokens for s in main)
@@ -253,28 +321,32 @@ def marathon_report(
     for turn in turns:
         cached = 100 * turn.cached_tokens / turn.sent_tokens if turn.sent_tokens else 0.0
         table.add(**{**turn.__dict__, "cached_pct": cached, "answer": turn.answer[:48]})
-    work = turns
-    if not work:
+    if not turns:
         return
-    median = statistics.median(turn.seconds for turn in work)
-    slow = [turn.number for turn in work if turn.seconds > median + SLOW_TURN_S]
+    median = statistics.median(turn.seconds for turn in turns)
+    slow = [turn.number for turn in turns if turn.seconds > median + SLOW_TURN_S]
     summarizer = sum(1 for request in fake.requests if is_summarizer_request(request.body))
     failed = [turn.number for turn in turns if turn.exit_code != 0 or turn.error]
-    early = next((turn for turn in work if turn.number == EARLY_TURN), work[0])
-    last = work[-1]
+    early = next((turn for turn in turns if turn.number == EARLY_TURN), turns[0])
+    last = turns[-1]
     fact = "(not asked)" if fact is None else fact
     ratios = report.ratios
     ratios["cached share of the main model's input"] = round(cached_share(fake.served), 4)
-    ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(work), 2)
-    ratios[f"proxy CPU s, turn {last.number} / turn {early.number}"] = round(last.cpu_s / max(early.cpu_s, 0.01), 2)
+    ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(turns), 2)
+    early_cpu = statistics.mean(t.cpu_s for t in turns if early.number - CPU_WINDOW < t.number <= early.number)
+    last_cpu = statistics.mean(t.cpu_s for t in turns[-CPU_WINDOW:])
+    ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(
+        last_cpu / max(early_cpu, 0.001), 2
+    )
     ratios[f"proxy RSS, turn {last.number} / turn {early.number}"] = round(last.rss_mib / early.rss_mib, 2)
     report.notes.extend(
         [
-            f"turns: {len(work)} (+ the fact question); failed: {failed or 'none'}; upstream rejections: "
+            f"turns: {len(turns)} (+ the fact question); failed: {failed or 'none'}; upstream rejections: "
             f"{len(fake.rejected)}",
             f"median turn {median:.2f} s; slower than median + {SLOW_TURN_S} s: {len(slow)} turns {slow[:20]}",
             f"summarizer calls: {summarizer}",
-            f"proxy CPU per turn: turn {early.number} {early.cpu_s:.3f} s, turn {last.number} {last.cpu_s:.3f} s; "
+            f"proxy CPU per turn (mean of {CPU_WINDOW}): to turn {early.number} {early_cpu:.3f} s, to turn "
+            f"{last.number} {last_cpu:.3f} s; "
             f"RSS: {early.rss_mib:.1f} MiB → {last.rss_mib:.1f} MiB",
             f"fact question ({FACT_KEY}): answered {fact!r}, expected {FACT_VALUE!r}: "
             + ("RIGHT" if FACT_VALUE in fact else "WRONG"),
