@@ -18,8 +18,16 @@ every request the fake upstream received (messages, roles, tools, whether tool c
 the scripted model answered), every Claude Code turn (exit code, tool uses, result, whether the file exists,
 error-like stderr lines), then the proxy's `GET /sessions` and `GET /journal`.
 
+With `--marathon` it runs issue 27's long agent session instead (bench/harness/marathon.py): `--turns` turns of
+one Bash command each (~`--tool-output-tokens` of output), the main model answering after `--model-latency`
+seconds and the proxy's summarizer (a separate model) after `--summarizer-latency`, the proxy in its own process;
+it prints per-turn latency, summarizer calls, rejections, tokens sent and cached, the proxy's CPU time and RSS,
+and whether the first turn's fact is still answered at the end. Issue 27's setting:
+`python bench/claude_code.py --marathon --window 32768 --turns 200`.
+
 Run by hand: `python bench/claude_code.py [--claude PATH] [--window N] [--turns N] [--plain]
-[--max-output-tokens N] [--keep] [--dump FILE] [--json PATH]`.
+[--max-output-tokens N] [--keep] [--dump FILE] [--json PATH] [--marathon [--model-latency S]
+[--summarizer-latency S] [--tool-output-tokens N]]`.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 from tests.support.proxy_server import ProxyServer, make_config
@@ -339,6 +348,30 @@ def turns_table(report: Report, turns: list[ClaudeTurn], workdir: Path) -> None:
         notes.append(f"{name}: {repr(path.read_text()) if path.exists() else 'missing'}")
 
 
+def marathon_agent(args: argparse.Namespace, claude: list[str]) -> Agent:
+    """Claude Code for the marathon (bench/harness/marathon.py): one `claude -p --continue` per turn."""
+    models = PLAIN_MODELS if args.plain else MODELS
+
+    def start(proxy_url: str, tmp: Path) -> TurnRunner:
+        workdir, home = tmp / "work", tmp / "home"
+        workdir.mkdir()
+        home.mkdir()
+        env = claude_env(home, proxy_url, models, args.plain, args.max_output_tokens)
+
+        def run_turn(number: int, prompt: str) -> tuple[int, bool, str]:
+            run = run_cli(claude_argv(claude, models[0], prompt, resume=number > 1), workdir, env, MARATHON_TIMEOUT_S)
+            outcome = ClaudeTurn(number, prompt, run, 0, 0).result()
+            answer = str(outcome.get("result") or f"(no result; exit {run.exit_code})")
+            return run.exit_code, bool(outcome.get("is_error")), answer
+
+        return run_turn
+
+    def arguments(command: str, _tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"command": command, "description": "Run the command"}
+
+    return Agent("claude", models, "Bash", arguments, start)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--claude", help="the claude executable (default: /tmp/claudeinst, then PATH)")
@@ -359,11 +392,16 @@ def main(argv: list[str] | None = None) -> None:
         "--compact-every", type=int, help="run `/compact` (Claude Code's own compaction) after every N turns"
     )
     parser.add_argument("--dump", type=Path, help="write the Messages request bodies here as JSON lines")
+    add_marathon_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     claude = find_cli(args.claude, DEFAULT_CLAUDE_PATHS, "claude", INSTALL)
     result = Report.start("claude_code", args)
     result.parameters["cli"] = " ".join(claude)
+    if args.marathon:
+        run_marathon(args, result, marathon_agent(args, claude))
+        result.publish(args.json)
+        return
 
     tap = LogTap()
     logging.getLogger().addHandler(tap)

@@ -5,8 +5,8 @@ forwards to the fake chat-completions upstream (tests/support/fake_upstream.py) 
 user prompt it calls `exec_command` (`ls -la`), on that result it calls the custom tool `apply_patch` to add the
 file the prompt names, on that result it answers "Done: created <file>." Turn 1 is a new thread; the next turns
 resume it (`codex exec resume <thread id>`), so the whole task is one Codex thread and, for the proxy, one
-session. The window is small (16k by default) so that Codex's system prompt and tools (~7.6k tokens) plus a few turns make the
-proxy compact; the proxy's summarizer requests go to the same fake and get a fact-keeping summary.
+session. The window is small (16k by default) so that Codex's system prompt and tools (~7.6k tokens) plus a few
+turns make the proxy compact; the proxy's summarizer requests go to the same fake and get a fact-keeping summary.
 
 Reported (printed, and with `--json PATH` written in bench/harness/report.py's format): every HTTP request Codex
 made to the proxy (from the harness's recorder around the app, with the body of any 4xx/5xx), every request the
@@ -14,7 +14,12 @@ fake upstream received (messages, roles, tools, whether tool calls and results p
 answered), every Codex turn (exit code, items, outcome, whether the file exists, error lines from Codex's
 stderr), then the proxy's `GET /sessions` and `GET /journal`.
 
-Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep] [--dump FILE] [--json PATH]`.
+With `--marathon` it runs issue 27's long agent session instead (bench/harness/marathon.py, as
+bench/claude_code.py does): one `exec_command` of ~`--tool-output-tokens` per turn, with `--model-latency` and
+`--summarizer-latency`, the proxy in its own process, measured turn by turn.
+
+Run by hand: `python bench/codex.py [--codex PATH] [--window N] [--turns N] [--keep] [--dump FILE] [--json PATH]
+[--marathon [--model-latency S] [--summarizer-latency S] [--tool-output-tokens N]]`.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from bench.harness.agents import (
     short,
     upstream_table,
 )
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option, columns
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 from tests.support.proxy_server import ProxyServer, make_config
@@ -254,6 +260,42 @@ def turns_table(report: Report, turns: list[CodexTurn], workdir: Path) -> None:
         table.notes.append(f"hello.txt contents: {hello.read_text()!r}")
 
 
+def codex_env(home: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CODEX_HOME": str(home),
+        "CTX_KEY": "dummy",
+        "OPENAI_API_KEY": "dummy",
+        "CODEX_API_KEY": "dummy",
+        "NO_COLOR": "1",
+    }
+
+
+def marathon_agent(args: argparse.Namespace, codex: list[str]) -> Agent:
+    """Codex for the marathon (bench/harness/marathon.py): `codex exec`, then `codex exec resume` per turn."""
+
+    def start(proxy_url: str, tmp: Path) -> TurnRunner:
+        workdir, home = tmp / "work", tmp / "codex-home"
+        workdir.mkdir()
+        write_codex_home(home, proxy_url, args.provider, args.auto_compact)
+        thread: list[str] = []
+
+        def run_turn(number: int, prompt: str) -> tuple[int, bool, str]:
+            argv = codex_argv(codex, prompt, thread[0] if thread else None)
+            run = run_cli(argv, workdir, codex_env(home), MARATHON_TIMEOUT_S)
+            turn = CodexTurn(number, prompt, run, 0, 0)
+            if not thread and turn.thread_id:
+                thread.append(turn.thread_id)
+            return run.exit_code, run.exit_code != 0, turn.last_message() or f"(no answer; exit {run.exit_code})"
+
+        return run_turn
+
+    def arguments(command: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return command_arguments_for(tools)(command)
+
+    return Agent("codex", [MODEL], "exec_command", arguments, start, max_output=MAX_OUTPUT)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--codex", help="the codex executable (default: /tmp/codexinst, then PATH)")
@@ -271,11 +313,16 @@ def main(argv: list[str] | None = None) -> None:
         default="custom",
         help="Codex's provider: one of its own (HTTP), or its OpenAI provider with openai_base_url (WebSocket first)",
     )
+    add_marathon_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     codex = find_cli(args.codex, DEFAULT_CODEX_PATHS, "codex", INSTALL)
     result = Report.start("codex", args)
     result.parameters["cli"] = " ".join(codex)
+    if args.marathon:
+        run_marathon(args, result, marathon_agent(args, codex))
+        result.publish(args.json)
+        return
 
     tap = LogTap()
     logging.getLogger().addHandler(tap)
@@ -301,14 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             with ProxyServer(raw, tmp, middleware=recorder.around) as proxy:
                 write_codex_home(home, proxy.url, args.provider, args.auto_compact)
                 print(f"codex: {' '.join(codex)}; window {args.window}; workdir {workdir}", file=sys.stderr)
-                env = {
-                    **os.environ,
-                    "CODEX_HOME": str(home),
-                    "CTX_KEY": "dummy",
-                    "OPENAI_API_KEY": "dummy",
-                    "CODEX_API_KEY": "dummy",
-                    "NO_COLOR": "1",
-                }
+                env = codex_env(home)
                 turns: list[CodexTurn] = []
                 thread_id: str | None = None
                 for number, prompt in enumerate(prompts(args.turns), 1):

@@ -6,6 +6,8 @@ that cannot be reached (the extractive fallback writes every summary). Facts are
 is "retained" is a fact still present in the last request the model received. Latency is the client's time
 for a turn minus the time of the same request sent straight to the fake, split by whether the turn compacted.
 
+The fake reports OpenAI-style prompt caching: the share of the model's input it served from its cache is shown.
+
 Run by hand: `.venv/bin/python bench/compaction.py [--turns N] [--json PATH]` (bench/harness/report.py's format).
 """
 
@@ -29,7 +31,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.harness.report import Report, Table, add_json_option, columns
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Served
 from tests.support.proxy_server import ProxyServer, free_port, make_config
 from tests.support.scripted_session import FACT_PATTERN, ScriptedSession, TurnRecord, install_responder, prefix_breaks
 
@@ -68,6 +70,9 @@ class RunResult:
     summarizer_calls: int
     """Summarizer requests that reached the fake upstream."""
     seconds: float
+    sent_tokens: int = 0
+    """The model's input over the run's turns, as the (caching) fake reported it; the summarizer's not included."""
+    cached_tokens: int = 0
 
 
 def planted_facts(turns: int) -> dict[int, str]:
@@ -119,10 +124,12 @@ def run(name: str, turns: int, broken_summarizer: bool) -> RunResult:
                 session.turns.clear()
                 written: list[int] = []
                 added: list[float] = []
+                served: list[Served] = []
                 started = time.perf_counter()
                 for _ in range(turns):
-                    before = counter.count
+                    before, mark = counter.count, len(fake.served)
                     turn = session.turn()
+                    served.extend(s for s in fake.served[mark:] if s.model == "fake-model")
                     written.append(counter.count - before)
                     added.append(turn.seconds * 1000 - direct_ms(direct, turn.chat_requests[-1]))
                 seconds = time.perf_counter() - started
@@ -140,6 +147,8 @@ def run(name: str, turns: int, broken_summarizer: bool) -> RunResult:
                     facts_retained=sum(token in last for token in planted),
                     summarizer_calls=summarizer_calls,
                     seconds=seconds,
+                    sent_tokens=sum(s.prompt_tokens for s in served),
+                    cached_tokens=sum(s.cached_tokens for s in served),
                 )
     finally:
         logger.removeHandler(counter)
@@ -157,6 +166,7 @@ METRICS = columns(
     ("summaries_written", "summaries written (event log)"),
     ("compaction_turns", "compaction turns"),
     ("compaction_turns_share", "compaction turns, share", ".1%"),
+    ("cached_share", "model input served from the prompt cache", ".1%"),
     ("prefix_stable", "prefix-stable requests"),
     ("prefix_stable_share", "prefix-stable requests, share", ".1%"),
     ("tokens_max", "tokens sent: max"),
@@ -187,6 +197,7 @@ def add_row(table: Table, result: RunResult) -> None:
         summaries_written=sum(result.summaries_written),
         compaction_turns=len(compaction_turns),
         compaction_turns_share=len(compaction_turns) / len(turns),
+        cached_share=result.cached_tokens / result.sent_tokens if result.sent_tokens else None,
         prefix_stable=requests - 1 - breaks,
         prefix_stable_share=1 - breaks / (requests - 1),
         tokens_max=max(sent),

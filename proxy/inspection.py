@@ -20,12 +20,14 @@ from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import pinned_groups
 from proxy.compaction.span_store import SpanStore, StoredSpan
+from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config import Config, ModelEntry
 from proxy.conversation import usage_text
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
+from proxy.journal.costs import session_cost, with_summarizer_calls
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
 from proxy.pinning import Pinning, checked_ids
@@ -84,6 +86,7 @@ class Inspector:
     budgets: Budgets
     pins: Pins
     events: CompactionEvents
+    summarizer_calls: SummarizerCalls
     _pinning: Pinning = field(init=False)
 
     def __post_init__(self) -> None:
@@ -136,7 +139,17 @@ class Inspector:
                 }
                 for summary in state.summaries
             ],
+            "cost": await self.cost(tenant, session_id),
         }
+
+    async def cost(self, tenant: str, session_id: str, turns: int | None = None) -> dict[str, Any]:
+        """The session's cost (`proxy.journal.costs`): its totals, and per step (the latest `turns` of them)."""
+        calls = await self.summarizer_calls.for_session(tenant, session_id)
+        steps = with_summarizer_calls(
+            await self.journal.costs(tenant, session_id), [(call.created_at, call.cost) for call in calls]
+        )
+        shown = steps if turns is None else steps[-turns:] if turns > 0 else []
+        return {**session_cost(steps), "turns": [step.as_json() for step in shown]}
 
     async def state(self, tenant: str, session_id: str) -> SessionState:
         """A session as its next request would find it: path (with the system prompts it last sent), budget,

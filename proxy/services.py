@@ -23,6 +23,7 @@ from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
+from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config import Config
 from proxy.history.answers import Answers
 from proxy.history.pins import Pins
@@ -89,13 +90,16 @@ async def open_services(
         summaries = SpanStore(db)
         pins = Pins(db)
         events = CompactionEvents(db, metrics=metrics)
-        summarizer = Summarizer(upstream, config.model(name) if name else None, budgets, config.context, metrics)
+        summarizer_calls = SummarizerCalls(db)
+        summarizer = Summarizer(
+            upstream, config.model(name) if name else None, budgets, config.context, metrics, summarizer_calls
+        )
         compactor = Compactor(
             config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db), locks=db
         )
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
-        inspector = Inspector(config, history, summaries, reader, compactor, budgets, pins, events)
+        inspector = Inspector(config, history, summaries, reader, compactor, budgets, pins, events, summarizer_calls)
         if owners is not None:
             maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))

@@ -309,7 +309,10 @@ class SpanWriter:
             instruction = EPISODE_INSTRUCTION if need.strategy == GOAL_BATCH else None
             try:
                 async with asyncio.timeout(wait):
-                    written = await self._summarizer.summarize(rendered, need.target, request.entry, instruction)
+                    session = (request.tenant, request.session_id)
+                    written = await self._summarizer.summarize(
+                        rendered, need.target, request.entry, instruction, session
+                    )
             except TimeoutError:
                 log.warning(
                     "compaction session=%s: summarizer %s did not answer within the %.1f s left to this request; "

@@ -17,8 +17,10 @@ from typing import Any
 
 from proxy.budget.budgets import Budgets
 from proxy.compaction.extractive import extractive_summary
+from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.compaction.summary_text import summarizer_messages
 from proxy.config import ContextConfig, ModelEntry
+from proxy.cost import TokenCost
 from proxy.errors import UpstreamError
 from proxy.observability.metrics import Metrics
 from proxy.offload import compute
@@ -60,8 +62,10 @@ class Summarizer:
         budgets: Budgets,
         config: ContextConfig,
         metrics: Metrics | None = None,
+        calls: SummarizerCalls | None = None,
     ) -> None:
         self._upstream = upstream
+        self._calls = calls
         self._entry = entry
         self._budgets = budgets
         self._config = config
@@ -87,8 +91,10 @@ class Summarizer:
         target: int,
         request_entry: ModelEntry,
         instruction: str | None = None,
+        session: tuple[str, str] | None = None,
     ) -> WrittenSummary:
-        """`instruction` (with a `{target}` field) replaces the default one: a strategy's own way to summarize."""
+        """`instruction` (with a `{target}` field) replaces the default one: a strategy's own way to summarize.
+        `session` (tenant, session id): whose cost the call is, in the summarizer's ledger."""
         entry = self.entry_for(request_entry)
         max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._budgets.limits(entry).max_output)
         params = {"max_tokens": max_tokens, "temperature": 0}
@@ -99,6 +105,7 @@ class Summarizer:
         started = time.monotonic()
         try:
             response = await self._upstream.complete(entry, prompt, params)
+            await self._account(entry.name, response, session)
             content = _answer_text(response)
             if content:
                 self._metrics.summarizer_seconds.labels("ok").observe(time.monotonic() - started)
@@ -109,6 +116,14 @@ class Summarizer:
         self._metrics.summarizer_seconds.labels("error").observe(time.monotonic() - started)
         log.warning("summarizer %s failed (%s); using the extractive fallback", entry.name, reason)
         return WrittenSummary(await compute(size, extractive_summary, messages, target), "fallback", FALLBACK_MODEL)
+
+    async def _account(self, model: str, response: Mapping[str, Any], session: tuple[str, str] | None) -> None:
+        """The call's tokens as the summarizer reported them: to `/metrics`, and to the session's ledger."""
+        usage = response.get("usage")
+        cost = TokenCost.from_usage(usage if isinstance(usage, Mapping) else None)
+        self._metrics.summarizer_usage(model, cost)
+        if session is not None and self._calls is not None:
+            await self._calls.record(*session, model, cost)
 
 
 def _answer_text(response: Mapping[str, Any]) -> str:

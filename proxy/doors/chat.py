@@ -25,6 +25,7 @@ from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_re
 from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.journal.relay import JournaledGroups
+from proxy.types import Chunk
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES: Mapping[str, tuple[str, ...]] = {
@@ -48,34 +49,47 @@ _DELIVERY_PARAMS = ("stream", "stream_options")
 DEFAULT_LIMITS = RequestLimits()
 
 
-class ChatCompletions(Door[None]):
+class ChatCompletions(Door[bool]):
+    """It renders by whether the client asked for a stream's usage chunk. The upstream is always asked for one
+    (what a step cost is kept in the journal); a client that did not ask does not get it."""
+
     name: ClassVar[str] = "chat"
     path: ClassVar[str] = "/v1/chat/completions"
     prefix: ClassVar[str] = "/v1/chat"
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[None]:
-        return DoorRequest(parse_chat_request(raw, limits), None)
+    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[bool]:
+        conversation = parse_chat_request(raw, limits)
+        options = conversation.params.get("stream_options") or {}
+        asked = bool(options.get("include_usage"))
+        if conversation.stream and not asked:
+            conversation.params["stream_options"] = {**options, "include_usage": True}
+        return DoorRequest(conversation, asked)
 
-    def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
-        return render(answer, request.conversation.stream)
+    def render(self, answer: Answer, request: DoorRequest[bool]) -> Response:
+        return render(answer, request.conversation.stream, usage=request.rendering)
 
 
-def render(answer: Answer, stream: bool) -> Response:
+def render(answer: Answer, stream: bool, *, usage: bool = True) -> Response:
+    """`usage`: a stream keeps its usage-only chunk (the client asked for `stream_options.include_usage`)."""
     headers = answer_headers(answer)
     if isinstance(answer, Completed):
         return JSONResponse(answer.response, headers=headers)
     if isinstance(answer, Replayed):
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
-        return sse_response(_replay_events(answer), headers)
+        return sse_response(_replay_events(answer, usage), headers)
     assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
-    return RelayedStream(answer.groups, _stream_events(answer.groups), headers)
+    return RelayedStream(answer.groups, _stream_events(answer.groups, usage), headers)
 
 
-async def _stream_events(groups: JournaledGroups) -> AsyncIterator[bytes]:
+def _usage_only(chunk: Chunk) -> bool:
+    return not chunk.get("choices") and bool(chunk.get("usage"))
+
+
+async def _stream_events(groups: JournaledGroups, usage: bool) -> AsyncIterator[bytes]:
     try:
         async for group in groups:
-            yield b"".join(sse_data(item.text) for item in group)
+            yield b"".join(sse_data(item.text) for item in group if usage or not _usage_only(item.chunk))
     except Exception as exc:
         _status, body, _headers = openai_error(exc)
         yield sse_event(body)
@@ -83,9 +97,10 @@ async def _stream_events(groups: JournaledGroups) -> AsyncIterator[bytes]:
     yield SSE_DONE
 
 
-async def _replay_events(answer: Replayed) -> AsyncIterator[bytes]:
+async def _replay_events(answer: Replayed, usage: bool) -> AsyncIterator[bytes]:
     for chunk in answer.chunks:
-        yield sse_event(chunk)
+        if usage or not _usage_only(chunk):
+            yield sse_event(chunk)
     yield SSE_DONE
 
 

@@ -2,7 +2,10 @@
 
 Request headers (`X-Session-Id`, `X-Context-Budget`, `X-Context-Preserve-Recent`, `X-Context-Mode`,
 `Idempotency-Key`) are checked here, before anything is stored; a bad one is a 400 naming it. Response headers
-are the same on stream and non-stream answers, on every door.
+are the same on stream and non-stream answers, on every door, except `X-Context-Cached-Tokens`: the prompt tokens
+the upstream reported read from its prompt cache for this answer, known only once the answer is whole, so sent on
+non-stream answers only (a stream's headers leave before its usage; the stream's own usage event and
+`GET /sessions/{id}` carry the figure).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import re
 from collections.abc import Mapping
 
 from proxy.config import STRATEGY_NAMES, parse_strategies
-from proxy.conversation import Answer, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
+from proxy.conversation import Answer, Completed, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
+from proxy.cost import TokenCost
 from proxy.errors import InvalidRequest
 from proxy.numbers import MAX_STORED_INTEGER, parse_integer
 
@@ -97,6 +101,7 @@ def _int_header(headers: Mapping[str, str], name: str, minimum: int, maximum: in
 
 
 REPLAY_HEADER = "X-Context-Replay"
+CACHED_TOKENS_HEADER = "X-Context-Cached-Tokens"
 
 
 def answer_headers(answer: Answer) -> dict[str, str]:
@@ -105,7 +110,11 @@ def answer_headers(answer: Answer) -> dict[str, str]:
     if isinstance(answer, Replayed):
         session_id = answer.report.session_id
         return {REPLAY_HEADER: "true", **({"X-Session-Id": session_id} if session_id else {})}
-    return report_headers(answer.report)
+    headers = report_headers(answer.report)
+    if isinstance(answer, Completed):
+        usage = answer.response.get("usage")
+        headers[CACHED_TOKENS_HEADER] = str(TokenCost.from_usage(usage if isinstance(usage, Mapping) else None).cached)
+    return headers
 
 
 def report_headers(report: ContextReport) -> dict[str, str]:

@@ -10,6 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.cost import TokenCost
+from proxy.journal.costs import StepCost
 from proxy.journal.keys import check_key
 from proxy.journal.steps import (
     CHUNK_EVENTS,
@@ -108,6 +110,30 @@ class JournalReader:
                 }
             )
         return points
+
+    async def costs(self, tenant: str, session_id: str) -> list[StepCost]:
+        """Every step of the session, oldest first, with what it cost (`proxy.journal.costs`)."""
+        rows = await self._db.fetchall(
+            "SELECT id, status, created_at, model, usage, context FROM journal_steps WHERE tenant = ? AND "
+            "session_id = ? ORDER BY id",
+            (tenant, session_id),
+        )
+        costs = []
+        for row in rows:
+            usage = json.loads(row["usage"]) if row["usage"] else None
+            context = json.loads(row["context"]) if row["context"] else {}
+            costs.append(
+                StepCost(
+                    step_id=row["id"],
+                    created_at=row["created_at"],
+                    status=row["status"],
+                    model=row["model"],
+                    upstream=TokenCost.from_usage(usage if isinstance(usage, dict) else None),
+                    counted=int(context.get("prompt_tokens") or 0),
+                    requested=int(context.get("history_tokens") or 0),
+                )
+            )
+        return costs
 
     async def replay(
         self, tenant: str, idempotency_key: str, fingerprint: str

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.config import STRATEGY_NAMES
+from proxy.cost import TokenCost
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OTHER = "other"
@@ -83,6 +84,27 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.cached_tokens = Counter(
+            "context_proxy_cached_input_tokens",
+            "Prompt tokens the upstream reported read from its prompt cache (OpenAI's cached_tokens, Anthropic's"
+            " cache_read_input_tokens); a share of context_proxy_prompt_tokens.",
+            ["model"],
+            registry=registry,
+        )
+        self.cache_creation_tokens = Counter(
+            "context_proxy_cache_creation_tokens",
+            "Prompt tokens the upstream reported written to its prompt cache (Anthropic's"
+            " cache_creation_input_tokens); a share of context_proxy_prompt_tokens.",
+            ["model"],
+            registry=registry,
+        )
+        self.summarizer_tokens = Counter(
+            "context_proxy_summarizer_tokens",
+            "Tokens of the proxy's own summarizer calls as the summarizer reported them, by kind (prompt, cached,"
+            " completion).",
+            ["model", "kind"],
+            registry=registry,
+        )
         self.saved_tokens = Counter(
             "context_proxy_compaction_saved_tokens",
             "History tokens not sent upstream because compaction replaced them (history minus working context).",
@@ -144,26 +166,25 @@ class Metrics:
         return generate_latest(self.registry)
 
     def usage(self, model: str | None, usage: Mapping[str, Any] | None) -> None:
-        """An answer's usage as the upstream reported it (chat's prompt/completion or Anthropic's input/output)."""
-        if not usage:
-            return
+        """An answer's usage as the upstream reported it, in any of its shapes (`proxy.cost`)."""
+        cost = TokenCost.from_usage(usage)
         label = self.model(model)
-        prompt = _count(usage, "prompt_tokens", "input_tokens")
-        completion = _count(usage, "completion_tokens", "output_tokens")
-        if prompt:
-            self.prompt_tokens.labels(label).inc(prompt)
-        if completion:
-            self.completion_tokens.labels(label).inc(completion)
+        for counter, value in (
+            (self.prompt_tokens, cost.sent),
+            (self.completion_tokens, cost.completion),
+            (self.cached_tokens, cost.cached),
+            (self.cache_creation_tokens, cost.cache_creation),
+        ):
+            if value:
+                counter.labels(label).inc(value)
+
+    def summarizer_usage(self, model: str | None, cost: TokenCost) -> None:
+        label = self.model(model)
+        for kind, value in (("prompt", cost.sent), ("cached", cost.cached), ("completion", cost.completion)):
+            if value:
+                self.summarizer_tokens.labels(label, kind).inc(value)
 
     def compaction(self, strategy: str, outcome: str) -> None:
         self.compactions.labels(
             strategy if strategy in STRATEGY_NAMES else OTHER, outcome if outcome in OUTCOMES else OTHER
         ).inc()
-
-
-def _count(usage: Mapping[str, Any], *names: str) -> int:
-    for name in names:
-        value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0

@@ -352,6 +352,26 @@ def m011_model_corrections(connection: Connection) -> None:
         """,
     )
 
+def m012_summarizer_calls(connection: Connection) -> None:
+    """One row per summarizer model call the proxy made for a session, with the tokens the summarizer reported
+    (`proxy.compaction.summarizer_calls`): the summarizer's share of a session's cost, shown per turn."""
+    run_script(
+        connection,
+        """
+        CREATE TABLE summarizer_calls (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            prompt_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,
+            completion_tokens INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX summarizer_calls_by_session ON summarizer_calls (tenant, session_id, id)
+        """,
+    )
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
@@ -365,4 +385,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m009_recall,
     m010_journal_events_rowid,
     m011_model_corrections,
+    m012_summarizer_calls,
 )

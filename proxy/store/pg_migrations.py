@@ -259,6 +259,24 @@ def m011_model_corrections(connection: Connection) -> None:
         """,
     )
 
+def m012_summarizer_calls(connection: Connection) -> None:
+    run_script(
+        connection,
+        f"""
+        CREATE TABLE summarizer_calls (
+            id {SERIAL},
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            cached_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX summarizer_calls_by_session ON summarizer_calls (tenant, session_id, id)
+        """,
+    )
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
@@ -272,4 +290,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m009_recall,
     m010_journal_events_rowid,
     m011_model_corrections,
+    m012_summarizer_calls,
 )

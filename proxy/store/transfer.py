@@ -63,6 +63,7 @@ TABLES: tuple[Table, ...] = (
     Table("pins", ("tenant", "session_id", "message_id")),
     Table("compaction_events", ("id",), identity=True),
     Table("model_corrections", ("model",)),
+    Table("summarizer_calls", ("id",), identity=True),
 )
 """Every table of the schema that holds data, in an order that satisfies the foreign keys between them."""
 LEFT_OUT = ("migrations", "journal_owners", "recall_messages", "recall_index")

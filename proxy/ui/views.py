@@ -79,7 +79,8 @@ class Dashboard:
         }
 
     async def turns(self, tenant: str, session_id: str) -> dict[str, Any]:
-        """Tokens sent against the budget for each of the latest turns, and where compactions fell among them."""
+        """Tokens sent against the budget for each of the latest turns, where compactions fell among them, and what
+        the turns cost (`Inspector.cost`: sent, cached and summarizer tokens per turn, and the session's totals)."""
         await self.inspector.require(tenant, session_id)
         turns = await self.journal.contexts(tenant, session_id, TURNS_SHOWN)
         times = [turn["created_at"] for turn in turns]
@@ -96,7 +97,8 @@ class Dashboard:
             for event in reversed(events)
             if event["event"] != "start" and (not times or event["created_at"] >= times[0])
         ]
-        return {"turns": turns, "compactions": compactions}
+        cost = await self.inspector.cost(tenant, session_id, TURNS_SHOWN)
+        return {"turns": turns, "compactions": compactions, "cost": cost}
 
     async def streams(self, tenant: str) -> dict[str, Any]:
         """The caller's steps still open: streams being relayed (and calls still waiting on the upstream)."""

@@ -66,7 +66,7 @@ def chat_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "prompt_tokens": prompt + cached + created,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt + cached + created + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, "cache_write_tokens": created},
     }
 
 

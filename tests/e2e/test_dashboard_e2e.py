@@ -147,6 +147,11 @@ def test_a_compacted_session_reads_as_rows_where_each_span_is_one_marker(
         before, after = plot["turns"][turn - 1], plot["turns"][turn]
         assert after["summaries"] >= 1
         assert after["prompt_tokens"] < before["prompt_tokens"] + 200
+    cost = plot["cost"]  # the cost plot's points: one per plotted turn, the same steps
+    assert [t["step_id"] for t in cost["turns"]] == [t["step_id"] for t in plot["turns"]]
+    assert cost["summarizer_calls"] >= 1
+    assert sum(t["summarizer_tokens"] for t in cost["turns"]) > 0
+    assert all(t["sent_tokens"] > 0 for t in cost["turns"])
 
 
 def test_rows_page_through_a_ten_thousand_message_session(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:

@@ -271,7 +271,7 @@ def test_too_long_prompt_is_refused(sdk: anthropic.Anthropic, upstream: FakeAnth
 def test_cache_breakpoints_are_recorded_and_read(sdk: anthropic.Anthropic, upstream: FakeAnthropicUpstream) -> None:
     cache: Any = {"type": "ephemeral"}
     tools: Any = [{**WEATHER_TOOL, "cache_control": cache}]
-    system: Any = [{"type": "text", "text": "You are terse. " * 20, "cache_control": cache}]
+    system: Any = [{"type": "text", "text": "You are terse. " * 300, "cache_control": cache}]  # over 1,024 tokens
     turn: Any = {"role": "user", "content": [{"type": "text", "text": "first " * 50, "cache_control": cache}]}
 
     first = sdk.messages.create(model="m", max_tokens=50, tools=tools, system=system, messages=[turn])

@@ -389,3 +389,16 @@ def test_error_mid_stream_sends_response_failed(sdk: openai.OpenAI, upstream: Fa
     assert failed.response.status == "failed"
     assert failed.response.error is not None
     assert failed.response.error.code == "server_error"
+
+
+def test_a_repeated_long_prefix_is_reported_cached_like_openai(
+    sdk: openai.OpenAI, upstream: FakeResponsesUpstream
+) -> None:
+    upstream.context_window = 100_000
+    instructions = "Keep every fact. " * 400
+    first = sdk.responses.create(model="m", instructions=instructions, input="hi")
+    second = sdk.responses.create(model="m", instructions=instructions, input="hi again")
+    assert first.usage is not None
+    assert second.usage is not None
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    assert 1024 <= second.usage.input_tokens_details.cached_tokens <= first.usage.input_tokens

@@ -339,3 +339,18 @@ def test_stop_and_restart_on_same_url() -> None:
     with server:
         assert server.url == url
         assert httpx.get(f"{url}/models").status_code == 200
+
+
+def test_a_repeated_long_prefix_is_reported_cached_like_openai(client: openai.OpenAI) -> None:
+    long = [{"role": "system", "content": "Keep every fact. " * 400}, {"role": "user", "content": "hi"}]
+    first = complete(client, long)
+    longer = [*long, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    second = complete(client, longer)
+    assert first.usage is not None
+    assert second.usage is not None
+    assert first.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    assert 1024 <= cached <= first.usage.prompt_tokens
+    assert (cached - 1024) % 128 == 0

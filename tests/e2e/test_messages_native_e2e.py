@@ -16,6 +16,7 @@ from itertools import pairwise
 from typing import Any
 
 import anthropic
+import httpx
 import pytest
 
 from tests.conftest import ServeProxy
@@ -160,3 +161,26 @@ def test_prompt_is_too_long_from_the_upstream_is_healed(serve_proxy: ServeProxy,
     refusals = [body for body in native.rejected if "prompt is too long" in json.dumps(body)]
     assert 1 <= len(refusals) <= 2, native.rejected  # learned from the first, not refused on every turn
     assert max(native.count_tokens(r.body) for r in native.requests if r.body.get("max_tokens") == 256) > 2000
+
+
+def test_anthropic_s_cache_reads_and_writes_reach_the_client_and_the_session_s_cost(
+    sdk: anthropic.Anthropic, served: ProxyServer
+) -> None:
+    cache: Any = {"type": "ephemeral"}
+    system: Any = [{"type": "text", "text": "You are terse and exact. " * 220, "cache_control": cache}]  # > 1,024
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    headers = {"X-Session-Id": "cached"}
+    first = sdk.messages.create(model="claude", max_tokens=64, system=system, messages=messages, extra_headers=headers)
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    second = sdk.messages.create(model="claude", max_tokens=64, system=system, messages=messages, extra_headers=headers)
+
+    assert first.usage.cache_read_input_tokens == 0
+    assert (first.usage.cache_creation_input_tokens or 0) > 0
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    cost = httpx.get(f"{served.url}/sessions/cached", timeout=10).json()["cost"]
+    steps = cost["turns"]
+    assert [step["cache_creation_tokens"] for step in steps] == [first.usage.cache_creation_input_tokens, 0]
+    assert [step["cached_tokens"] for step in steps] == [0, second.usage.cache_read_input_tokens]
+    usage = second.usage
+    whole = usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    assert steps[1]["sent_tokens"] == whole

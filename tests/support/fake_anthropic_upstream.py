@@ -30,7 +30,6 @@ the next requests with an error; `error_mid_stream_after` ends streams with an `
 from __future__ import annotations
 
 import base64
-import hashlib
 import itertools
 import json
 import re
@@ -57,6 +56,7 @@ from tests.support.fake_upstream import (
     _tokens,
 )
 from tests.support.loopback_server import LoopbackServer
+from tests.support.prompt_cache import Block, BreakpointCache
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
@@ -371,7 +371,9 @@ class FakeAnthropicUpstream(LoopbackServer):
         self._default_context_window = context_window
         self._faults: list[tuple[int, dict[str, Any] | None]] = []
         self._counters: dict[str, int] = {}
-        self._cached_prefixes: dict[str, int] = {}
+        self.prompt_cache = BreakpointCache()
+        """Anthropic's caching at `cache_control` breakpoints, reported as `cache_read_input_tokens` and
+        `cache_creation_input_tokens`."""
         self._lock = threading.Lock()
         app = Starlette(
             routes=[
@@ -400,7 +402,7 @@ class FakeAnthropicUpstream(LoopbackServer):
             self.issued_signatures.clear()
             self.thinking_by_signature.clear()
             self._counters.clear()
-            self._cached_prefixes.clear()
+            self.prompt_cache.clear()
         self.responder = None
         self.error_mid_stream_after = None
         self.mid_stream_error = dict(MID_STREAM_ERROR)
@@ -608,30 +610,14 @@ class FakeAnthropicUpstream(LoopbackServer):
             content.append({"type": "tool_use", "id": self._next_id("toolu"), "name": name, "input": payload})
         return content
 
-    def _cache_usage(self, body: dict[str, Any], total: int) -> dict[str, int]:
-        """Read the longest remembered prefix up to the last breakpoint; remember the prefixes at breakpoints."""
-        segments = _segments(body)
-        last = max((i for i, s in enumerate(segments) if s.breakpoint), default=-1)
-        if last < 0:
-            return {"input_tokens": total, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        digest = hashlib.sha256(str(body.get("model")).encode())
-        prefixes: list[tuple[str, int]] = []
-        tokens = 0
-        for segment in segments[: last + 1]:
-            digest.update(segment.key.encode())
-            digest.update(b"\x00")
-            tokens += segment.tokens
-            prefixes.append((digest.hexdigest(), tokens))
-        with self._lock:
-            read = max((n for key, n in prefixes if key in self._cached_prefixes), default=0)
-            for index, (key, n) in enumerate(prefixes):
-                if segments[index].breakpoint:
-                    self._cached_prefixes[key] = n
-        creation = prefixes[-1][1] - read
+    def _cache_usage(self, body: dict[str, Any], total: int, key: str) -> dict[str, int]:
+        """Anthropic's caching at the request's breakpoints (`tests.support.prompt_cache.BreakpointCache`)."""
+        blocks = [Block(segment.key, segment.tokens, segment.breakpoint) for segment in _segments(body)]
+        usage = self.prompt_cache.serve(f"{body.get('model')}\x00{key}", blocks)
         return {
-            "input_tokens": total - read - creation,
-            "cache_creation_input_tokens": creation,
-            "cache_read_input_tokens": read,
+            "input_tokens": total - usage.read - usage.creation,
+            "cache_creation_input_tokens": usage.creation,
+            "cache_read_input_tokens": usage.read,
         }
 
     def _validated(self, request: Request, raw: bytes, count: bool) -> tuple[dict[str, Any], Response | None, int]:
@@ -673,7 +659,8 @@ class FakeAnthropicUpstream(LoopbackServer):
             return refusal
         responder = self.responder
         reply = responder(body) if responder is not None else echo_reply(body)
-        usage = {**self._cache_usage(body, input_tokens), "output_tokens": _reply_tokens(reply)}
+        key = request.headers.get("x-api-key") or request.headers.get("authorization") or ""
+        usage = {**self._cache_usage(body, input_tokens, key), "output_tokens": _reply_tokens(reply)}
         stop_reason = reply.stop_reason or ("tool_use" if reply.tool_uses else "end_turn")
         message = {
             "id": self._next_id("msg"),

@@ -60,8 +60,10 @@ from tests.support.fake_upstream import (
     count_prompt_tokens,
     default_error_body,
     error_body,
+    token_ids,
 )
 from tests.support.loopback_server import LoopbackServer
+from tests.support.prompt_cache import PrefixCache
 
 __all__ = [
     "CONTEXT_EXCEEDED_MESSAGE",
@@ -216,6 +218,17 @@ def count_input_tokens(body: dict[str, Any]) -> int:
     return count_prompt_tokens(_as_messages(body), functions)
 
 
+def input_token_ids(body: dict[str, Any]) -> list[int]:
+    """The prompt's tokens in the order the model reads them (instructions, tools, input), for prefix caching."""
+    items = body.get("input")
+    pieces = [str(body.get("instructions") or ""), json.dumps(body.get("tools") or [], sort_keys=True)]
+    if isinstance(items, list):
+        pieces.extend(json.dumps(item, sort_keys=True) for item in items)
+    else:
+        pieces.append(str(items or ""))
+    return token_ids(pieces)
+
+
 def _reply_tokens(reply: ResponsesReply) -> int:
     total = _tokens(reply.text or "")
     for name, payload in [*reply.function_calls, *reply.custom_calls]:
@@ -303,6 +316,8 @@ class FakeResponsesUpstream(LoopbackServer):
         """Refuse an input item with a field its type does not have (the SDK's request types list them)."""
         self.strict_reasoning_order = True
         """Refuse a reasoning item not followed by an assistant message or a call (as OpenAI does)."""
+        self.prompt_cache = PrefixCache()
+        """OpenAI's automatic prefix caching, reported as `input_tokens_details.cached_tokens`."""
         self.requests: list[ReceivedRequest] = []
         self.rejected: list[dict[str, Any]] = []
         """Error bodies of requests refused by a check (auth, validation, window); not those of `fail_next`."""
@@ -336,6 +351,7 @@ class FakeResponsesUpstream(LoopbackServer):
             self._faults.clear()
             self.issued.clear()
             self._counters.clear()
+        self.prompt_cache.clear()
         self.responder = None
         self.error_mid_stream_after = None
         self.mid_stream_error = dict(MID_STREAM_ERROR)
@@ -621,6 +637,8 @@ class FakeResponsesUpstream(LoopbackServer):
         response = self._response(body, self._next_id("resp"), int(time.time()))
         output = self._output_items(reply)
         output_tokens = _reply_tokens(reply) + (REASONING_TOKENS if reply.reasoning else 0)
+        scope = f"{body.get('model')}\x00{request.headers.get('authorization', '')}"
+        cached = self.prompt_cache.serve(scope, input_token_ids(body), input_tokens)
         final = {
             **response,
             "status": "completed",
@@ -628,7 +646,7 @@ class FakeResponsesUpstream(LoopbackServer):
             "output": output,
             "usage": {
                 "input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": output_tokens,
                 "output_tokens_details": {"reasoning_tokens": REASONING_TOKENS if reply.reasoning else 0},
                 "total_tokens": input_tokens + output_tokens,

@@ -39,6 +39,7 @@ from tests.support.loopback_server import (
     IntentionalDrop,
     LoopbackServer,
 )
+from tests.support.prompt_cache import PrefixCache
 
 DEFAULT_CONTEXT_WINDOW = 8192
 FAKE_MODEL_ID = "fake-model"
@@ -78,6 +79,17 @@ ROLES_MUST_ALTERNATE = "Conversation roles must alternate user/assistant/user/as
 class ReceivedRequest:
     body: dict[str, Any]
     headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Served:
+    """The usage the fake reported for one answered request (what a bench adds up as cost)."""
+
+    model: str
+    tools: int
+    """Tool definitions the request offered."""
+    prompt_tokens: int
+    cached_tokens: int
 
 
 @dataclass
@@ -205,6 +217,18 @@ def count_prompt_tokens(messages: list[dict[str, Any]], tools: Any = None) -> in
                     if isinstance(value, str):
                         total += _tokens(value)
     return total
+
+
+def prompt_token_ids(body: dict[str, Any]) -> list[int]:
+    """The prompt's tokens in the order the model reads them (tools, then messages), for prefix caching."""
+    pieces = [json.dumps(body.get("tools") or [], sort_keys=True)]
+    pieces.extend(json.dumps(message, sort_keys=True) for message in body.get("messages") or [])
+    return token_ids(pieces)
+
+
+def token_ids(pieces: list[str]) -> list[int]:
+    """The tokens of `pieces` one after another, with the fake's tokenizer."""
+    return [token for piece in pieces for token in _encoding().encode_ordinary(piece)]
 
 
 def _check_body(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -381,12 +405,12 @@ def _completion_tokens(reply: Reply) -> int:
     return total
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -407,7 +431,9 @@ def _normalized_tool_calls(reply: Reply) -> list[dict[str, Any]]:
     ]
 
 
-def completion_json(completion_id: str, created: int, model: str, reply: Reply, prompt_tokens: int) -> dict[str, Any]:
+def completion_json(
+    completion_id: str, created: int, model: str, reply: Reply, prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": reply.content,
@@ -422,7 +448,7 @@ def completion_json(completion_id: str, created: int, model: str, reply: Reply, 
         "created": created,
         "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
-        "usage": _usage(prompt_tokens, _completion_tokens(reply)),
+        "usage": _usage(prompt_tokens, _completion_tokens(reply), cached_tokens),
         "service_tier": "default",
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
@@ -433,7 +459,13 @@ def _word_pieces(text: str) -> list[str]:
 
 
 def completion_chunks(
-    completion_id: str, created: int, model: str, reply: Reply, prompt_tokens: int, include_usage: bool
+    completion_id: str,
+    created: int,
+    model: str,
+    reply: Reply,
+    prompt_tokens: int,
+    include_usage: bool,
+    cached_tokens: int = 0,
 ) -> list[dict[str, Any]]:
     """The `chat.completion.chunk` objects OpenAI would stream for this reply, in order."""
 
@@ -470,7 +502,7 @@ def completion_chunks(
     if include_usage:
         usage_chunk = chunk({})
         usage_chunk["choices"] = []
-        usage_chunk["usage"] = _usage(prompt_tokens, _completion_tokens(reply))
+        usage_chunk["usage"] = _usage(prompt_tokens, _completion_tokens(reply), cached_tokens)
         chunks.append(usage_chunk)
     return chunks
 
@@ -507,9 +539,13 @@ class FakeUpstream(LoopbackServer):
         """How a prompt over the window is refused (`tests.support.context_dialects`); None: in OpenAI's words."""
         self.token_ratio = 1.0
         """How many tokens this upstream's tokenizer counts for one of OpenAI's (llama.cpp counted 1.27)."""
+        self.prompt_cache = PrefixCache()
+        """OpenAI's automatic prefix caching, reported as `prompt_tokens_details.cached_tokens`."""
         self.requests: list[ReceivedRequest] = []
         self.rejected: list[dict[str, Any]] = []
         """The error bodies of requests refused as invalid (the window, pairing, role order)."""
+        self.served: list[Served] = []
+        """The usage of every request answered, in order."""
         self._default_context_window = context_window
         self._default_chunk_delay_s = chunk_delay_s
         self._faults: list[Fault] = []
@@ -532,8 +568,10 @@ class FakeUpstream(LoopbackServer):
         with self._lock:
             self.requests.clear()
             self.rejected.clear()
+            self.served.clear()
             self._faults.clear()
             self._completions = 0
+        self.prompt_cache.clear()
         self.responder = None
         self.strict_roles = False
         self.delay = None
@@ -621,10 +659,14 @@ class FakeUpstream(LoopbackServer):
         responder = self.responder
         reply = responder(body) if responder is not None else echo_reply(body)
         completion_id, created, model = self._next_completion_id(), int(time.time()), body["model"]
+        scope = f"{model}\x00{request.headers.get('authorization', '')}"
+        cached = self.prompt_cache.serve(scope, prompt_token_ids(body), prompt_tokens)
+        with self._lock:
+            self.served.append(Served(model, len(body.get("tools") or []), prompt_tokens, cached))
         if not stream:
-            return JSONResponse(completion_json(completion_id, created, model, reply, prompt_tokens))
+            return JSONResponse(completion_json(completion_id, created, model, reply, prompt_tokens, cached))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = completion_chunks(completion_id, created, model, reply, prompt_tokens, include_usage)
+        chunks = completion_chunks(completion_id, created, model, reply, prompt_tokens, include_usage, cached)
         return StreamingResponse(self._events(chunks, fault), media_type="text/event-stream")
 
     async def _events(self, chunks: list[dict[str, Any]], fault: Fault | None) -> AsyncIterator[str]:

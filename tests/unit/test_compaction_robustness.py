@@ -325,6 +325,7 @@ class NarrowSummarizer(FakeSummarizer):
         target: int,
         request_entry: ModelEntry,
         instruction: str | None = None,
+        session: tuple[str, str] | None = None,
     ) -> WrittenSummary:
         if self.clock is not None:
             self.clock.now += self.seconds

@@ -43,6 +43,7 @@ class RecordingSummarizer(FakeSummarizer):
         target: int,
         request_entry: ModelEntry,
         instruction: str | None = None,
+        session: tuple[str, str] | None = None,
     ) -> WrittenSummary:
         self.instructions.append(instruction)
         if self.seconds:

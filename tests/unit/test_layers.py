@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "proxy.tokens",
         "proxy.offload",
         "proxy.numbers",
+        "proxy.cost",
         "proxy.environment",
         "proxy.auth",
         "proxy",

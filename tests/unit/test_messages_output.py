@@ -66,8 +66,8 @@ def test_a_completion_is_a_message_with_the_proxy_s_id() -> None:
         # the client echoes this id in its tool_result: it must be the call's own
         {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"file_path": "/repo/a.py"}},
     ]
-    assert body["usage"] == {
-        "input_tokens": 1200,
+    assert body["usage"] == {  # Anthropic's input_tokens: what the cache neither read nor wrote
+        "input_tokens": 200,
         "output_tokens": 40,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 1000,
@@ -198,7 +198,7 @@ def test_a_text_and_tool_use_stream() -> None:
             "type": "message_delta",
             "delta": {"stop_reason": "tool_use", "stop_sequence": None},
             "usage": {
-                "input_tokens": 1200,
+                "input_tokens": 200,
                 "output_tokens": 40,
                 "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": 1000,

@@ -31,6 +31,7 @@ EXPECTED_TABLES = {
     "journal_steps",
     "journal_events",
     "journal_owners",
+    "summarizer_calls",
 }
 
 

@@ -80,6 +80,7 @@ class FakeSummarizer(Summarizer):
         target: int,
         request_entry: ModelEntry,
         instruction: str | None = None,
+        session: tuple[str, str] | None = None,
     ) -> WrittenSummary:
         self.calls.append(Call([dict(m) for m in messages], target, request_entry))
         content = f"summary {len(self.calls)}: " + " ".join(["fact"] * self.words)
@@ -102,9 +103,7 @@ async def stored_path(history: History, messages: list[dict[str, Any]], session:
     return (await history.reconcile(TENANT, session, messages, MODEL, ENCODING)).path
 
 
-async def add(
-    summaries: SpanStore, path: Sequence[StoredMessage], start: int, end: int, **fields: Any
-) -> StoredSpan:
+async def add(summaries: SpanStore, path: Sequence[StoredMessage], start: int, end: int, **fields: Any) -> StoredSpan:
     """A summary of path[start:end]."""
     values: dict[str, Any] = {
         "content": f"covers {start}..{end}",

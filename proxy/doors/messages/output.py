@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.cost import TokenCost
 from proxy.doors.event_streams import ChunkRenderer, Event
 from proxy.errors import ProxyError
 from proxy.journal.assembly import assemble
@@ -73,13 +74,14 @@ class MessageShape:
 
 
 def anthropic_usage(usage: Mapping[str, Any] | None, prompt_tokens: int = 0) -> Event:
-    usage = usage or {}
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    """Anthropic's usage: `input_tokens` is only what was neither read from nor written to the prompt cache (a
+    client such as Claude Code adds the three up as the context's size)."""
+    cost = TokenCost.from_usage(usage)
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or prompt_tokens),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": int(cached),
+        "input_tokens": cost.uncached if cost.sent else prompt_tokens,
+        "output_tokens": cost.completion,
+        "cache_creation_input_tokens": cost.cache_creation,
+        "cache_read_input_tokens": cost.cached,
     }
 
 

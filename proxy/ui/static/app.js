@@ -222,6 +222,7 @@ async function renderSession(id, token) {
   const view = el("div", { id: "session-view" },
     overviewCard(ov),
     el("section", { class: "card" }, el("h2", {}, "Tokens sent per turn"), el("div", { id: "plot-box", class: "plot-box" }, el("p", { class: "muted", text: "Loading…" }))),
+    el("section", { class: "card", id: "cost-card" }, el("h2", {}, "Cost per turn"), el("div", { id: "cost-box", class: "plot-box" }, el("p", { class: "muted", text: "Loading…" }))),
     el("section", { class: "card", id: "conversation-card" },
       el("h2", {}, "Conversation ", el("span", { class: "count", text: `${num(ov.row_count)} rows · ${num(ov.message_count)} messages` })),
       conv),
@@ -274,6 +275,51 @@ function drawPlot(box) {
   const data = box.plotData;
   box.drawnWidth = box.clientWidth;
   box.replaceChildren(plot(data.turns || [], data.compactions || [], box.clientWidth));
+  const costBox = $("cost-box");
+  if (costBox) costBox.replaceChildren(...costView(data.cost || { turns: [] }, costBox.clientWidth || box.clientWidth));
+}
+
+// ---------- cost plot ----------
+
+// Per turn (journal step): input tokens the upstream billed, the part it read from its prompt cache, and the
+// proxy's own summarizer tokens; above it the session's totals.
+const COST_SERIES = [
+  ["sent_tokens", "sent", "cost-sent"],
+  ["cached_tokens", "cached", "cost-cached"],
+  ["summarizer_tokens", "summarizer", "cost-summarizer"],
+];
+
+function costView(cost, width) {
+  const share = cost.cached_share === null || cost.cached_share === undefined ? "–" : `${(100 * cost.cached_share).toFixed(1)} %`;
+  const facts = [
+    ["Sent upstream", num(cost.sent_tokens)],
+    ["Cached", `${num(cost.cached_tokens)} (${share})`],
+    ["Cache writes", num(cost.cache_creation_tokens)],
+    ["Summarizer", `${num((cost.summarizer_prompt_tokens || 0) + (cost.summarizer_completion_tokens || 0))} in ${num(cost.summarizer_calls)} calls`],
+    ["Client asked to send", num(cost.requested_tokens)],
+  ];
+  const summary = el("dl", { class: "facts", id: "cost-totals" }, ...facts.flatMap(([k, v]) => [el("div", {}, el("dt", { text: k }), el("dd", { text: v }))]));
+  return [summary, costPlot(cost.turns || [], width)];
+}
+
+function costPlot(turns, width) {
+  if (!turns.length) return el("p", { class: "empty", text: "No turns yet" });
+  const W = Math.max(300, Math.round(width) || 800), H = W < 500 ? 180 : 220;
+  const n = turns.length;
+  const top = Math.max(1, ...turns.flatMap((t) => COST_SERIES.map(([key]) => t[key] || 0)));
+  const { g, x, y } = plotFrame(n, top, W, H, "turn · sent (blue) · cached (green) · summarizer (purple)");
+  for (const [key, label, cls] of COST_SERIES) {
+    const points = turns.map((t, i) => `${x(i).toFixed(1)},${y(t[key] || 0).toFixed(1)}`).join(" ");
+    g.append(svg("polyline", { class: "cost-line " + cls, points }, svg("title", {}, label)));
+  }
+  const r = n > 200 ? 1.5 : 3;
+  turns.forEach((t, i) => {
+    const tip = `turn ${i + 1}: sent ${num(t.sent_tokens)} · cached ${num(t.cached_tokens)} · cache writes ${num(t.cache_creation_tokens)} · ` +
+      `summarizer ${num(t.summarizer_tokens)} (${t.summarizer_calls || 0} calls) · client asked ${num(t.requested_tokens)} · ${t.status}`;
+    g.append(svg("circle", { class: "cost-point", cx: x(i).toFixed(1), cy: y(t.sent_tokens || 0).toFixed(1), r }, svg("title", {}, tip)));
+  });
+  return svg("svg", { id: "cost-plot", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "Sent, cached and summarizer tokens per turn",
+    preserveAspectRatio: "xMidYMid meet" }, g);
 }
 
 // A window that changes width (a phone turned, a window narrowed) gets the plot drawn again at its new width,
@@ -287,25 +333,30 @@ window.addEventListener("resize", () => {
   }, 150);
 });
 
-// Drawn in a viewBox as wide as the card so labels keep their size.
-function plot(turns, compactions, width) {
-  if (!turns.length) return el("p", { class: "empty", text: "No turns yet" });
-  const W = Math.max(300, Math.round(width) || 800), H = W < 500 ? 200 : 240;
-  const L = 48, R = 12, T = 12, B = 34;
-  const n = turns.length;
-  const top = Math.max(1, ...turns.map((t) => Math.max(t.prompt_tokens || 0, t.budget || 0))) * 1.08;
+// A plot's frame: scales for n turns up to `top` tokens, a grid with y labels at 0, 1/2 and full, the x labels and
+// the axis title. Drawn in a viewBox as wide as the card so labels keep their size.
+function plotFrame(n, top, W, H, title) {
+  const L = 48, R = 12, T = 12, B = 34, headroom = 1.08;
   const x = (i) => L + (n === 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (n - 1));
-  const y = (v) => T + (H - T - B) * (1 - v / top);
+  const y = (v) => T + (H - T - B) * (1 - v / (top * headroom));
   const g = svg("g");
-  // Horizontal grid + y labels at 0, 1/2, full.
   for (const f of [0, 0.5, 1]) {
-    const v = (top / 1.08) * f, yy = y(v).toFixed(1);
+    const v = top * f, yy = y(v).toFixed(1);
     g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: yy, y2: yy }),
       svg("text", { class: "axis-label", x: L - 6, y: yy, "text-anchor": "end", "dominant-baseline": "middle" }, kTokens(Math.round(v))));
   }
   g.append(svg("text", { class: "axis-label", x: L, y: H - 14, "text-anchor": "start" }, "turn 1"),
     svg("text", { class: "axis-label", x: W - R, y: H - 14, "text-anchor": "end" }, "turn " + n),
-    svg("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 2, "text-anchor": "middle" }, "turn · tokens sent (blue) vs budget (dashed)"));
+    svg("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 2, "text-anchor": "middle" }, title));
+  return { g, x, y, L, R, T, B };
+}
+
+function plot(turns, compactions, width) {
+  if (!turns.length) return el("p", { class: "empty", text: "No turns yet" });
+  const W = Math.max(300, Math.round(width) || 800), H = W < 500 ? 200 : 240;
+  const n = turns.length;
+  const top = Math.max(1, ...turns.map((t) => Math.max(t.prompt_tokens || 0, t.budget || 0)));
+  const { g, x, y, L, R, T, B } = plotFrame(n, top, W, H, "turn · tokens sent (blue) vs budget (dashed)");
   // Budget may change between turns (model switch), so it is a step polyline.
   const bpts = [];
   turns.forEach((t, i) => { if (t.budget) bpts.push(`${x(i).toFixed(1)},${y(t.budget).toFixed(1)}`); });

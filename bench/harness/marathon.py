@@ -1,0 +1,356 @@
+"""The marathon: N tool-using turns of a real agent CLI through the proxy, measured turn by turn (issue 27).
+
+Each turn the user asks the agent to run one shell command whose output is about `tool_output_tokens` long; the
+scripted model calls the CLI's shell tool with it, then answers with the output's last line. The first turn
+also gives a fact (`FACT_KEY=FACT_VALUE`) that the last turn asks for. The fake upstream (the caching
+chat-completions fake) waits `model_latency_s` before each main-model answer and `summarizer_latency_s` before
+each of the proxy's summarizer calls (a separate `summarizer` model), and reports OpenAI-style prefix caching.
+The proxy runs in its own process, so its CPU time and resident memory are its own.
+
+Per turn: wall time, exit, main-model requests, summarizer calls, upstream rejections, tokens the main model was
+sent and the share served from its cache, the proxy's CPU seconds and RSS. Then the headline figures: median
+turn, turns more than 1.5 s over it, summarizer calls per 10 turns, cached share, CPU and RSS at turn 20 and at
+the last turn and their ratio, and whether the fact was answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness.agents import (
+    ADMIN_TIMEOUT_S,
+    FACT_KEY,
+    FACT_QUESTION,
+    FACT_SEEN,
+    FACT_VALUE,
+    ScriptedModel,
+    called_name,
+)
+from bench.harness.report import Report, columns
+from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
+from tests.support.proxy_server import ProxyProcess, make_config
+from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
+
+MAIN_MODEL_ID = "fake-model"
+SUMMARIZER_MODEL_ID = "fake-summarizer"
+DEFAULT_TOOL_OUTPUT_TOKENS = 2400
+DEFAULT_MODEL_LATENCY_S = 0.8
+DEFAULT_SUMMARIZER_LATENCY_S = 2.0
+SLOW_TURN_S = 1.5
+"""A turn this much slower than the median counts as slow (issue 27's bound)."""
+MARATHON_TIMEOUT_S = 600.0
+"""One CLI turn's limit."""
+EARLY_TURN = 20
+"""The turn whose proxy CPU time and RSS the last turn's are compared with."""
+CPU_WINDOW = 10
+"""Per-turn CPU time is compared as the mean of this many turns (ending at `EARLY_TURN`, and the last ones): one
+turn's is a few tens of milliseconds, read in clock ticks."""
+COST_KEYS = ("steps", "sent_tokens", "cached_tokens", "cached_share", "requested_tokens", "summarizer_calls")
+TURN_PROMPT = re.compile(r"Turn (\d+): run `([^`]+)`")
+ROW_TEXT = "turn {turn} row %g: alpha beta gamma delta epsilon zeta eta theta"
+
+
+def tool_command(turn: int, tokens: int) -> str:
+    """A shell command that prints about `tokens` tokens (lines of `ROW_TEXT`)."""
+    sample = ROW_TEXT.format(turn=turn).replace("%g", "100") + "\n"
+    lines = max(1, round(tokens / len(token_ids([sample]))))
+    return f"seq -f '{ROW_TEXT.format(turn=turn)}' 1 {lines}"
+
+
+def marathon_prompts(turns: int, tool_output_tokens: int) -> list[str]:
+    """`turns` tool-using turns, the fact given in the first, then the fact question."""
+    asks = [
+        f"Turn {n}: run `{tool_command(n, tool_output_tokens)}` with the shell tool and tell me its last line."
+        for n in range(1, turns + 1)
+    ]
+    asks[0] += f" Note: {FACT_KEY}={FACT_VALUE}."
+    return [*asks, FACT_QUESTION]
+
+
+def marathon_summary(body: dict[str, Any]) -> Reply:
+    """A summarizer that keeps `KEY=VALUE` facts, as the proxy's instruction asks a real one to."""
+    reply = fact_keeping_summary(body)
+    facts = dict.fromkeys(f"{FACT_KEY}={m.group(1)}" for m in FACT_SEEN.finditer(content_text(body["messages"][-1])))
+    return Reply(content=f"{reply.content} {' '.join(facts)}".strip())
+
+
+class MarathonModel(ScriptedModel):
+    """On a turn's prompt: call the shell tool (`shell_tool`, its arguments from `arguments`) with the prompt's
+    command; on its result: the output's last line; requests without the tool (side requests): "OK."."""
+
+    def __init__(self, shell_tool: str, arguments: Callable[[str, list[dict[str, Any]]], dict[str, Any]]) -> None:
+        """`arguments`: the shell tool's arguments for a command, given the tools the request offered."""
+        super().__init__(call_prefix="call_marathon")
+        self.shell_tool = shell_tool
+        self.arguments = arguments
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if is_summarizer_request(body):
+            self.answers.append("summary (proxy summarizer)")
+            return marathon_summary(body)
+        return super().__call__(body)
+
+    def reply(self, body: dict[str, Any]) -> tuple[Reply, str]:
+        messages: list[dict[str, Any]] = body.get("messages") or []
+        tools = {str((tool.get("function") or {}).get("name")) for tool in body.get("tools") or []}
+        if self.shell_tool not in tools:
+            return Reply(content="OK."), f"text (side request, {len(tools)} tools)"
+        last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        results = [m for m in messages[last_assistant + 1 :] if m.get("role") == "tool"]
+        prompt = next(
+            (TURN_PROMPT.search(content_text(m.get("content"))) for m in reversed(messages) if m.get("role") == "user"),
+            None,
+        )
+        if results and called_name(messages, results[-1].get("tool_call_id")) == self.shell_tool:
+            lines = [line for line in content_text(results[-1].get("content")).splitlines() if line.strip()]
+            return Reply(content=f"The last line is: {lines[-1] if lines else '(no output)'}"), "text (after shell)"
+        if prompt is None:
+            return Reply(content="OK."), "text (no turn prompt in context)"
+        arguments = self.arguments(prompt.group(2), body.get("tools") or [])
+        return self.call(self.shell_tool, arguments), f"call {self.shell_tool} (turn {prompt[1]})"
+
+
+def latencies(model_s: float, summarizer_s: float) -> Callable[[dict[str, Any]], float]:
+    """The fake's delay per request: the summarizer's for the proxy's summarizer calls, the model's for requests
+    offering tools (the agent's loop), none for side requests."""
+
+    def delay(body: dict[str, Any]) -> float:
+        if is_summarizer_request(body):
+            return summarizer_s
+        return model_s if body.get("tools") else 0.0
+
+    return delay
+
+
+def add_marathon_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--marathon", action="store_true", help="run the long tool-using session of issue 27")
+    parser.add_argument(
+        "--model-latency", type=float, default=DEFAULT_MODEL_LATENCY_S, help="seconds before each model answer"
+    )
+    parser.add_argument(
+        "--summarizer-latency",
+        type=float,
+        default=DEFAULT_SUMMARIZER_LATENCY_S,
+        help="seconds before each summarizer answer",
+    )
+    parser.add_argument(
+        "--tool-output-tokens",
+        type=int,
+        default=DEFAULT_TOOL_OUTPUT_TOKENS,
+        help="about how many tokens each turn's command prints",
+    )
+
+
+def session_cost(proxy_url: str) -> dict[str, Any]:
+    """The proxy's cost view of its largest session (the agent's; side requests may make small ones)."""
+    sessions = httpx.get(f"{proxy_url}/sessions", params={"limit": 100}, timeout=ADMIN_TIMEOUT_S).json()["data"]
+    if not sessions:
+        return {}
+    largest = max(sessions, key=lambda session: session["message_count"])
+    view = httpx.get(f"{proxy_url}/sessions/{largest['id']}", timeout=ADMIN_TIMEOUT_S).json()
+    cost: dict[str, Any] = view.get("cost") or {}
+    return cost
+
+
+def model_entries(fake_url: str, window: int, names: Sequence[str]) -> list[dict[str, Any]]:
+    """The agent's model names and the `summarizer`, all on the one fake, with the same window."""
+    common = {"api_base": fake_url, "api_key": "k", "context_window": window}
+    return [
+        *({"name": name, "model": f"openai/{MAIN_MODEL_ID}", **common} for name in names),
+        {"name": "summarizer", "model": f"openai/{SUMMARIZER_MODEL_ID}", **common},
+    ]
+
+
+class ProcessProbe:
+    """CPU seconds and resident memory of one process, read from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._ticks  # utime, stime
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+
+@dataclass
+class MarathonTurn:
+    number: int
+    seconds: float
+    exit_code: int
+    error: bool
+    main_requests: int
+    summarizer_calls: int
+    rejections: int
+    sent_tokens: int
+    cached_tokens: int
+    cpu_s: float
+    rss_mib: float
+    answer: str
+
+
+class TurnMeter:
+    """What the fake and the proxy's process did between `start` and `stop`."""
+
+    def __init__(self, fake: FakeUpstream, probe: ProcessProbe) -> None:
+        self.fake = fake
+        self.probe = probe
+        self._marks = (0, 0, 0, 0.0, 0.0)
+
+    def start(self) -> None:
+        fake = self.fake
+        self._marks = (len(fake.requests), len(fake.served), len(fake.rejected), self.probe.cpu_s(), time.monotonic())
+
+    def stop(self, number: int, exit_code: int, error: bool, answer: str) -> MarathonTurn:
+        requests, served, rejected, cpu, started = self._marks
+        new = [request.body for request in self.fake.requests[requests:]]
+        main = [s for s in self.fake.served[served:] if s.tools and s.model == MAIN_MODEL_ID]
+        return MarathonTurn(
+            number=number,
+            seconds=time.monotonic() - started,
+            exit_code=exit_code,
+            error=error,
+            main_requests=len(main),
+            summarizer_calls=sum(1 for body in new if is_summarizer_request(body)),
+            rejections=len(self.fake.rejected) - rejected,
+            sent_tokens=sum(s.prompt_tokens for s in main),
+            cached_tokens=sum(s.cached_tokens for s in main),
+            cpu_s=self.probe.cpu_s() - cpu,
+            rss_mib=self.probe.rss_mib(),
+            answer=answer,
+        )
+
+
+TurnRunner = Callable[[int, str], tuple[int, bool, str]]
+"""Runs one turn's prompt through the CLI: (exit code, whether it reported an error, its answer)."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What the marathon needs of one CLI."""
+
+    name: str
+    model_names: Sequence[str]
+    """The model names the CLI asks for, all configured on the proxy as the main model."""
+    shell_tool: str
+    arguments: Callable[[str, list[dict[str, Any]]], dict[str, Any]]
+    """The shell tool's arguments for a command, given the tools a request offered."""
+    start: Callable[[str, Path], TurnRunner]
+    """Given the proxy's URL and a temporary folder (its own to set up): the turn runner."""
+    max_output: int | None = None
+
+
+def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None:
+    """The whole marathon: the fake, the proxy in its own process, `args.turns` turns and the fact question, the
+    report. The temporary folder is removed unless `args.keep`."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{agent.name}-marathon-"))
+    try:
+        with FakeUpstream(context_window=args.window) as fake:
+            fake.responder = MarathonModel(agent.shell_tool, agent.arguments)
+            fake.delay = latencies(args.model_latency, args.summarizer_latency)
+            entries = model_entries(fake.url, args.window, agent.model_names)
+            for entry in entries[:-1] if agent.max_output else ():
+                entry["max_output"] = agent.max_output
+            context = {"summarizer_model": "summarizer"}
+            raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
+            with ProxyProcess(raw, tmp) as proxy:
+                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
+                run_turn = agent.start(proxy.url, tmp)
+                turns: list[MarathonTurn] = []
+                fact = None
+                for number, prompt in enumerate(marathon_prompts(args.turns, args.tool_output_tokens), 1):
+                    meter.start()
+                    exit_code, error, answer = run_turn(number, prompt)
+                    if prompt == FACT_QUESTION:
+                        fact = answer
+                        break
+                    turn = meter.stop(number, exit_code, error, answer)
+                    turns.append(turn)
+                    print(
+                        f"turn {number}: {turn.seconds:.1f} s, exit {exit_code}, summarizer {turn.summarizer_calls}, "
+                        f"cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.2f} s, "
+                        f"rss {turn.rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                    )
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
+    finally:
+        if args.keep:
+            result.notes.append(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_share(served: Sequence[Served]) -> float:
+    main = [s for s in served if s.tools and s.model == MAIN_MODEL_ID]
+    sent = sum(s.prompt_tokens for s in main)
+    return sum(s.cached_tokens for s in main) / sent if sent else 0.0
+
+
+def marathon_report(
+    report: Report, turns: list[MarathonTurn], fact: str | None, fake: FakeUpstream, proxy_cost: dict[str, Any]
+) -> None:
+    """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question."""
+    table = report.table(
+        "marathon",
+        "per turn: wall time, requests, summarizer calls, rejections, main-model tokens, the proxy's CPU and RSS",
+        columns(
+            ("number", "turn"), ("seconds", "s", ".2f"), ("exit_code", "exit"), ("error",),
+            ("main_requests", "main"), ("summarizer_calls", "summ"), ("rejections", "rej"), ("sent_tokens", "sent"),
+            ("cached_pct", "cached%", ".1f"), ("cpu_s", "cpu s", ".3f"), ("rss_mib", "rss MiB", ".1f"), ("answer",),
+        ),
+    )  # fmt: skip
+    for turn in turns:
+        cached = 100 * turn.cached_tokens / turn.sent_tokens if turn.sent_tokens else 0.0
+        table.add(**{**turn.__dict__, "cached_pct": cached, "answer": turn.answer[:48]})
+    if not turns:
+        return
+    median = statistics.median(turn.seconds for turn in turns)
+    slow = [turn.number for turn in turns if turn.seconds > median + SLOW_TURN_S]
+    summarizer = sum(1 for request in fake.requests if is_summarizer_request(request.body))
+    failed = [turn.number for turn in turns if turn.exit_code != 0 or turn.error]
+    early = next((turn for turn in turns if turn.number == EARLY_TURN), turns[0])
+    last = turns[-1]
+    fact = "(not asked)" if fact is None else fact
+    ratios = report.ratios
+    ratios["cached share of the main model's input"] = round(cached_share(fake.served), 4)
+    ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(turns), 2)
+    early_cpu = statistics.mean(t.cpu_s for t in turns if early.number - CPU_WINDOW < t.number <= early.number)
+    last_cpu = statistics.mean(t.cpu_s for t in turns[-CPU_WINDOW:])
+    ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(
+        last_cpu / max(early_cpu, 0.001), 2
+    )
+    ratios[f"proxy RSS, turn {last.number} / turn {early.number}"] = round(last.rss_mib / early.rss_mib, 2)
+    report.notes.extend(
+        [
+            f"turns: {len(turns)} (+ the fact question); failed: {failed or 'none'}; upstream rejections: "
+            f"{len(fake.rejected)}",
+            f"median turn {median:.2f} s; slower than median + {SLOW_TURN_S} s: {len(slow)} turns {slow[:20]}",
+            f"summarizer calls: {summarizer}",
+            f"proxy CPU per turn (mean of {CPU_WINDOW}): to turn {early.number} {early_cpu:.3f} s, to turn "
+            f"{last.number} {last_cpu:.3f} s; "
+            f"RSS: {early.rss_mib:.1f} MiB → {last.rss_mib:.1f} MiB",
+            f"fact question ({FACT_KEY}): answered {fact!r}, expected {FACT_VALUE!r}: "
+            + ("RIGHT" if FACT_VALUE in fact else "WRONG"),
+            "the proxy's own cost view (GET /sessions/{id} cost): "
+            + ", ".join(f"{key}={proxy_cost.get(key)}" for key in COST_KEYS),
+        ]
+    )  # fmt: skip
