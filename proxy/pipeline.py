@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from proxy.budget.budgets import Budget, Budgets
+from proxy.budget.budgets import Budgets
 from proxy.client_compaction import compaction_prompt, summary_text, wants_tags
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config import Config, ModelEntry
@@ -41,7 +41,7 @@ from proxy.conversation import (
     StepRef,
     Streaming,
 )
-from proxy.errors import AnswerTooLarge, ContextTooLarge, NotFound, UpstreamError, error_fields
+from proxy.errors import AnswerTooLarge, UpstreamError, error_fields
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
@@ -52,21 +52,17 @@ from proxy.journal.relay import StreamRelay
 from proxy.journal.replay import answer_chunks
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.offload import compute
 from proxy.plan import Plan
-from proxy.tokens import count_definitions, count_message, count_prompt, encoding_for_model, rough_size
+from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
+from proxy.tokens import count_prompt, encoding_for_model
 from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
 from proxy.upstream.protocol import Upstream
-from proxy.vocabulary import SYSTEM_ROLES
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-TOOL_CHARS = 2_000
-"""About what one tool definition of an agent's holds: how the work of counting them is sized (`offload`)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +81,11 @@ class Pipeline:
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
-        entry = self._entry(conversation.model)
-        conversation = await self._counted(entry, self._fit_output(entry, conversation))
-        self._budget(entry, conversation, {})  # refuses a max_tokens that leaves no input room, before any write
+        entry = model_entry(self.config, conversation.model)
+        conversation = await counted(entry, fit_output(self.budgets, entry, conversation))
+        request_budget(
+            self.budgets, entry, conversation, {}
+        )  # refuses a max_tokens that leaves no input room, before any write
         key = options.idempotency_key
         # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
         fingerprint = "" if key is None else request_fingerprint(tenant, conversation.identity)
@@ -166,50 +164,13 @@ class Pipeline:
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
-        budget = self._budget(entry, conversation, reconciled.settings)
+        budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
         return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
 
     async def count_tokens(self, conversation: Conversation) -> int:
-        """What the proxy would send for `conversation`, by its own count, definitions (tools) included: the
-        conversation as it stands while it fits, else about the size compaction brings it to (`compact_to` of
-        what the system prompt and the definitions leave of the model's input budget: `Policy.level`)."""
-        entry = self._entry(conversation.model)
-        conversation = await self._counted(entry, conversation)
-        encoding = encoding_for_model(entry.model)
-        size = sum(map(rough_size, conversation.messages))
-        counts = await compute(size, lambda: [count_message(m, encoding) for m in conversation.messages])
-        budget = self.budgets.budget(entry, None, {}, conversation.definitions)
-        policy = self.compactor.policy(budget.for_messages, self.config.context.preserve_recent)
-        floor = count_prompt(
-            c for c, m in zip(counts, conversation.messages, strict=True) if m.get("role") in SYSTEM_ROLES
-        )
-        tokens = count_prompt(counts)
-        if tokens > policy.level(policy.trigger_ratio, floor):
-            tokens = int(policy.level(policy.compact_to, floor))
-        return tokens + budget.definitions
-
-    def _entry(self, model: str) -> ModelEntry:
-        entry = self.config.model(model)
-        if entry is None:
-            raise NotFound(
-                f"The model `{model}` does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
-        return entry
-
-    def _fit_output(self, entry: ModelEntry, conversation: Conversation) -> Conversation:
-        """The output request within what the configured model can give, when the client asked for its own
-        model's (`Conversation.fit_output`)."""
-        requested = conversation.max_output
-        if not conversation.fit_output or requested is None:
-            return conversation
-        fitted = self.budgets.fitted_output(entry, requested)
-        if fitted == requested:
-            return conversation
-        params = {**conversation.params, conversation.max_output_param: fitted}
-        return replace(conversation, max_output=fitted, params=params)
+        """What the proxy would send for `conversation` (`request_budget.count_tokens`)."""
+        return await count_tokens(self.config, self.budgets, self.compactor, conversation)
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
         await self.journal.interrupt(await step_begun)
@@ -238,7 +199,7 @@ class Pipeline:
         async with self.history.lock(tenant, located.session_id):
             reconciled = await self.history.save(located, conversation.model)
             reconciled = await self._remember_settings(reconciled, options)
-            budget = self._budget(entry, conversation, reconciled.settings)
+            budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
             prepared = await self._prepare(
                 CompactionRequest.for_session(
                     tenant,
@@ -268,33 +229,6 @@ class Pipeline:
         if options.strategies is not None and options.strategies != session_strategies(reconciled.settings):
             changes[STRATEGIES_SETTING] = list(options.strategies)
         return await self.history.attach_settings(reconciled, changes) if changes else reconciled
-
-    def _budget(self, entry: ModelEntry, conversation: Conversation, settings: Mapping[str, Any]) -> Budget:
-        budget = self.budgets.budget(entry, conversation.max_output, settings, conversation.definitions)
-        if budget.input_budget <= 0:
-            raise ContextTooLarge(
-                f"max_tokens={budget.reserved_output} leaves no room for input in the "
-                f"{budget.limits.context_window}-token context window of model '{entry.name}'.",
-                param=conversation.max_output_param,
-            )
-        if budget.for_messages <= 0:
-            raise ContextTooLarge(
-                f"The request's tool definitions ({budget.definitions} tokens) leave no room for messages in the "
-                f"{budget.input_budget}-token input budget of model '{entry.name}'. Send fewer tools or use a model "
-                "with a larger context window.",
-                param="tools",
-            )
-        return budget
-
-    async def _counted(self, entry: ModelEntry, conversation: Conversation) -> Conversation:
-        """`conversation` with what its definitions cost (`Conversation.definitions`)."""
-        params = conversation.params
-        if not params.get("tools") and not params.get("response_format"):
-            return conversation
-        tools = params.get("tools")
-        size = TOOL_CHARS * (1 + (len(tools) if isinstance(tools, list) else 0))  # no walk to decide where to count
-        definitions = await compute(size, count_definitions, params, encoding_for_model(entry.model))
-        return replace(conversation, definitions=definitions)
 
     async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:

@@ -16,6 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "proxy.pipeline",
         "proxy.plan",
+        "proxy.request_budget",
         "proxy.conversation",
         "proxy.continuations",
         "proxy.references",
