@@ -38,7 +38,6 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -337,16 +336,16 @@ def usable_spans(
         and cuts[span.end]
         and kept_before[span.end] == kept_before[span.start]
     ]
-    # Widest first; the accepted spans are disjoint, so one kept in start order only needs its two neighbours
-    # checked (a long session has a span per crossing: a check against every accepted one is quadratic).
-    starts: list[int] = []
+    # Widest first. An accepted span is at least as wide as the ones after it, so it overlaps a later one only
+    # by covering that one's first or last position: marking what is accepted checks each span in O(1), and
+    # marks each position once (a long session has a span per crossing; comparing pairs would be quadratic).
+    covered = bytearray(len(items) + 1)
     accepted: list[Span] = []
     for span in sorted(valid, key=lambda s: (s.start - s.end, -s.id)):
-        at = bisect.bisect_right(starts, span.start)
-        if (at == 0 or accepted[at - 1].end <= span.start) and (at == len(starts) or span.end <= starts[at]):
-            starts.insert(at, span.start)
-            accepted.insert(at, span)
-    return accepted
+        if not covered[span.start] and not covered[span.end - 1]:
+            covered[span.start : span.end] = b"\x01" * (span.end - span.start)
+            accepted.append(span)
+    return sorted(accepted, key=lambda s: s.start)
 
 
 def _layout(
