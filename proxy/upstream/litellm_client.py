@@ -1,20 +1,14 @@
-"""Calls to the upstream model through LiteLLM: the `Upstream` the proxy runs with.
+"""Calls to the upstream model through LiteLLM, the provider layer: the `Upstream` the proxy runs with.
 
-Two routes, chosen once per model entry (measured; see the closing notes of the foundation issue):
+Two routes, chosen once per model entry by LiteLLM's provider resolution:
 
 - OpenAI-compatible upstreams (LiteLLM provider `openai`: OpenAI itself, or any server at an `api_base`):
-  LiteLLM's httpx handler (see environment.py), with every client parameter in `extra_body` so it reaches the
-  upstream exactly as sent (LiteLLM drops `user` and `metadata` and rejects some parameters by model name when
-  they are passed as keywords). Streams are read from the handler's parsed chunks (`completion_stream`)
-  instead of through `CustomStreamWrapper`, which rebuilds every chunk (~300 µs per chunk against ~40 µs) and
-  replaces the upstream's `created` and the usage chunk's `choices: []`.
-- Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
-  wrapper, which translates the provider's chunks to OpenAI's.
-
-LiteLLM reads an error body whole and runs several regular-expression passes over it on the event loop (its
-secret redaction, its error classification): a 10 MB body stalled every request for ~24 s. The pass-through
-route therefore gets its own httpx client (`BoundedBodies`): an error body, or an event stream answering a
-non-stream call, reaches LiteLLM cut to `LITELLM_READ_BYTES` (the rest is never read).
+  posted straight over httpx (`proxy.upstream.openai_chat`) to the URL with the headers LiteLLM's provider
+  config gives, the client's parameters as sent, the upstream's answer relayed as it came. `acompletion` costs
+  ~3 ms a call more than the POST itself, and in proportion to the history above that, without changing what
+  is sent (measured; see that module).
+- Every other provider: `litellm.acompletion` with keyword parameters, which LiteLLM translates to the
+  provider's API, and its stream wrapper, which translates the provider's chunks to OpenAI's.
 
 Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
 with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
@@ -24,9 +18,8 @@ process for it (`environment.litellm()`); nothing else in the proxy imports Lite
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,20 +31,13 @@ from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
-from proxy.upstream.redaction import CUT_MARK, NO_SECRETS, Redactor
+from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
+from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
 
-KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
-"""Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
-
 DIRECT_PROVIDERS = frozenset({"openai"})
-EVENT_STREAM = "text/event-stream"
-CUT_HEADERS = ("content-length", "content-encoding", "transfer-encoding")
-LITELLM_READ_BYTES = 8 * 1024
-"""The most of an error body LiteLLM is given: its passes over it cost ~8 µs a byte on the event loop (measured:
-68 KB stalled the loop ~0.6 s), so it gets less than the cap on what the proxy keeps of an upstream's text."""
 _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 
 
@@ -59,20 +45,23 @@ _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 class UpstreamRoute:
     model: str
     provider: str
-    passthrough: bool
-    """True: OpenAI wire format end to end, parameters in extra_body, raw parsed chunks."""
+    direct: ChatTarget | None
+    """Set for an OpenAI-compatible upstream: posted straight (`proxy.upstream.openai_chat`), not through
+    `acompletion`."""
     missing_keys: tuple[str, ...] = ()
     """Environment variables the provider reads that are unset, with no api_key in the entry to stand in."""
 
 
 class LiteLLMUpstream:
-    """Chat completions through `litellm.acompletion`, to any provider LiteLLM knows."""
+    """Chat completions to any provider LiteLLM knows: OpenAI-compatible ones posted straight, others through
+    `litellm.acompletion`."""
 
     def __init__(self, config: UpstreamConfig, models: tuple[ModelEntry, ...], redactor: Redactor = NO_SECRETS) -> None:
         self._litellm = environment.litellm()
         self._redactor = redactor
         self._config = config
         self._models = models
+        self._direct = OpenAIChat(config)
         self._routes = {entry.name: self._route(entry) for entry in models}
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
@@ -87,7 +76,10 @@ class LiteLLMUpstream:
 
     async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
         """A non-stream chat completion as OpenAI's JSON object."""
+        target = self.route(entry).direct
         try:
+            if target is not None:
+                return await self._direct.complete(target, messages, params)
             response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
         except Exception as exc:
             raise self._error(entry, exc) from exc
@@ -97,37 +89,18 @@ class LiteLLMUpstream:
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
     ) -> AsyncIterator[Chunk]:
         """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
-        route = self.route(entry)
+        target = self.route(entry).direct
         try:
+            if target is not None:
+                return self._converted(entry, await self._direct.open_stream(target, messages, params))
             wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
-            if route.passthrough and wrapper.completion_stream is None:
-                await wrapper.fetch_stream()
         except Exception as exc:
             raise self._error(entry, exc) from exc
-        failure = functools.partial(self._error, entry, mid_stream=True)
-        if route.passthrough:
-            return _chunks(wrapper.completion_stream, wrapper, failure)
-        return _chunks(wrapper, wrapper, failure)
+        return self._converted(entry, _chunks(wrapper))
 
     async def aclose(self) -> None:
+        await self._direct.aclose()
         await environment.close_loop_clients(self._litellm)
-
-    def _handler(self, entry: ModelEntry, stream: bool) -> Any:
-        """LiteLLM's HTTP handler over `BoundedBodies`, for one upstream and one kind of call: one connection pool
-        per upstream, as LiteLLM's own clients have (a call abandoned to one upstream, a summarizer cut off at
-        its deadline, must not disturb the pool another's calls use). Kept in LiteLLM's own client cache, which
-        keys it by event loop (an httpx client belongs to the loop that first used it) and from which `aclose`
-        closes it with LiteLLM's clients."""
-        cache = self._litellm.in_memory_llm_clients_cache
-        kind = "stream" if stream else "json"
-        name = f"context-proxy-bounded-{kind}-{self._config.timeout_s}-{entry.api_base or 'default'}"
-        handler = cache.get_cache(name)
-        if handler is None:
-            transport = BoundedBodies(httpx.AsyncHTTPTransport(), json_only=not stream)
-            module = self._litellm.llms.custom_httpx.http_handler
-            handler = module.AsyncHTTPHandler(timeout=self._config.timeout_s, transport=transport)
-            cache.set_cache(name, handler, litellm_owned_client=True)
-        return handler
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         """LiteLLM's bundled limits for a model string, or None when it does not know the model."""
@@ -138,6 +111,18 @@ class LiteLLMUpstream:
             return None
         return info
 
+    async def _converted(self, entry: ModelEntry, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        """A stream whose failures after its first byte are `UpstreamError`s, as the seam promises."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as exc:
+            raise self._error(entry, exc, mid_stream=True) from exc
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+
     def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> UpstreamError:
         names = self.route(entry).missing_keys
         hint = missing_keys_text(entry, names) if names else None
@@ -146,11 +131,9 @@ class LiteLLMUpstream:
     def _kwargs(
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
     ) -> dict[str, Any]:
-        route = self.route(entry)
         kwargs: dict[str, Any] = {
             "model": entry.model,
             "messages": chat_messages(messages),
-            "stream": stream,
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,
             "max_retries": 0,
@@ -159,18 +142,13 @@ class LiteLLMUpstream:
             kwargs["api_base"] = entry.api_base
         if entry.api_key:
             kwargs["api_key"] = entry.api_key
-        if stream and params.get("stream_options") is not None:
-            kwargs["stream_options"] = params["stream_options"]
-        rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
-        if route.passthrough:
-            kwargs["client"] = self._handler(entry, stream)
-            if rest:
-                kwargs["extra_body"] = rest
-        else:
-            kwargs.update(rest)
-            if rest.get("tools"):
-                # LiteLLM imports its MCP server module for any tools= unless told not to; `mcp` is not installed.
-                kwargs["_skip_mcp_handler"] = True
+        kwargs.update(params)
+        kwargs["stream"] = stream
+        if not stream:
+            kwargs.pop("stream_options", None)
+        if params.get("tools"):
+            # LiteLLM imports its MCP server module for any tools= unless told not to; `mcp` is not installed.
+            kwargs["_skip_mcp_handler"] = True
         return kwargs
 
     def _route(self, entry: ModelEntry) -> UpstreamRoute:
@@ -178,81 +156,30 @@ class LiteLLMUpstream:
             model, provider, _key, _base = self._litellm.get_llm_provider(entry.model, api_base=entry.api_base)
         except self._litellm.exceptions.BadRequestError:
             # Unknown provider: LiteLLM will say so on the first call with the upstream's wording.
-            return UpstreamRoute(entry.model, "unknown", passthrough=False)
+            return UpstreamRoute(entry.model, "unknown", None)
         missing = missing_keys(self._litellm, entry, provider)
-        return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS, missing_keys=missing)
+        direct = ChatTarget.of(self._litellm, entry, model) if provider in DIRECT_PROVIDERS else None
+        return UpstreamRoute(model, provider, direct, missing_keys=missing)
 
 
-class BoundedBodies(httpx.AsyncBaseTransport):
-    """Hands over an error answer (and, for a non-stream call, an event stream) cut to `LITELLM_READ_BYTES`.
-
-    What LiteLLM does with such a body costs time in proportion to its size, on the event loop; the rest of it
-    is never read, and the connection is closed.
-    """
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, json_only: bool) -> None:
-        self._inner = inner
-        self._json_only = json_only
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._inner.handle_async_request(request)
-        content_type = response.headers.get("content-type", "")
-        if response.status_code < 400 and not (self._json_only and content_type.startswith(EVENT_STREAM)):
-            return response
-        head = bytearray()
-        cut = b""
-        try:
-            async for part in response.aiter_raw():
-                head += part
-                if len(head) > LITELLM_READ_BYTES:
-                    cut = CUT_MARK.encode()
-                    break
-        finally:
-            await response.aclose()
-        headers = [(name, value) for name, value in response.headers.items() if name.lower() not in CUT_HEADERS]
-        content = bytes(head[:LITELLM_READ_BYTES]) + cut
-        return httpx.Response(response.status_code, headers=headers, content=content, request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], UpstreamError]) -> AsyncIterator[Chunk]:
-    """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
-
-    The pass-through handler reports `[DONE]` as a dict marker and reports a line it cannot parse as an empty
-    dict, so a stream cut short or corrupted would look complete: one that ends with neither `[DONE]` nor a
-    finish_reason is a failure the client must hear about, not a short answer, and one that held no chunk at
-    all (lines that are not JSON, then `[DONE]`) is not an empty answer but a malformed one. A chunk of the
-    wrong shape makes LiteLLM raise a Python error: the boundary reports it as malformed, not by its text.
-    """
+async def _chunks(wrapper: Any) -> AsyncIterator[Chunk]:
+    """LiteLLM's translated stream as OpenAI chunk dicts. One that ends without a finish_reason was cut short
+    (the client must hear about it, not get a short answer); one that held no chunk is malformed."""
     finished = False
     relayed = False
     try:
-        async for chunk in source:
-            if isinstance(chunk, dict):
-                if chunk.get("is_finished") and (finished or not relayed):
-                    # `[DONE]` after the answer's finish_reason: nothing an upstream sends after it is relayed.
-                    # (LiteLLM reports any line containing "[DONE]" so, hence only after the finish.)
-                    break
-                finished = finished or bool(chunk.get("is_finished"))
-                continue
+        async for chunk in wrapper:
             payload = openai_json(chunk.model_dump(exclude_none=True))
             finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
             relayed = True
             yield payload
-    except Exception as exc:
-        raise failure(exc) from exc
     finally:
         await _close(wrapper)
     if not relayed:
-        raise malformed_answer("The upstream's stream held no chat completion chunk (its lines are not JSON).")
+        raise malformed_answer("The upstream's stream held no chat completion chunk.")
     if not finished:
         raise UpstreamError(
-            "The upstream stream ended before it was complete (no [DONE], malformed or truncated events).",
-            status=502,
-            error_type="upstream_error",
-            code="upstream_stream_incomplete",
+            INCOMPLETE_MESSAGE, status=502, error_type="upstream_error", code="upstream_stream_incomplete"
         )
 
 
