@@ -31,6 +31,7 @@ from proxy.errors import UpstreamError
 from proxy.types import Chunk, Message
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
 from proxy.upstream.native_client import EVENT_STREAM, error_text
+from proxy.upstream.redaction import CUT_MARK
 from proxy.vocabulary import chat_messages
 
 OPENAI_BASE = "https://api.openai.com/v1"
@@ -38,6 +39,9 @@ BASE_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
 KEY_VARIABLE = "OPENAI_API_KEY"
 RETRIED_STATUSES = frozenset({408, 409, 429})
 """Besides every 5xx: the statuses LiteLLM (and the OpenAI SDK) retry."""
+ERROR_KEPT_CHARS = 8 * 1024
+"""The most of an error body kept (then marked as cut): the step stores the error whole, its JSON around the
+message, within `redaction.MAX_TEXT_CHARS`."""
 DONE = "[DONE]"
 INCOMPLETE_MESSAGE = "The upstream stream ended before it was complete (no [DONE], malformed or truncated events)."
 NO_CHUNK_MESSAGE = "The upstream's stream held no chat completion chunk (its lines are not JSON)."
@@ -70,6 +74,8 @@ class OpenAIChat:
 
     def __init__(self, config: UpstreamConfig) -> None:
         self._config = config
+        self._tls = httpx.create_ssl_context()
+        """Loading the CA bundle costs ~0.2 s: once, when serving starts, not in a request's first-byte time."""
         self._clients: dict[str, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
 
     async def complete(self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
@@ -120,6 +126,8 @@ class OpenAIChat:
                 text = await error_text(answer)
             finally:
                 await answer.aclose()
+            if len(text) > ERROR_KEPT_CHARS:
+                text = text[:ERROR_KEPT_CHARS] + CUT_MARK
             if attempt < attempts and (answer.status_code >= 500 or answer.status_code in RETRIED_STATUSES):
                 continue
             raise UpstreamRefusal(answer.status_code, text, answer.headers)
@@ -130,7 +138,7 @@ class OpenAIChat:
         known = self._clients.get(url)
         if known is not None and known[0] is loop:
             return known[1]
-        client = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s))
+        client = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s), verify=self._tls)
         self._clients[url] = (loop, client)
         return client
 
