@@ -304,6 +304,24 @@ async def test_upstream_error_statuses_are_kept(
     assert len(fake.requests) == 1, "num_retries=0: one upstream attempt only"
 
 
+@pytest.mark.parametrize(("status", "attempts"), [(500, 2), (429, 2), (400, 1)])
+async def test_num_retries_retries_a_refusal_worth_retrying(
+    entry: ModelEntry, fake: FakeUpstream, status: int, attempts: int
+) -> None:
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10, num_retries=1), (entry,))
+    try:
+        fake.fail_next(Fault(status=status))
+        if attempts == 1:
+            with pytest.raises(UpstreamError):
+                await upstream.complete(entry, MESSAGES, {})
+        else:
+            response = await upstream.complete(entry, MESSAGES, {})
+            assert response["choices"][0]["message"]["content"] == "echo: hello there"
+        assert len(fake.requests) == attempts
+    finally:
+        await upstream.aclose()
+
+
 def error_body_of(status: int) -> dict[str, Any]:
     body: dict[str, Any] = default_error_body(status)["error"]
     return body
