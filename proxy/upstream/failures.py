@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -49,12 +49,13 @@ KEY_STATUSES = frozenset({401, 403})
 
 class UpstreamRefusal(Exception):
     """An error answer an upstream gave over plain HTTP (the native clients), in the shape `upstream_error` reads:
-    its status, and its body as the message (JSON: the error object is taken from it)."""
+    its status, its body as the message (JSON: the error object is taken from it), and its headers (Retry-After)."""
 
-    def __init__(self, status_code: int, message: str) -> None:
+    def __init__(self, status_code: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+        self.headers = headers
 
 
 def upstream_error(

@@ -1,21 +1,20 @@
-"""Calls to the upstream model through LiteLLM: the `Upstream` the proxy runs with.
+"""Calls to the upstream model through LiteLLM, the provider layer: the `Upstream` the proxy runs with.
 
-Two routes, chosen once per model entry (measured; see the closing notes of the foundation issue):
+Two routes, chosen once per model entry by LiteLLM's provider resolution:
 
 - OpenAI-compatible upstreams (LiteLLM provider `openai`: OpenAI itself, or any server at an `api_base`):
-  LiteLLM's httpx handler (see environment.py), with every client parameter in `extra_body` so it reaches the
-  upstream exactly as sent (LiteLLM drops `user` and `metadata` and rejects some parameters by model name when
-  they are passed as keywords). Streams are read from the handler's parsed chunks (`completion_stream`)
-  instead of through `CustomStreamWrapper`, which rebuilds every chunk (~300 µs per chunk against ~40 µs) and
-  replaces the upstream's `created` and the usage chunk's `choices: []`.
-- Every other provider: keyword parameters, which LiteLLM translates to the provider's API, and the stream
-  wrapper, which translates the provider's chunks to OpenAI's.
+  posted straight over httpx (`proxy.upstream.openai_chat`) to the URL with the headers LiteLLM's provider
+  config gives, the client's parameters as sent, the upstream's answer relayed as it came. `acompletion` costs
+  ~3 ms a call more than the POST itself, and in proportion to the history above that, without changing what
+  is sent (measured; see that module).
+- Every other provider: `litellm.acompletion` with keyword parameters, which LiteLLM translates to the
+  provider's API, and its stream wrapper, which translates the provider's chunks to OpenAI's.
 
-The pass-through route, and the translated routes of providers whose LiteLLM handler takes LiteLLM's own
-`AsyncHTTPHandler` (`BOUNDED_PROVIDERS`: Anthropic), get an httpx client over `BoundedBodies`
-(`proxy.upstream.bounded_bodies`): error bodies cut before LiteLLM's passes over them, answers bounded by
-`limits.max_answer_chars`. Other providers' handlers build their own clients (OpenAI-SDK ones, Bedrock's signed
-ones): LiteLLM reads their error bodies whole, and there is no seam to give it ours.
+Every upstream body is read bounded (`proxy.upstream.bounded_bodies`): error bodies cut, answers bounded by
+`limits.max_answer_chars`. The direct route reads through `BoundedBodies` itself; so do the translated routes of
+providers whose LiteLLM handler takes LiteLLM's own `AsyncHTTPHandler` (`BOUNDED_PROVIDERS`: Anthropic). Other
+providers' handlers build their own clients (OpenAI-SDK ones, Bedrock's signed ones): LiteLLM reads their error
+bodies whole, and there is no seam to give it ours.
 
 Every LiteLLM, OpenAI-SDK or httpx exception is converted to an `UpstreamError` (`proxy.upstream.failures`),
 with the provider keys the model lacks (`proxy.upstream.credentials`, checked once per entry) named in it.
@@ -25,9 +24,8 @@ process for it (`environment.litellm()`); nothing else in the proxy imports Lite
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,17 +38,16 @@ from proxy.types import Chunk, Message
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
+from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
 
-KEYWORD_PARAMS = frozenset({"stream", "stream_options"})
-"""Parameters LiteLLM must see itself even on the pass-through route (it drives the stream with them)."""
-
 DIRECT_PROVIDERS = frozenset({"openai"})
-BOUNDED_PROVIDERS = frozenset({"openai", "anthropic"})
-"""Providers whose LiteLLM handler takes our `AsyncHTTPHandler` as `client` (and so reads through
+"""Posted straight (`proxy.upstream.openai_chat`), its bodies bounded there."""
+BOUNDED_PROVIDERS = frozenset({"anthropic"})
+"""Translated providers whose LiteLLM handler takes our `AsyncHTTPHandler` as `client` (and so reads through
 `BoundedBodies`); LiteLLM builds its own client for the others (OpenAI-SDK clients, Bedrock's signer, ...), whose
 error bodies it reads whole."""
 _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
@@ -60,14 +57,16 @@ _LITELLM_ONLY_FIELDS = ("provider_specific_fields",)
 class UpstreamRoute:
     model: str
     provider: str
-    passthrough: bool
-    """True: OpenAI wire format end to end, parameters in extra_body, raw parsed chunks."""
+    direct: ChatTarget | None
+    """Set for an OpenAI-compatible upstream: posted straight (`proxy.upstream.openai_chat`), not through
+    `acompletion`."""
     missing_keys: tuple[str, ...] = ()
     """Environment variables the provider reads that are unset, with no api_key in the entry to stand in."""
 
 
 class LiteLLMUpstream:
-    """Chat completions through `litellm.acompletion`, to any provider LiteLLM knows."""
+    """Chat completions to any provider LiteLLM knows: OpenAI-compatible ones posted straight, others through
+    `litellm.acompletion`."""
 
     def __init__(
         self,
@@ -81,6 +80,7 @@ class LiteLLMUpstream:
         self._redactor = redactor
         self._config = config
         self._models = models
+        self._direct = OpenAIChat(config, max_answer_chars)
         self._routes = {entry.name: self._route(entry) for entry in models}
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
@@ -95,7 +95,10 @@ class LiteLLMUpstream:
 
     async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
         """A non-stream chat completion as OpenAI's JSON object."""
+        target = self.route(entry).direct
         try:
+            if target is not None:
+                return await self._direct.complete(target, messages, params)
             response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
         except Exception as exc:
             raise self._error(entry, exc) from exc
@@ -105,19 +108,17 @@ class LiteLLMUpstream:
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
     ) -> AsyncIterator[Chunk]:
         """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
-        route = self.route(entry)
+        target = self.route(entry).direct
         try:
+            if target is not None:
+                return self._converted(entry, await self._direct.open_stream(target, messages, params))
             wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
-            if route.passthrough and wrapper.completion_stream is None:
-                await wrapper.fetch_stream()
         except Exception as exc:
             raise self._error(entry, exc) from exc
-        failure = functools.partial(self._error, entry, mid_stream=True)
-        if route.passthrough:
-            return _chunks(wrapper.completion_stream, wrapper, failure)
-        return _chunks(wrapper, wrapper, failure)
+        return self._converted(entry, _chunks(wrapper))
 
     async def aclose(self) -> None:
+        await self._direct.aclose()
         await environment.close_loop_clients(self._litellm)
 
     def _handler(self, entry: ModelEntry, stream: bool) -> Any:
@@ -148,6 +149,18 @@ class LiteLLMUpstream:
             return None
         return info
 
+    async def _converted(self, entry: ModelEntry, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        """A stream whose failures after its first byte are `UpstreamError`s, as the seam promises."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as exc:
+            raise self._error(entry, exc, mid_stream=True) from exc
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+
     def _error(self, entry: ModelEntry, exc: BaseException, mid_stream: bool = False) -> ProxyError:
         too_large = answer_too_large(exc)
         if too_large is not None:
@@ -159,11 +172,9 @@ class LiteLLMUpstream:
     def _kwargs(
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
     ) -> dict[str, Any]:
-        route = self.route(entry)
         kwargs: dict[str, Any] = {
             "model": entry.model,
             "messages": chat_messages(messages),
-            "stream": stream,
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,
             "max_retries": 0,
@@ -172,19 +183,15 @@ class LiteLLMUpstream:
             kwargs["api_base"] = entry.api_base
         if entry.api_key:
             kwargs["api_key"] = entry.api_key
-        if stream and params.get("stream_options") is not None:
-            kwargs["stream_options"] = params["stream_options"]
-        rest = {key: value for key, value in params.items() if key not in KEYWORD_PARAMS}
-        if route.provider in BOUNDED_PROVIDERS:
+        kwargs.update(params)
+        kwargs["stream"] = stream
+        if self.route(entry).provider in BOUNDED_PROVIDERS:
             kwargs["client"] = self._handler(entry, stream)
-        if route.passthrough:
-            if rest:
-                kwargs["extra_body"] = rest
-        else:
-            kwargs.update(rest)
-            if rest.get("tools"):
-                # LiteLLM imports its MCP server module for any tools= unless told not to; `mcp` is not installed.
-                kwargs["_skip_mcp_handler"] = True
+        if not stream:
+            kwargs.pop("stream_options", None)
+        if params.get("tools"):
+            # LiteLLM imports its MCP server module for any tools= unless told not to; `mcp` is not installed.
+            kwargs["_skip_mcp_handler"] = True
         return kwargs
 
     def _route(self, entry: ModelEntry) -> UpstreamRoute:
@@ -192,47 +199,30 @@ class LiteLLMUpstream:
             model, provider, _key, _base = self._litellm.get_llm_provider(entry.model, api_base=entry.api_base)
         except self._litellm.exceptions.BadRequestError:
             # Unknown provider: LiteLLM will say so on the first call with the upstream's wording.
-            return UpstreamRoute(entry.model, "unknown", passthrough=False)
+            return UpstreamRoute(entry.model, "unknown", None)
         missing = missing_keys(self._litellm, entry, provider)
-        return UpstreamRoute(model, provider, passthrough=provider in DIRECT_PROVIDERS, missing_keys=missing)
+        direct = ChatTarget.of(self._litellm, entry, model) if provider in DIRECT_PROVIDERS else None
+        return UpstreamRoute(model, provider, direct, missing_keys=missing)
 
 
-async def _chunks(source: Any, wrapper: Any, failure: Callable[[BaseException], ProxyError]) -> AsyncIterator[Chunk]:
-    """The stream as OpenAI chunk dicts; a failure after the first chunk is raised as an UpstreamError.
-
-    The pass-through handler reports `[DONE]` as a dict marker and reports a line it cannot parse as an empty
-    dict, so a stream cut short or corrupted would look complete: one that ends with neither `[DONE]` nor a
-    finish_reason is a failure the client must hear about, not a short answer, and one that held no chunk at
-    all (lines that are not JSON, then `[DONE]`) is not an empty answer but a malformed one. A chunk of the
-    wrong shape makes LiteLLM raise a Python error: the boundary reports it as malformed, not by its text.
-    """
+async def _chunks(wrapper: Any) -> AsyncIterator[Chunk]:
+    """LiteLLM's translated stream as OpenAI chunk dicts. One that ends without a finish_reason was cut short
+    (the client must hear about it, not get a short answer); one that held no chunk is malformed."""
     finished = False
     relayed = False
     try:
-        async for chunk in source:
-            if isinstance(chunk, dict):
-                if chunk.get("is_finished") and (finished or not relayed):
-                    # `[DONE]` after the answer's finish_reason: nothing an upstream sends after it is relayed.
-                    # (LiteLLM reports any line containing "[DONE]" so, hence only after the finish.)
-                    break
-                finished = finished or bool(chunk.get("is_finished"))
-                continue
+        async for chunk in wrapper:
             payload = openai_json(chunk.model_dump(exclude_none=True))
             finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
             relayed = True
             yield payload
-    except Exception as exc:
-        raise failure(exc) from exc
     finally:
         await _close(wrapper)
     if not relayed:
-        raise malformed_answer("The upstream's stream held no chat completion chunk (its lines are not JSON).")
+        raise malformed_answer("The upstream's stream held no chat completion chunk.")
     if not finished:
         raise UpstreamError(
-            "The upstream stream ended before it was complete (no [DONE], malformed or truncated events).",
-            status=502,
-            error_type="upstream_error",
-            code="upstream_stream_incomplete",
+            INCOMPLETE_MESSAGE, status=502, error_type="upstream_error", code="upstream_stream_incomplete"
         )
 
 

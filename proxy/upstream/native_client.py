@@ -95,7 +95,7 @@ class NativeClient:
             raise self._error(entry, exc) from exc
         try:
             if answer.status_code >= 400:
-                raise self._error(entry, UpstreamRefusal(answer.status_code, await error_text(answer)))
+                raise self._error(entry, UpstreamRefusal(answer.status_code, await error_text(answer), answer.headers))
             if answer.headers.get("content-type", "").startswith(EVENT_STREAM):
                 raise self._error(entry, json.JSONDecodeError("an event stream, not JSON", "", 0))
             await answer.aread()
@@ -122,7 +122,7 @@ class NativeClient:
                 raise self._error(entry, exc) from exc
             finally:
                 await answer.aclose()
-            raise self._error(entry, UpstreamRefusal(answer.status_code, text))
+            raise self._error(entry, UpstreamRefusal(answer.status_code, text, answer.headers))
         return self._chunks(entry, answer)
 
     async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:

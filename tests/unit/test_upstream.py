@@ -73,7 +73,13 @@ async def test_complete_returns_openai_json(upstream: Upstream, entry: ModelEntr
     assert response["object"] == "chat.completion"
     assert response["id"] == "chatcmpl-fake-1"
     assert response["model"] == "fake-model"
-    assert response["choices"][0]["message"] == {"role": "assistant", "content": "echo: hello there", "annotations": []}
+    # The upstream's own message, as it sent it (OpenAI's `refusal: null` included).
+    assert response["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "echo: hello there",
+        "refusal": None,
+        "annotations": [],
+    }
     assert response["choices"][0]["finish_reason"] == "stop"
     assert response["usage"]["prompt_tokens"] == fake.count_tokens(MESSAGES)
     assert "provider_specific_fields" not in response
@@ -210,9 +216,11 @@ RICH_MESSAGES: list[dict[str, Any]] = [
 ]
 
 
-async def test_closing_closes_the_clients_litellm_cached_for_this_event_loop(entry: ModelEntry) -> None:
+async def test_closing_closes_the_clients_litellm_cached_for_this_event_loop(fake: FakeUpstream) -> None:
     """LiteLLM keeps a client per event loop and closes it only once evicted, on whatever loop evicts it: a
-    process that served on this loop would keep its connections open (every test's proxy is one such loop)."""
+    process that served on this loop would keep its connections open (every test's proxy is one such loop).
+    (A `hosted_vllm/` model goes through `acompletion`; an `openai/` one is posted straight.)"""
+    entry = ModelEntry("fake", "hosted_vllm/fake-model", fake.url, UPSTREAM_KEY, 8192, 1024)
     upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
     await upstream.complete(entry, [{"role": "user", "content": "hi"}], {})
     cache = upstream._litellm.in_memory_llm_clients_cache.cache_dict
@@ -250,11 +258,6 @@ async def test_messages_arrive_unchanged(
     assert without_null_content(fake.requests[-1].body["messages"]) == without_null_content(RICH_MESSAGES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LiteLLM rewrites `developer` to `system` (dropping `name`) for every openai/ model outside its o-series "
-    "config, gpt-4o and gpt-5 included; forward.py does not bypass that translation",
-)
 async def test_developer_message_arrives_unchanged(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     messages = [{"role": "developer", "content": "Prefer metric units.", "name": "ops"}, MESSAGES[1]]
     await upstream.complete(entry, messages, {})
@@ -299,6 +302,24 @@ async def test_upstream_error_statuses_are_kept(
     assert error.message == expected["message"]
     assert openai_error(error)[1] == {"error": expected}
     assert len(fake.requests) == 1, "num_retries=0: one upstream attempt only"
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(500, 2), (429, 2), (400, 1)])
+async def test_num_retries_retries_a_refusal_worth_retrying(
+    entry: ModelEntry, fake: FakeUpstream, status: int, attempts: int
+) -> None:
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10, num_retries=1), (entry,))
+    try:
+        fake.fail_next(Fault(status=status))
+        if attempts == 1:
+            with pytest.raises(UpstreamError):
+                await upstream.complete(entry, MESSAGES, {})
+        else:
+            response = await upstream.complete(entry, MESSAGES, {})
+            assert response["choices"][0]["message"]["content"] == "echo: hello there"
+        assert len(fake.requests) == attempts
+    finally:
+        await upstream.aclose()
 
 
 def error_body_of(status: int) -> dict[str, Any]:

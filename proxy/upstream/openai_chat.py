@@ -1,0 +1,210 @@
+"""Chat completions to an OpenAI-compatible upstream, posted straight over httpx: the proxy's hot path.
+
+`litellm.acompletion` costs ~3 ms a call more than the POST itself, and in proportion to the history above that
+(profiled under bench/overhead.py: its logging object, cost calculation, response-model rebuild, a recursive
+walk and a second JSON dump of every message, run partly on the thread pool). For LiteLLM's `openai` provider
+(OpenAI itself, or any server at an `api_base`) none of it changes what is sent: the body is the client's own
+fields with the working context, the answer is the upstream's JSON, relayed as it came. LiteLLM stays the
+provider layer: its provider resolution picks this route (`LiteLLMUpstream`), and its provider config gives the
+URL and headers (`ChatTarget.of`, once per model entry); every other provider still goes through
+`litellm.acompletion`. Failures go through the proxy's one boundary (`proxy.upstream.failures`), as the native
+clients' do; a refusal is retried `num_retries` times (429, 5xx, a connection that failed), as LiteLLM did.
+
+One connection pool per upstream and event loop (a summarizer's abandoned call to one upstream must not disturb
+another's pool; an httpx client belongs to the loop that first used it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.errors import UpstreamError
+from proxy.types import Chunk, Message
+from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
+from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
+from proxy.upstream.native_client import error_text
+from proxy.upstream.redaction import CUT_MARK
+from proxy.vocabulary import chat_messages
+
+OPENAI_BASE = "https://api.openai.com/v1"
+BASE_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
+KEY_VARIABLE = "OPENAI_API_KEY"
+RETRIED_STATUSES = frozenset({408, 409, 429})
+"""Besides every 5xx: the statuses LiteLLM (and the OpenAI SDK) retry."""
+ERROR_KEPT_CHARS = 8 * 1024
+"""The most of an error body kept (then marked as cut): the step stores the error whole, its JSON around the
+message, within `redaction.MAX_TEXT_CHARS`."""
+DONE = "[DONE]"
+INCOMPLETE_MESSAGE = "The upstream stream ended before it was complete (no [DONE], malformed or truncated events)."
+NO_CHUNK_MESSAGE = "The upstream's stream held no chat completion chunk (its lines are not JSON)."
+
+
+@dataclass(frozen=True)
+class ChatTarget:
+    """Where and how a model entry's calls are posted: resolved once, by LiteLLM's provider config."""
+
+    url: str
+    headers: Mapping[str, str]
+    model: str
+
+    @classmethod
+    def of(cls, litellm: Any, entry: ModelEntry, model: str) -> ChatTarget:
+        config = litellm.ProviderConfigManager.get_provider_chat_config(
+            model=model, provider=litellm.LlmProviders.OPENAI
+        )
+        base = entry.api_base or next(
+            (os.environ[name] for name in BASE_VARIABLES if os.environ.get(name)), OPENAI_BASE
+        )
+        key = entry.api_key or os.environ.get(KEY_VARIABLE) or None
+        url = config.get_complete_url(base, key, model, {}, {})
+        headers = config.validate_environment({}, model, [], {}, {}, api_key=key, api_base=base)
+        return cls(url, dict(headers), model)
+
+
+class OpenAIChat:
+    """Posts chat completions to `ChatTarget`s; raises foreign failures for the caller's boundary to convert."""
+
+    def __init__(self, config: UpstreamConfig, max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS) -> None:
+        self._config = config
+        self._max_answer_chars = max_answer_chars
+        self._tls = httpx.create_ssl_context()
+        """Loading the CA bundle costs ~0.2 s: once, when serving starts, not in a request's first-byte time."""
+        self._clients: dict[str, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+
+    async def complete(self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
+        answer = await self._send(target, messages, params, stream=False)
+        try:
+            if answer.headers.get("content-type", "").startswith(EVENT_STREAM):
+                raise malformed_answer()
+            await answer.aread()
+            completion = json.loads(answer.content)
+        finally:
+            await answer.aclose()
+        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+            raise malformed_answer()
+        return completion
+
+    async def open_stream(
+        self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any]
+    ) -> AsyncIterator[Chunk]:
+        return _chunks(await self._send(target, messages, params, stream=True))
+
+    async def aclose(self) -> None:
+        clients = list(self._clients.values())
+        self._clients.clear()
+        for loop, client in clients:
+            if loop is asyncio.get_running_loop():
+                await client.aclose()
+
+    async def _send(
+        self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any], stream: bool
+    ) -> httpx.Response:
+        body = {**params, "model": target.model, "messages": chat_messages(messages), "stream": stream}
+        if not stream:
+            body.pop("stream_options", None)
+        content = _json_bytes(body)
+        client = self._client(target.url)
+        attempts = self._config.num_retries + 1
+        for attempt in range(1, attempts + 1):
+            request = client.build_request("POST", target.url, content=content, headers=target.headers)
+            try:
+                answer = await client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                if attempt < attempts:
+                    continue
+                raise
+            if answer.status_code < 400:
+                return answer
+            try:
+                text = await error_text(answer)
+            finally:
+                await answer.aclose()
+            if len(text) > ERROR_KEPT_CHARS:
+                text = text[:ERROR_KEPT_CHARS] + CUT_MARK
+            if attempt < attempts and (answer.status_code >= 500 or answer.status_code in RETRIED_STATUSES):
+                continue
+            raise UpstreamRefusal(answer.status_code, text, answer.headers)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        known = self._clients.get(url)
+        if known is not None and known[0] is loop:
+            return known[1]
+        # Answers bounded by `limits.max_answer_chars` (a non-stream body whole, a stream per line); error bodies
+        # are cut here, by `_send`.
+        transport = BoundedBodies(
+            httpx.AsyncHTTPTransport(verify=self._tls),
+            json_only=False,
+            max_answer_chars=self._max_answer_chars,
+            cut_errors=False,
+        )
+        client = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s), transport=transport)
+        self._clients[url] = (loop, client)
+        return client
+
+
+def _json_bytes(body: Mapping[str, Any]) -> bytes:
+    """The body as compact UTF-8 JSON: orjson writes a 5,000-message history in ~2 ms on the event loop, the
+    standard library in ~20 ms. It refuses only integers past 64 bits, which the standard library writes."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def _chunks(answer: httpx.Response) -> AsyncIterator[Chunk]:
+    """The stream's chunks as the upstream sent them. One that ends with neither `[DONE]` nor a finish_reason
+    was cut short (the client must hear so), one that held no chunk is malformed; nothing after `[DONE]` is
+    relayed. An `error` event mid-stream is the upstream's refusal, with the status it names or 502."""
+    finished = False
+    relayed = False
+    try:
+        async for data in _events(answer):
+            if data == DONE:
+                finished = True
+                break
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                continue  # a line that is not JSON is no chunk: the stream ends incomplete, or holds none
+            if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+                status = chunk["error"].get("code")
+                raise UpstreamRefusal(status if isinstance(status, int) and 400 <= status <= 599 else 502, data)
+            if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+                raise malformed_answer()
+            finished = finished or any(isinstance(c, dict) and c.get("finish_reason") for c in chunk["choices"])
+            relayed = True
+            yield chunk
+    except SHAPE_ERRORS as exc:
+        raise malformed_answer() from exc
+    finally:
+        await answer.aclose()
+    if not relayed:
+        raise malformed_answer(NO_CHUNK_MESSAGE)
+    if not finished:
+        raise UpstreamError(
+            INCOMPLETE_MESSAGE, status=502, error_type="upstream_error", code="upstream_stream_incomplete"
+        )
+
+
+async def _events(answer: httpx.Response) -> AsyncIterator[str]:
+    """The data of each SSE event (its `data:` lines joined)."""
+    data: list[str] = []
+    async for line in answer.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
+    if data:
+        yield "\n".join(data)
