@@ -167,6 +167,14 @@ def test_count_tokens_reports_what_the_proxy_would_send(serve_proxy: ServeProxy,
     # The tools are sent with every request: they count (~1,000 tokens of descriptions and schemas here).
     assert 1_000 < with_tools.input_tokens - small.input_tokens < 1_100
     assert row_counts(proxy.config.store.path)["messages"] == 0  # counting stores nothing
+    # What it counts is what the same request then sends: the proxy's count, and the upstream's within the margin.
+    with anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0) as client:
+        sent = client.messages.with_raw_response.create(
+            model="small", max_tokens=64, messages=[{"role": "user", "content": "count me"}], tools=cast(Any, tools)
+        )
+    assert int(sent.headers["x-context-tokens"]) == with_tools.input_tokens
+    body = fake.requests[-1].body
+    assert abs(fake.prompt_tokens(body["messages"], body.get("tools")) - with_tools.input_tokens) <= 0.05 * 1_100
 
 
 def test_a_long_tool_loop_on_a_small_model_compacts_without_a_rejection(
