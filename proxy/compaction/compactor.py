@@ -185,7 +185,8 @@ class Compactor:
         """The working context `prepare` would build from what is stored now, with the same pins and stubs,
         without a summarizer call, a write or a wait."""
         everything = count_prompt(stored.tokens for stored in request.path)
-        if everything <= self._config.trigger_ratio * request.budget:
+        floor = count_prompt(stored.tokens for stored in request.path if stored.role in SYSTEM_ROLES)
+        if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             return ContextView((), {}, everything)
         state = await self._paths.read(request)
         stored = await self._in_force(request)
