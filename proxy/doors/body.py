@@ -152,6 +152,20 @@ def supported_values(values: Sequence[str]) -> str:
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
 
 
+def part_type(part: Any, where: str, allowed: Sequence[str]) -> str:
+    """A content part's `type`, one of `allowed`; else the 400 OpenAI gives (as the doors answer it)."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequest(f"'{where}' must be an object with a string 'type'.", param=where)
+    kind: str = part["type"]
+    if kind not in allowed:
+        raise InvalidRequest(
+            f"Invalid value: '{kind[:40]}'. Supported values are: {supported_values(allowed)}.",
+            param=f"{where}.type",
+            code="invalid_value",
+        )
+    return kind
+
+
 def check_shape(value: Any, where: str, limits: RequestLimits, depth: int = 1) -> int:
     """Refuse nesting deeper than `MAX_NESTING_DEPTH` (400); returns the characters of text `value` holds (its
     strings, keys included), which doors compare with `limits.max_message_chars`.

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.config import RequestLimits
 from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
-from proxy.doors.body import check_messages, check_shape, parse_json_object, supported_values
+from proxy.doors.body import check_messages, check_shape, parse_json_object, part_type
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
@@ -186,15 +186,7 @@ def _validate_message(message: Any, where: str) -> None:
 
 
 def _validate_part(part: Any, where: str, allowed: tuple[str, ...]) -> None:
-    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-        raise InvalidRequest(f"'{where}' must be an object with a string 'type'.", param=where)
-    kind = part["type"]
-    if kind not in allowed:
-        raise InvalidRequest(
-            f"Invalid value: '{kind[:40]}'. Supported values are: {supported_values(allowed)}.",
-            param=f"{where}.type",
-            code="invalid_value",
-        )
+    kind = part_type(part, where, allowed)
     value = part.get(kind)
     expected, valid = (
         ("a string", isinstance(value, str)) if kind in _STRING_PARTS else ("an object", isinstance(value, dict))

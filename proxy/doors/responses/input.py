@@ -36,7 +36,7 @@ from proxy.doors.body import (
     check_messages,
     check_shape,
     parse_json_object,
-    supported_values,
+    part_type,
 )
 from proxy.doors.responses.compaction import CompactedInput, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
@@ -316,15 +316,7 @@ def _content_parts(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _check_part(part: Any, where: str) -> None:
-    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-        raise InvalidRequest(f"'{where}' must be an object with a string 'type'.", param=where)
-    kind = part["type"]
-    if kind not in PART_TYPES:
-        raise InvalidRequest(
-            f"Invalid value: '{kind[:40]}'. Supported values are: {supported_values(PART_TYPES)}.",
-            param=f"{where}.type",
-            code="invalid_value",
-        )
+    kind = part_type(part, where, PART_TYPES)
     if kind in _TEXT_FIELDS:
         _string(part, _TEXT_FIELDS[kind], where)
     elif kind == "input_image":
