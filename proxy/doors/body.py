@@ -74,13 +74,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     (strings still go through its C `scanstring`): its caller runs it in a thread (`parse_off_loop`), and Python
     code gives the event loop its turn every few milliseconds. A real conversation is mostly strings: the C
     parser reads 5,000 messages (~5 MB) in ~8 ms, the pure-Python scanner in ~25 ms."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"Request body is not valid UTF-8 (byte {exc.start}).") from exc
+    text = decoded(raw)
     non_finite: list[str] = []
     try:
-        body = _decoder(_c_parse_ok(raw), non_finite).decode(text)
+        body = json_decoder(raw, non_finite).decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} column {exc.colno}."
@@ -90,6 +87,25 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         # Python refuses integers of more than 4,300 digits (`sys.get_int_max_str_digits`) with a ValueError.
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from exc
+    return checked_object(body, raw, non_finite)
+
+
+def decoded(raw: bytes) -> str:
+    """The body as text; a 400 when it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"Request body is not valid UTF-8 (byte {exc.start}).") from exc
+
+
+def json_decoder(raw: bytes, non_finite: list[str]) -> json.JSONDecoder:
+    """The decoder for `raw`: its scanner (`scan_once`) the C one when that holds the GIL briefly enough."""
+    return _decoder(_c_parse_ok(raw), non_finite)
+
+
+def checked_object(body: Any, raw: bytes, non_finite: list[str]) -> dict[str, Any]:
+    """A parsed body refused for what JSON can spell but the proxy cannot pass on (a number that is not finite,
+    noted in `non_finite` by `json_decoder`; a lone surrogate), or for not being an object."""
     if non_finite:
         _reject_non_finite(body)
     if _SURROGATE_ESCAPE.search(raw) is not None:
@@ -194,8 +210,9 @@ def check_shape(value: Any, where: str, limits: RequestLimits, depth: int = 1) -
     return size
 
 
-def check_messages(messages: list[Any], param: str, limits: RequestLimits) -> None:
-    """The per-request limits on a door's message (or item) list: how many, and how big each one is."""
+def check_messages(messages: list[Any], param: str, limits: RequestLimits, start: int = 0) -> None:
+    """The per-request limits on a door's message (or item) list: how many, and how big each one is (from
+    `start` on: the ones before were checked in a request before, `proxy.doors.resent`)."""
     if len(messages) > limits.max_messages:
         raise InvalidRequest(
             f"'{param}' has {len(messages)} items; this proxy accepts at most {limits.max_messages} "
@@ -203,8 +220,8 @@ def check_messages(messages: list[Any], param: str, limits: RequestLimits) -> No
             param=param,
             code="array_above_max_length",
         )
-    for index, message in enumerate(messages):
-        check_message_size(message, f"{param}[{index}]", limits, depth=3)
+    for index in range(start, len(messages)):
+        check_message_size(messages[index], f"{param}[{index}]", limits, depth=3)
 
 
 def check_message_size(value: Any, param: str, limits: RequestLimits, depth: int = 2) -> None:

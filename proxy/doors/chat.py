@@ -18,9 +18,10 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.config import RequestLimits
 from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
-from proxy.doors.body import check_messages, check_shape, parse_json_object, part_type
+from proxy.doors.body import check_shape, part_type
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
+from proxy.doors.resent import Conversion, ResentLists, parse_listed
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -58,7 +59,7 @@ class ChatCompletions(Door[bool]):
     prefix: ClassVar[str] = "/v1/chat"
 
     def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[bool]:
-        conversation = parse_chat_request(raw, limits)
+        conversation = parse_chat_request(raw, limits, self.resent)
         options = conversation.params.get("stream_options") or {}
         asked = bool(options.get("include_usage"))
         if conversation.stream and not asked:
@@ -104,10 +105,14 @@ async def _replay_events(answer: Replayed, usage: bool) -> AsyncIterator[bytes]:
     yield SSE_DONE
 
 
-def parse_chat_request(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> Conversation:
+def parse_chat_request(
+    raw: bytes, limits: RequestLimits = DEFAULT_LIMITS, resent: ResentLists | None = None
+) -> Conversation:
     """A chat completion request as the canonical conversation; 400 naming the field for anything invalid
-    (413 for a message over `limits.max_message_chars`)."""
-    body = parse_json_object(raw)
+    (413 for a message over `limits.max_message_chars`). `resent`: the door's last requests, whose messages
+    this one need not check again."""
+    listed = parse_listed(raw, "messages", limits, resent)
+    body = listed.body
     check_shape({key: value for key, value in body.items() if key != "messages"}, "", limits)
     model = body.get("model")
     if model is None:
@@ -121,9 +126,7 @@ def parse_chat_request(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> Co
         raise InvalidRequest(f"'messages' must be an array, not {json_type(messages)}.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    check_messages(messages, "messages", limits)
-    for index, message in enumerate(messages):
-        _validate_message(message, f"messages[{index}]")
+    messages = listed.convert(_checked, "messages").messages
     _validate_pairs(messages)
     _validate_params(body)
     max_param = next((name for name in _MAX_OUTPUT_PARAMS if body.get(name) is not None), "max_tokens")
@@ -137,6 +140,13 @@ def parse_chat_request(raw: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> Co
         max_output_param=max_param,
         identity={key: value for key, value in body.items() if key not in _DELIVERY_PARAMS},
     )
+
+
+def _checked(messages: Sequence[Any], first: int) -> Conversion:
+    """Chat messages are the canonical form: each is only checked."""
+    for offset, message in enumerate(messages):
+        _validate_message(message, f"messages[{first + offset}]")
+    return Conversion(list(messages), list(range(first, first + len(messages))), list(range(len(messages) + 1)))
 
 
 def _validate_message(message: Any, where: str) -> None:

@@ -30,6 +30,7 @@ from proxy.continuations import continued, extended
 from proxy.conversation import Answer, Conversation, Streaming
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
+from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, openai_error
 from proxy.observability.requests import observe_model
 from proxy.pipeline import Pipeline
@@ -87,6 +88,8 @@ class Door(Generic[R]):
     def __init__(self, config: Config, pipeline: Pipeline) -> None:
         self.config = config
         self.pipeline = pipeline
+        self.resent = ResentLists()
+        """Its last requests, so that what a client re-sends is parsed and converted once (`proxy.doors.resent`)."""
 
     def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[R]:
         """The body as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure:

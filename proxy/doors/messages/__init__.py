@@ -51,7 +51,7 @@ class Messages(Door[None]):
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 
     def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[None]:
-        return DoorRequest(parse_messages_request(raw, limits), None)
+        return DoorRequest(parse_messages_request(raw, limits, self.resent), None)
 
     def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
         conversation = request.conversation
@@ -73,7 +73,9 @@ class Messages(Door[None]):
         """`POST /v1/messages/count_tokens`: what the proxy would send (see the module docstring)."""
         limits = self.config.request_limits
         raw = await request_body(request, self.config)
-        conversation = await parse_off_loop(raw, lambda raw: parse_messages_request(raw, limits, counting=True))
+        conversation = await parse_off_loop(
+            raw, lambda raw: parse_messages_request(raw, limits, self.resent, counting=True)
+        )
         observe_model(request.scope, conversation.model)
         return JSONResponse({"input_tokens": await self.pipeline.count_tokens(conversation)})
 

@@ -29,7 +29,8 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.conversation import Conversation
-from proxy.doors.body import check_message_size, check_messages, check_shape, parse_json_object
+from proxy.doors.body import check_message_size, check_shape
+from proxy.doors.resent import Conversion, ResentLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -44,10 +45,14 @@ _NOT_NATIVE = frozenset({"model", "messages", "system", "stream"})
 `system` and `messages`) and the streaming."""
 
 
-def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool = False) -> Conversation:
+def parse_messages_request(
+    raw: bytes, limits: RequestLimits, resent: ResentLists | None = None, *, counting: bool = False
+) -> Conversation:
     """An Anthropic Messages request as the canonical conversation; a 400 naming the field for anything invalid.
-    `counting`: a `count_tokens` request, which has no `max_tokens`."""
-    body = parse_json_object(raw)
+    `resent`: the door's last requests, whose messages this one need not convert again; `counting`: a
+    `count_tokens` request, which has no `max_tokens`."""
+    listed = parse_listed(raw, "messages", limits, resent)
+    body = listed.body
     check_shape({key: value for key, value in body.items() if key != "messages"}, "", limits)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -60,11 +65,12 @@ def parse_messages_request(raw: bytes, limits: RequestLimits, *, counting: bool 
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
-    check_messages(raw_messages, "messages", limits)
     system = body.get("system")
     if system is not None:
         check_message_size(system, "system", limits)
-    messages = [*_system(system), *chat_messages(raw_messages)]
+    conversion = listed.convert(_converted, "messages")
+    _check_pairs(conversion.messages, conversion.origins)
+    messages = [*_system(system), *conversion.messages]
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")
@@ -94,14 +100,16 @@ def _system(system: Any, where: str = "system") -> list[Message]:
 
 def chat_messages(messages: Sequence[Any]) -> list[Message]:
     """The conversation's messages as chat messages (see the module docstring)."""
-    chat: list[Message] = []
-    origins: list[int] = []  # the index in `messages` of each chat message
-    for index, message in enumerate(messages):
-        converted = _chat_message(message, f"messages.{index}")
-        chat.extend(converted)
-        origins.extend([index] * len(converted))
-    _check_pairs(chat, origins)
-    return chat
+    conversion = _converted(messages, 0)
+    _check_pairs(conversion.messages, conversion.origins)
+    return conversion.messages
+
+
+def _converted(messages: Sequence[Any], first: int) -> Conversion:
+    """Messages from index `first` on, each as its chat messages."""
+    return Conversion.each(
+        [_chat_message(message, f"messages.{first + i}") for i, message in enumerate(messages)], first
+    )
 
 
 def _chat_message(message: Any, where: str) -> list[Message]:

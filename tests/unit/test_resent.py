@@ -1,0 +1,235 @@
+"""A re-sent conversation parsed and converted once (`proxy.doors.resent`): the same result as a whole parse,
+with the repeated elements taken from the kept request."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from proxy.config import RequestLimits
+from proxy.doors.body import parse_json_object
+from proxy.doors.chat import parse_chat_request
+from proxy.doors.messages.input import parse_messages_request
+from proxy.doors.resent import Conversion, ResentLists
+from proxy.errors import InvalidRequest, PayloadTooLarge
+
+LIMITS = RequestLimits()
+
+
+def chat_body(messages: list[dict[str, Any]], **fields: Any) -> bytes:
+    return json.dumps({"model": "m", "messages": messages, **fields}).encode()
+
+
+def turns(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for index in range(count):
+        history.append({"role": "user", "content": f"question {index} " + "x" * rng.randrange(50)})
+        history.append({"role": "assistant", "content": f"answer {index} ☀️"})
+    history.append({"role": "user", "content": "and now?"})
+    return history
+
+
+def identity_conversion(elements: Sequence[Any], first: int) -> Conversion:
+    return Conversion.each([[element] for element in elements], first)
+
+
+def test_a_request_extending_the_last_takes_its_elements_as_they_were() -> None:
+    resent = ResentLists()
+    first = parse_chat_request(chat_body(turns(20)), LIMITS, resent)
+    longer = turns(21)
+    second = parse_chat_request(chat_body(longer), LIMITS, resent)
+    assert second.messages == longer
+    kept = len(turns(20)) - 1  # all but its last message, which the longer request changed
+    assert all(second.messages[i] is first.messages[i] for i in range(kept))
+    assert all(second.messages[i] is not first.messages[i] for i in range(kept, len(first.messages)))
+
+
+def test_without_kept_requests_the_same_body_parses_to_new_objects() -> None:
+    raw = chat_body(turns(5))
+    one, two = parse_chat_request(raw, LIMITS), parse_chat_request(raw, LIMITS)
+    assert one.messages == two.messages
+    assert one.messages[1] is not two.messages[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_sequence_of_requests_parses_as_a_whole_parse_would(seed: int) -> None:
+    """Requests that extend, repeat, edit, truncate and reorder fields, with whitespace of either serializer:
+    the result is always that of parsing the body alone."""
+    rng = random.Random(seed)
+    resent = ResentLists(max_lists=3)
+    history = turns(rng.randrange(1, 8), seed)
+    for _ in range(12):
+        change = rng.randrange(5)
+        if change == 0:
+            history = [*history, {"role": "assistant", "content": "more"}, {"role": "user", "content": "go on"}]
+        elif change == 1 and len(history) > 2:
+            history = history[: rng.randrange(1, len(history))]
+            history[-1] = {"role": "user", "content": "edited"}
+        elif change == 2:
+            position = rng.randrange(len(history))
+            history = [
+                *history[:position],
+                {**history[position], "content": f"changed {seed}"},
+                *history[position + 1 :],
+            ]
+        fields = {"temperature": rng.choice([0, 0.5]), "seed": 10**30} if rng.random() < 0.5 else {}
+        separators = (",", ":") if rng.random() < 0.5 else (", ", ": ")
+        body = (
+            {"model": "m", "messages": history, **fields}
+            if rng.random() < 0.5
+            else {**fields, "messages": history, "model": "m"}
+        )
+        raw = json.dumps(body, separators=separators, ensure_ascii=rng.random() < 0.5).encode()
+        listed = resent.parse(raw, "messages", LIMITS)
+        assert listed.body == parse_json_object(raw)
+        assert listed.convert(identity_conversion, "messages").messages == history
+
+
+def test_the_messages_door_reuses_each_converted_message() -> None:
+    def body(count: int) -> bytes:
+        messages: list[dict[str, Any]] = []
+        for index in range(count):
+            call = {"type": "tool_use", "id": f"call_{index}", "name": "Bash", "input": {"command": f"ls {index}"}}
+            result = {"type": "tool_result", "tool_use_id": f"call_{index}", "content": f"file{index}"}
+            messages.append({"role": "user", "content": [{"type": "text", "text": f"step {index}"}]})
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": "running"}, call]})
+            messages.append({"role": "user", "content": [result]})
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}  # moves every turn, as Claude Code's
+        return json.dumps({"model": "claude", "max_tokens": 100, "system": "sys", "messages": messages}).encode()
+
+    resent = ResentLists()
+    first = parse_messages_request(body(10), LIMITS, resent)
+    second = parse_messages_request(body(11), LIMITS, resent)
+    assert second.messages == parse_messages_request(body(11), LIMITS).messages
+    # the system message, then 3 chat messages a step (the tool_result becomes a tool message); the last element
+    # of the first request changed (its breakpoint moved), so what it became is converted again.
+    reused = 1 + 3 * 10 - 1
+    assert all(second.messages[i] is first.messages[i] for i in range(1, reused))
+    assert second.messages[reused] is not first.messages[reused]
+
+
+def test_a_run_waiting_for_later_elements_is_converted_again_whole() -> None:
+    """A converter whose message takes consecutive elements of a kind (a Responses run of output items) is reused
+    only up to where no message waits for a later element."""
+
+    def runs(elements: Sequence[Any], first: int) -> Conversion:
+        messages: list[dict[str, Any]] = []
+        origins: list[int] = []
+        closed = [0]
+        for offset, element in enumerate(elements):
+            if element["kind"] == "out" and messages and messages[-1]["role"] == "assistant":
+                messages[-1] = {**messages[-1], "parts": [*messages[-1]["parts"], element["text"]]}
+            else:
+                role = "assistant" if element["kind"] == "out" else "user"
+                messages.append({"role": role, "parts": [element["text"]]})
+                origins.append(first + offset)
+            closed.append(len(messages))
+        for j in range(1, len(elements)):  # inside a run, a later element may still join the message
+            if elements[j]["kind"] == "out" and elements[j - 1]["kind"] == "out":
+                closed[j] = -1
+        closed[len(elements)] = -1 if elements and elements[-1]["kind"] == "out" else closed[len(elements)]
+        return Conversion(messages, origins, closed)
+
+    def raw(items: list[dict[str, str]]) -> bytes:
+        return json.dumps({"input": items}).encode()
+
+    items = [{"kind": "in", "text": "q"}, {"kind": "out", "text": "a"}, {"kind": "out", "text": "b"}]
+    resent = ResentLists()
+    resent.parse(raw(items), "input", LIMITS).convert(runs, "input")
+    longer = [*items, {"kind": "out", "text": "c"}, {"kind": "in", "text": "q2"}]
+    again = resent.parse(raw(longer), "input", LIMITS).convert(runs, "input")
+    assert again.messages == runs(longer, 0).messages
+    assert again.messages[1]["parts"] == ["a", "b", "c"]
+
+
+def test_the_checks_across_messages_see_the_whole_list() -> None:
+    """A call at the very end is the client's to answer; once the conversation goes on past it unanswered, the
+    request is refused although its first part was accepted before."""
+    resent = ResentLists()
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    parse_chat_request(chat_body(opened), LIMITS, resent)
+    with pytest.raises(InvalidRequest, match="call_1"):
+        parse_chat_request(chat_body([*opened, {"role": "user", "content": "and?"}]), LIMITS, resent)
+
+
+def test_a_new_message_is_refused_by_its_index_and_limits_apply_to_it() -> None:
+    resent = ResentLists()
+    history = turns(3)
+    parse_chat_request(chat_body(history), LIMITS, resent)
+    with pytest.raises(InvalidRequest) as refused:
+        parse_chat_request(chat_body([*history, {"role": "robot", "content": "x"}]), LIMITS, resent)
+    assert refused.value.param == f"messages[{len(history)}].role"
+    small = RequestLimits(max_message_chars=100)
+    parse_chat_request(chat_body(history), small, resent)
+    with pytest.raises(PayloadTooLarge) as large:
+        parse_chat_request(chat_body([*history, {"role": "user", "content": "y" * 200}]), small, resent)
+    assert large.value.param == f"messages[{len(history)}]"
+
+
+def test_kept_requests_of_other_limits_are_not_reused() -> None:
+    resent = ResentLists()
+    history = [{"role": "user", "content": "z" * 150}]
+    parse_chat_request(chat_body(history), LIMITS, resent)
+    with pytest.raises(PayloadTooLarge):
+        parse_chat_request(chat_body(history), RequestLimits(max_message_chars=100), resent)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"},]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}] "x": 1}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}]} trailing',
+        b'{"model": "m", "messages": [{"role": "user", "content": NaN}]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        b'{"model": "m", "messages": [1e999]}',
+        b'["not", "an", "object"]',
+        b'{"model": "m",}',
+        b"",
+    ],
+)
+def test_a_malformed_body_is_refused_as_the_whole_parse_refuses_it(raw: bytes) -> None:
+    resent = ResentLists()
+    resent.parse(b'{"model": "m", "messages": [{"role": "user", "content": "a"}]}', "messages", LIMITS).convert(
+        identity_conversion, "messages"
+    )
+    with pytest.raises(InvalidRequest) as whole:
+        parse_json_object(raw)
+    with pytest.raises(InvalidRequest) as listed:
+        resent.parse(raw, "messages", LIMITS)
+    assert str(listed.value) == str(whole.value)
+
+
+def test_an_element_that_only_begins_alike_is_parsed_again() -> None:
+    resent = ResentLists()
+    resent.parse(b'{"messages": [1, 2]}', "messages", LIMITS).convert(identity_conversion, "messages")
+    listed = resent.parse(b'{"messages": [1, 23]}', "messages", LIMITS)
+    assert listed.elements == [1, 23]
+
+
+def test_a_key_given_twice_takes_the_last_list() -> None:
+    resent = ResentLists()
+    raw = b'{"messages": [1, 2], "messages": [1, 2, 3]}'
+    resent.parse(raw, "messages", LIMITS).convert(identity_conversion, "messages")
+    again = resent.parse(raw.replace(b"3]", b"3, 4]"), "messages", LIMITS)
+    assert again.elements == [1, 2, 3, 4]
+    assert again.body == {"messages": [1, 2, 3, 4]}
+
+
+def test_the_kept_requests_are_bounded() -> None:
+    resent = ResentLists(max_lists=2, max_chars=10_000)
+    for index in range(5):
+        resent.parse(chat_body([{"role": "user", "content": f"{index}"}]), "messages", LIMITS).convert(
+            identity_conversion, "messages"
+        )
+    assert len(resent._kept) == 2
+    resent.parse(chat_body([{"role": "user", "content": "w" * 20_000}]), "messages", LIMITS).convert(
+        identity_conversion, "messages"
+    )
+    assert len(resent._kept) == 2  # one larger than the bound is not kept, and pushes none out
