@@ -70,14 +70,14 @@ async def parse_off_loop(raw: bytes, parse: Callable[[bytes], T]) -> T:
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object. The C parser holds the GIL for the whole document (0.5 s for 800,000 tiny
-    messages), so a body of many values (`_c_parse_ok`) is parsed by the standard library's pure-Python scanner
+    messages), so a body of many values (`c_parse_ok`) is parsed by the standard library's pure-Python scanner
     (strings still go through its C `scanstring`): its caller runs it in a thread (`parse_off_loop`), and Python
     code gives the event loop its turn every few milliseconds. A real conversation is mostly strings: the C
     parser reads 5,000 messages (~5 MB) in ~8 ms, the pure-Python scanner in ~25 ms."""
     text = decoded(raw)
     non_finite: list[str] = []
     try:
-        body = json_decoder(raw, non_finite).decode(text)
+        body = json_decoder(text, non_finite).decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} column {exc.colno}."
@@ -87,7 +87,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         # Python refuses integers of more than 4,300 digits (`sys.get_int_max_str_digits`) with a ValueError.
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from exc
-    return checked_object(body, raw, non_finite)
+    return checked_object(body, text, non_finite)
 
 
 def decoded(raw: bytes) -> str:
@@ -98,27 +98,31 @@ def decoded(raw: bytes) -> str:
         raise InvalidRequest(f"Request body is not valid UTF-8 (byte {exc.start}).") from exc
 
 
-def json_decoder(raw: bytes, non_finite: list[str]) -> json.JSONDecoder:
-    """The decoder for `raw`: its scanner (`scan_once`) the C one when that holds the GIL briefly enough."""
-    return _decoder(_c_parse_ok(raw), non_finite)
+def json_decoder(text: str, non_finite: list[str], start: int = 0) -> json.JSONDecoder:
+    """The decoder for what of `text` is scanned (from `start`): its scanner (`scan_once`) the C one when that
+    holds the GIL briefly enough."""
+    return _decoder(c_parse_ok(text, start), non_finite)
 
 
-def checked_object(body: Any, raw: bytes, non_finite: list[str]) -> dict[str, Any]:
+def checked_object(body: Any, text: str, non_finite: list[str], start: int = 0) -> dict[str, Any]:
     """A parsed body refused for what JSON can spell but the proxy cannot pass on (a number that is not finite,
-    noted in `non_finite` by `json_decoder`; a lone surrogate), or for not being an object."""
+    noted in `non_finite` by `json_decoder`; a lone surrogate escape, looked for from `start`: the text before
+    was checked with a request before), or for not being an object."""
     if non_finite:
         _reject_non_finite(body)
-    if _SURROGATE_ESCAPE.search(raw) is not None:
+    if _SURROGATE_ESCAPE.search(text, start) is not None:
         _reject_lone_surrogates(body)
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {json_type(body)}.")
     return body
 
 
-def _c_parse_ok(raw: bytes) -> bool:
-    """Whether the C parser's hold on the GIL is bounded (~20 ms): a small body, or one of few values (each
-    value but the first in an array or object follows a comma; counting them costs ~0.4 ms a MB)."""
-    return len(raw) <= OFF_LOOP_CHARS or (len(raw) <= C_PARSE_MAX_BYTES and raw.count(b",") <= C_PARSE_MAX_COMMAS)
+def c_parse_ok(text: str, start: int = 0) -> bool:
+    """Whether the C parser's hold on the GIL is bounded (~20 ms) for `text` from `start`: a short text, or one
+    of few values (each value but the first in an array or object follows a comma; counting them costs ~0.4 ms
+    a MB)."""
+    size = len(text) - start
+    return size <= OFF_LOOP_CHARS or (size <= C_PARSE_MAX_BYTES and text.count(",", start) <= C_PARSE_MAX_COMMAS)
 
 
 def _decoder(c_parser: bool, non_finite: list[str]) -> json.JSONDecoder:
@@ -237,7 +241,7 @@ def check_message_size(value: Any, param: str, limits: RequestLimits, depth: int
         )
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """A `\\ud800`–`\\udfff` escape: the only way a JSON text in valid UTF-8 can smuggle in a surrogate."""
 
 

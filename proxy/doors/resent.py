@@ -149,15 +149,17 @@ class ResentLists:
         parsed element by element after what the best-matching kept request already had."""
         text = decoded(raw)
         kept, reused = self._longest(text, key, limits)
+        scanned = kept.ends[reused - 1] if kept is not None and reused else 0  # the text before is as kept
         non_finite: list[str] = []
         try:
-            walked = _walk(text, key, json_decoder(raw, non_finite).scan_once, kept, reused)  # type: ignore[attr-defined]
+            scan = json_decoder(text, non_finite, scanned).scan_once  # type: ignore[attr-defined]
+            walked = _walk(text, key, scan, kept, reused)
         except (ValueError, RecursionError, StopIteration):
             walked = None
         if walked is None:  # not a well-formed object: the whole parse, for the error it has always given
             return Listed(parse_json_object(raw), key, limits)
         body, listed = walked
-        checked_object(body, raw, non_finite)
+        checked_object(body, text, non_finite, scanned)
         if listed is None:
             return Listed(body, key, limits)
         start, ends, used = listed

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.doors.body import C_PARSE_MAX_BYTES, C_PARSE_MAX_COMMAS, _c_parse_ok, parse_json_object
+from proxy.doors.body import C_PARSE_MAX_BYTES, C_PARSE_MAX_COMMAS, c_parse_ok, parse_json_object
 from proxy.errors import InvalidRequest
 from proxy.offload import OFF_LOOP_CHARS
 
@@ -18,17 +18,17 @@ def body_of(messages: list[dict[str, str]]) -> bytes:
 def test_a_long_conversation_of_few_values_takes_the_c_parser() -> None:
     raw = body_of([{"role": "user", "content": "word " * 400}] * 1000)
     assert OFF_LOOP_CHARS < len(raw) <= C_PARSE_MAX_BYTES
-    assert _c_parse_ok(raw)
+    assert c_parse_ok(raw.decode())
 
 
 def test_a_body_of_many_values_takes_the_pure_python_scanner() -> None:
     raw = body_of([{"role": "user", "content": "a"}] * (C_PARSE_MAX_COMMAS // 2 + 1))
-    assert not _c_parse_ok(raw)
+    assert not c_parse_ok(raw.decode())
 
 
 def test_a_body_past_the_byte_bound_takes_the_pure_python_scanner() -> None:
     raw = body_of([{"role": "user", "content": "x" * (C_PARSE_MAX_BYTES // 4)}] * 5)
-    assert not _c_parse_ok(raw)
+    assert not c_parse_ok(raw.decode())
 
 
 @pytest.mark.parametrize("count", [10, 1000, C_PARSE_MAX_COMMAS])
