@@ -15,6 +15,7 @@ from proxy.doors.body import parse_json_object
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import Conversion, ResentLists
+from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
 
 LIMITS = RequestLimits()
@@ -233,3 +234,45 @@ def test_the_kept_requests_are_bounded() -> None:
         identity_conversion, "messages"
     )
     assert len(resent._kept) == 2  # one larger than the bound is not kept, and pushes none out
+
+
+def responses_body(items: list[dict[str, Any]]) -> bytes:
+    return json.dumps({"model": "m", "instructions": "be brief", "input": items}).encode()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_responses_door_converts_as_a_whole_parse_would_runs_included(seed: int) -> None:
+    """Codex re-sends its input with new items after it; a run of output items (reasoning, calls, a message)
+    that goes on past the previous request's end is converted again whole."""
+    rng = random.Random(seed)
+    resent = ResentLists()
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "start"}]
+    calls = 0
+    for _ in range(10):
+        for _ in range(rng.randrange(1, 4)):
+            kind = rng.choice(["reasoning", "call", "message", "user"])
+            if kind == "reasoning":
+                items.append({"type": "reasoning", "id": f"rs_{len(items)}", "summary": [], "encrypted_content": "e"})
+            elif kind == "call":
+                calls += 1
+                items.append({"type": "function_call", "call_id": f"c{calls}", "name": "sh", "arguments": "{}"})
+                items.append({"type": "function_call_output", "call_id": f"c{calls}", "output": f"out {calls}"})
+            elif kind == "message":
+                items.append(
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+                )
+            else:
+                items.append({"type": "message", "role": "user", "content": f"more {len(items)}"})
+        request = parse_responses_request(responses_body(items), LIMITS, resent)
+        assert (
+            request.conversation.messages
+            == parse_responses_request(responses_body(items), LIMITS).conversation.messages
+        )
+
+
+def test_a_responses_input_with_a_compaction_item_is_split_as_before() -> None:
+    resent = ResentLists()
+    items = [{"type": "message", "role": "user", "content": "hi"}]
+    parse_responses_request(responses_body(items), LIMITS, resent)
+    with pytest.raises(InvalidRequest, match="compaction_trigger"):
+        parse_responses_request(responses_body([{"type": "compaction_trigger"}, *items]), LIMITS, resent)

@@ -73,7 +73,7 @@ class Responses(Door[Echo]):
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
     def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
-        return _door_request(parse_responses_request(raw, limits))
+        return _door_request(parse_responses_request(raw, limits, self.resent))
 
     def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
         return _door_request(parse_socket_event(raw, limits))

@@ -21,6 +21,8 @@ from proxy.references import reference, referenced
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"
+_MARKS = (COMPACTION, "compaction_summary")
+"""The items that stand for the turns a client compacted (`compaction_summary`: an older name of the item)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,11 @@ class CompactedInput:
     """The input asked for a compaction."""
 
 
+def compacts(items: Sequence[Any]) -> bool:
+    """Whether an input holds a compaction item or asks for one (`split_input` has then something to split)."""
+    return any(_kind(item) in (TRIGGER, *_MARKS) for item in items)
+
+
 def split_input(items: Sequence[Any]) -> CompactedInput:
     """An input's compaction items read: what it continues, what is its own, whether it asks for a compaction."""
     items = list(items)
@@ -41,7 +48,7 @@ def split_input(items: Sequence[Any]) -> CompactedInput:
         items.pop()
     if any(_kind(item) == TRIGGER for item in items):
         raise InvalidRequest("A 'compaction_trigger' item may only end the input.", param="input")
-    marks = [index for index, item in enumerate(items) if _kind(item) in (COMPACTION, "compaction_summary")]
+    marks = [index for index, item in enumerate(items) if _kind(item) in _MARKS]
     last = marks[-1] if marks else None
     if last is None:
         return CompactedInput(items, None, trigger)

@@ -38,7 +38,8 @@ from proxy.doors.body import (
     parse_json_object,
     part_type,
 )
-from proxy.doors.responses.compaction import CompactedInput, split_input
+from proxy.doors.resent import Conversion, Listed, ResentLists, parse_listed
+from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
 from proxy.errors import InvalidRequest, json_type
@@ -101,9 +102,11 @@ class ResponsesRequest:
     """False: a socket warm-up (`generate: false`), answered without a model call."""
 
 
-def parse_responses_request(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
-    """A Responses request as the canonical conversation; a 400 naming the field for anything invalid."""
-    return responses_request(parse_json_object(raw), limits)
+def parse_responses_request(raw: bytes, limits: RequestLimits, resent: ResentLists | None = None) -> ResponsesRequest:
+    """A Responses request as the canonical conversation; a 400 naming the field for anything invalid. `resent`:
+    the door's last requests, whose input items this one need not convert again."""
+    listed = parse_listed(raw, "input", limits, resent)
+    return responses_request(listed.body, limits, listed)
 
 
 def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
@@ -126,8 +129,9 @@ def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
     return replace(responses_request({**body, "stream": True}, limits), generate=generate)
 
 
-def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesRequest:
-    """A Responses request body, parsed, as the canonical conversation."""
+def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Listed | None = None) -> ResponsesRequest:
+    """A Responses request body, parsed, as the canonical conversation (`listed`: the body as `ResentLists` read
+    it, whose input items it converts)."""
     check_shape({key: value for key, value in body.items() if key != "input"}, "", limits)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -139,6 +143,9 @@ def responses_request(body: dict[str, Any], limits: RequestLimits) -> ResponsesR
     if isinstance(raw_input, str):
         check_message_size(raw_input, "input", limits)
         messages.append({"role": "user", "content": raw_input})
+    elif isinstance(raw_input, list) and listed is not None and not compacts(raw_input):
+        compacted = CompactedInput(raw_input, None, trigger=False)
+        messages.extend(listed.convert(input_conversion, "input").messages)
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)
         compacted = split_input(raw_input)
@@ -226,23 +233,36 @@ def _max_output(body: Mapping[str, Any]) -> int | None:
 
 def input_messages(items: Sequence[Any]) -> list[Message]:
     """The input items as chat messages (see the module docstring), each keeping the items it stands for."""
+    return input_conversion(items, 0).messages
+
+
+def input_conversion(items: Sequence[Any], first: int) -> Conversion:
+    """The input items from index `first` on as chat messages; a run of output items is one assistant message,
+    which a later item may still join (`Conversion.closed`)."""
     messages: list[Message] = []
+    origins: list[int] = []
+    closed = [0]
     run: list[Mapping[str, Any]] = []
-    for index, item in enumerate(items):
+    for index, item in enumerate(items, first):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"'{where}' must be an object, not {json_type(item)}.", param=where)
         if is_output(item):
             _check_output_item(item, where)
+            if not run:
+                origins.append(index)
             run.append(item)
+            closed.append(-1)
             continue
         if run:
             messages.append(assistant_message(run))
             run = []
         messages.append(_message(item, where))
+        origins.append(index)
+        closed.append(len(messages))
     if run:
         messages.append(assistant_message(run))
-    return messages
+    return Conversion(messages, origins, closed)
 
 
 def _kind(item: Mapping[str, Any]) -> str:
