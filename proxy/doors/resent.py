@@ -29,8 +29,8 @@ from proxy.types import Message
 
 RECENT_LISTS = 8
 """How many of a door's last requests a new one is compared with, the most recent first."""
-RECENT_CHARS = 64 * 1024 * 1024
-"""About how much text the kept requests hold in all; the oldest go first."""
+RECENT_BYTES = 64 * 1024 * 1024
+"""About how many bytes of body the kept requests hold in all; the oldest go first."""
 
 Scan = Callable[[str, int], tuple[Any, int]]
 """A JSON scanner's `scan_once`: the value starting at an index, and the index after it."""
@@ -70,13 +70,15 @@ an element its API refuses."""
 class _Kept:
     """A request as a door kept it."""
 
-    text: str
+    raw: bytes
     key: str
     limits: RequestLimits
     start: int
-    """Where the list's `[` is in `text`."""
+    """Where the list's `[` is in the body's text."""
     ends: list[int]
-    """Where each element ends in `text`."""
+    """Where each element ends in the body's text."""
+    byte_ends: list[int]
+    """... and in `raw`: where a new body is compared with it."""
     elements: list[Any]
     conversion: Conversion
 
@@ -91,7 +93,7 @@ class Listed:
         key: str,
         limits: RequestLimits,
         lists: ResentLists | None = None,
-        walked: tuple[str, int, list[int], int, _Kept | None] | None = None,
+        walked: tuple[bytes, str, int, list[int], int, _Kept | None] | None = None,
     ) -> None:
         self.body = body
         value = body.get(key)
@@ -100,14 +102,14 @@ class Listed:
         self._limits = limits
         self._lists = lists
         self._walked = walked
-        """(text, the list's start, element ends, elements reused, the request they came from)."""
+        """(the body, its text, the list's start, element ends, elements reused, the request they came from)."""
 
     def convert(self, convert: Convert, param: str) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
         the limits (`check_messages`) and converted; then kept for the next request."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"
-        reused, kept = (0, None) if self._walked is None else self._walked[3:]
+        reused, kept = (0, None) if self._walked is None else self._walked[4:]
         if kept is not None:
             while reused and kept.conversion.closed[reused] < 0:
                 reused -= 1
@@ -123,8 +125,9 @@ class Listed:
                 before.closed[:reused] + [base + count if count >= 0 else -1 for count in tail.closed],
             )
         if self._lists is not None and self._walked is not None:
-            text, start, ends = self._walked[:3]
-            self._lists.keep(_Kept(text, self._key, self._limits, start, ends, list(elements), conversion))
+            raw, text, start, ends, used, source = self._walked
+            byte_ends = ends if len(raw) == len(text) else _byte_ends(text, ends, used, source)  # ASCII: the same
+            self._lists.keep(_Kept(raw, self._key, self._limits, start, ends, byte_ends, list(elements), conversion))
         return conversion
 
 
@@ -134,21 +137,21 @@ def parse_listed(raw: bytes, key: str, limits: RequestLimits, resent: ResentList
 
 
 class ResentLists:
-    """A door's last requests (`RECENT_LISTS`, within `RECENT_CHARS` of text), shared by the threads its bodies
+    """A door's last requests (`RECENT_LISTS`, within `RECENT_BYTES` of body), shared by the threads its bodies
     are parsed in."""
 
-    def __init__(self, max_lists: int = RECENT_LISTS, max_chars: int = RECENT_CHARS) -> None:
+    def __init__(self, max_lists: int = RECENT_LISTS, max_bytes: int = RECENT_BYTES) -> None:
         self._kept: list[_Kept] = []
         """The most recent last."""
         self._max_lists = max_lists
-        self._max_chars = max_chars
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()
 
     def parse(self, raw: bytes, key: str, limits: RequestLimits) -> Listed:
         """The body as a JSON object, as `parse_json_object` gives it (and refuses it), with its list under `key`
         parsed element by element after what the best-matching kept request already had."""
         text = decoded(raw)
-        kept, reused = self._longest(text, key, limits)
+        kept, reused = self._longest(raw, key, limits)
         scanned = kept.ends[reused - 1] if kept is not None and reused else 0  # the text before is as kept
         non_finite: list[str] = []
         try:
@@ -163,19 +166,19 @@ class ResentLists:
         if listed is None:
             return Listed(body, key, limits)
         start, ends, used = listed
-        return Listed(body, key, limits, self, (text, start, ends, used, kept if used else None))
+        return Listed(body, key, limits, self, (raw, text, start, ends, used, kept if used else None))
 
     def keep(self, kept: _Kept) -> None:
-        if len(kept.text) > self._max_chars:
+        if len(kept.raw) > self._max_bytes:
             return
         with self._lock:
             self._kept.append(kept)
-            total = sum(len(item.text) for item in self._kept)
-            while len(self._kept) > self._max_lists or (total > self._max_chars and self._kept):
-                total -= len(self._kept.pop(0).text)
+            total = sum(len(item.raw) for item in self._kept)
+            while len(self._kept) > self._max_lists or (total > self._max_bytes and self._kept):
+                total -= len(self._kept.pop(0).raw)
 
-    def _longest(self, text: str, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
-        """The kept request whose text `text` repeats through the most elements, and how many."""
+    def _longest(self, raw: bytes, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
+        """The kept request whose body `raw` repeats through the most elements, and how many."""
         with self._lock:
             candidates = self._kept[::-1]
         best: _Kept | None = None
@@ -183,7 +186,7 @@ class ResentLists:
         for kept in candidates:
             if kept.key != key or kept.limits != limits or not kept.ends:
                 continue
-            count = _repeated(text, kept)
+            count = _repeated(raw, kept)
             if count > most:
                 best, most = kept, count
             if count and count >= len(kept.ends) - 2:
@@ -191,15 +194,16 @@ class ResentLists:
         return best, most
 
 
-def _repeated(text: str, kept: _Kept) -> int:
-    """How many of `kept`'s elements `text` repeats: the most k with the same characters up to the end of the
-    k-th. Probed from the top down first (a client's next request differs from its last in its last elements
-    only: Claude Code moves its cache breakpoint), then by bisection."""
-    ends = kept.ends
+def _repeated(raw: bytes, kept: _Kept) -> int:
+    """How many of `kept`'s elements `raw` repeats: the most k with the same bytes up to the end of the k-th
+    (compared in place: ~0.05 ms a MB). Probed from the top down first (a client's next request differs from its
+    last in its last elements only: Claude Code moves its cache breakpoint), then by bisection."""
+    ends = kept.byte_ends
+    before = memoryview(kept.raw)
 
     def same(count: int) -> bool:
         end = ends[count - 1]
-        return len(text) >= end and text.startswith(kept.text[:end])
+        return len(raw) >= end and raw.startswith(before[:end])
 
     if not same(1):
         return 0
@@ -211,6 +215,18 @@ def _repeated(text: str, kept: _Kept) -> int:
         else:
             bad, step = probe, step * 2
     return good
+
+
+def _byte_ends(text: str, ends: list[int], reused: int, kept: _Kept | None) -> list[int]:
+    """Where each element ends in the body's bytes (`ends` are in its text): the reused ones' as kept, the others
+    by encoding what is new."""
+    byte_ends = kept.byte_ends[:reused] if kept is not None and reused else []
+    char, byte = (ends[reused - 1], byte_ends[-1]) if byte_ends else (0, 0)
+    for end in ends[len(byte_ends) :]:
+        byte += len(text[char:end].encode("utf-8"))
+        char = end
+        byte_ends.append(byte)
+    return byte_ends
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

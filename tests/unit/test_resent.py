@@ -39,11 +39,15 @@ def identity_conversion(elements: Sequence[Any], first: int) -> Conversion:
     return Conversion.each([[element] for element in elements], first)
 
 
-def test_a_request_extending_the_last_takes_its_elements_as_they_were() -> None:
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_request_extending_the_last_takes_its_elements_as_they_were(ascii_only: bool) -> None:
+    def body(messages: list[dict[str, Any]]) -> bytes:
+        return json.dumps({"model": "m", "messages": messages}, ensure_ascii=ascii_only).encode()
+
     resent = ResentLists()
-    first = parse_chat_request(chat_body(turns(20)), LIMITS, resent)
+    first = parse_chat_request(body(turns(20)), LIMITS, resent)
     longer = turns(21)
-    second = parse_chat_request(chat_body(longer), LIMITS, resent)
+    second = parse_chat_request(body(longer), LIMITS, resent)
     assert second.messages == longer
     kept = len(turns(20)) - 1  # all but its last message, which the longer request changed
     assert all(second.messages[i] is first.messages[i] for i in range(kept))
@@ -224,7 +228,7 @@ def test_a_key_given_twice_takes_the_last_list() -> None:
 
 
 def test_the_kept_requests_are_bounded() -> None:
-    resent = ResentLists(max_lists=2, max_chars=10_000)
+    resent = ResentLists(max_lists=2, max_bytes=10_000)
     for index in range(5):
         resent.parse(chat_body([{"role": "user", "content": f"{index}"}]), "messages", LIMITS).convert(
             identity_conversion, "messages"
