@@ -27,7 +27,7 @@ from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
 from proxy.types import Message
 
-RECENT_LISTS = 8
+RECENT_LISTS = 4
 """How many of a door's last requests a new one is compared with, the most recent first."""
 RECENT_BYTES = 64 * 1024 * 1024
 """About how many bytes of body the kept requests hold in all; the oldest go first."""
