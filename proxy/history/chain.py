@@ -219,10 +219,13 @@ def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """The id of the first tool output that answers no call made before it (every provider refuses one)."""
     called: set[str] = set()
     for message in messages:
-        for call in message.get("tool_calls") or ():
-            called.add(call["id"])
-        if message["role"] == "tool" and message["tool_call_id"] not in called:
-            return str(message["tool_call_id"])
+        if message["role"] == "tool":
+            if message["tool_call_id"] not in called:
+                return str(message["tool_call_id"])
+            continue
+        calls = message.get("tool_calls")
+        if calls:
+            called.update(call["id"] for call in calls)
     return None
 
 
@@ -234,7 +237,7 @@ def unanswered_calls(
     answered by the tool messages right after its message (chat, Anthropic); else anywhere after it (Responses
     items). Calls with nothing but tool outputs after them are not refused: the rest are the client's next
     request."""
-    last_other = max((index for index, message in enumerate(messages) if message["role"] != "tool"), default=-1)
+    last_other = next((index for index in range(len(messages) - 1, -1, -1) if messages[index]["role"] != "tool"), -1)
     answered_at = (
         {}
         if adjacent
