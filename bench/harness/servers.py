@@ -29,8 +29,9 @@ from bench.harness.processes import ROOT, python
 from bench.harness.processes import process as child_process
 from tests.support.proxy_server import HOST, free_port
 
-BIG_WINDOW = 1_000_000
-"""A context window no benchmark history reaches: benchmarks of forwarding must not compact."""
+BIG_WINDOW = 4_000_000
+"""A context window no benchmark history reaches (5,000 messages of ~200 tokens are ~1M): benchmarks of forwarding
+must not compact, or the proxy would send the fake less than the other targets do."""
 CHAT_PATH = "/v1/chat/completions"
 UPSTREAM_TIMEOUT_S = 60.0
 ENTRY = "bench.harness.servers"

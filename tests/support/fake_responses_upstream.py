@@ -27,7 +27,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +218,7 @@ def count_input_tokens(body: dict[str, Any]) -> int:
     return count_prompt_tokens(_as_messages(body), functions)
 
 
-def input_token_ids(body: dict[str, Any]) -> list[int]:
+def input_token_ids(body: dict[str, Any]) -> Sequence[int]:
     """The prompt's tokens in the order the model reads them (instructions, tools, input), for prefix caching."""
     items = body.get("input")
     pieces = [str(body.get("instructions") or ""), json.dumps(body.get("tools") or [], sort_keys=True)]
