@@ -21,7 +21,7 @@ from proxy.conversation import Answer, Compacted, Completed, Conversation, Repla
 from proxy.doors.body import check_shape, part_type
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
-from proxy.doors.resent import Conversion, ResentLists, parse_listed
+from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -58,8 +58,8 @@ class ChatCompletions(Door[bool]):
     path: ClassVar[str] = "/v1/chat/completions"
     prefix: ClassVar[str] = "/v1/chat"
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[bool]:
-        conversation = parse_chat_request(raw, limits, self.resent)
+    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[bool]:
+        conversation = parse_chat_request(raw, limits, self.resent.of(tenant))
         options = conversation.params.get("stream_options") or {}
         asked = bool(options.get("include_usage"))
         if conversation.stream and not asked:
@@ -106,7 +106,7 @@ async def _replay_events(answer: Replayed, usage: bool) -> AsyncIterator[bytes]:
 
 
 def parse_chat_request(
-    raw: bytes, limits: RequestLimits = DEFAULT_LIMITS, resent: ResentLists | None = None
+    raw: bytes, limits: RequestLimits = DEFAULT_LIMITS, resent: TenantLists | None = None
 ) -> Conversation:
     """A chat completion request as the canonical conversation; 400 naming the field for anything invalid
     (413 for a message over `limits.max_message_chars`). `resent`: the door's last requests, whose messages

@@ -91,9 +91,9 @@ class Door(Generic[R]):
         self.resent = ResentLists()
         """Its last requests, so that what a client re-sends is parsed and converted once (`proxy.doors.resent`)."""
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[R]:
-        """The body as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure:
-        it runs off the event loop for big bodies."""
+    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
+        """The body as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure
+        but for the door's kept requests (`resent`, the tenant's): it runs off the event loop for big bodies."""
         raise NotImplementedError
 
     def render(self, answer: Answer, request: DoorRequest[R]) -> Response:
@@ -157,7 +157,7 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         limits = self.config.request_limits
         raw = await request_body(request, self.config)
-        parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits))
+        parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits, caller.tenant))
         answer, parsed = await door.answer(caller, parsed, request)
         return door.render(answer, parsed)
 

@@ -71,6 +71,7 @@ class _Kept:
     """A request as a door kept it."""
 
     raw: bytes
+    tenant: str
     key: str
     limits: RequestLimits
     start: int
@@ -92,7 +93,7 @@ class Listed:
         body: dict[str, Any],
         key: str,
         limits: RequestLimits,
-        lists: ResentLists | None = None,
+        lists: TenantLists | None = None,
         walked: tuple[bytes, str, int, list[int], int, _Kept | None] | None = None,
     ) -> None:
         self.body = body
@@ -127,11 +128,14 @@ class Listed:
         if self._lists is not None and self._walked is not None:
             raw, text, start, ends, used, source = self._walked
             byte_ends = ends if len(raw) == len(text) else _byte_ends(text, ends, used, source)  # ASCII: the same
-            self._lists.keep(_Kept(raw, self._key, self._limits, start, ends, byte_ends, list(elements), conversion))
+            kept = _Kept(
+                raw, self._lists.tenant, self._key, self._limits, start, ends, byte_ends, list(elements), conversion
+            )
+            self._lists.lists.keep(kept)
         return conversion
 
 
-def parse_listed(raw: bytes, key: str, limits: RequestLimits, resent: ResentLists | None) -> Listed:
+def parse_listed(raw: bytes, key: str, limits: RequestLimits, resent: TenantLists | None) -> Listed:
     """The body with its list under `key`: after what a kept request had when the door keeps them (`resent`)."""
     return Listed(parse_json_object(raw), key, limits) if resent is None else resent.parse(raw, key, limits)
 
@@ -147,11 +151,16 @@ class ResentLists:
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
 
-    def parse(self, raw: bytes, key: str, limits: RequestLimits) -> Listed:
+    def of(self, tenant: str) -> TenantLists:
+        """The kept requests one tenant's requests build on: only its own. (Another's would tell it, by how
+        quickly it is answered, whether that tenant sent the same conversation.)"""
+        return TenantLists(self, tenant)
+
+    def parse(self, raw: bytes, key: str, limits: RequestLimits, tenant: str) -> Listed:
         """The body as a JSON object, as `parse_json_object` gives it (and refuses it), with its list under `key`
-        parsed element by element after what the best-matching kept request already had."""
+        parsed element by element after what the tenant's best-matching kept request already had."""
         text = decoded(raw)
-        kept, reused = self._longest(raw, key, limits)
+        kept, reused = self._longest(raw, tenant, key, limits)
         scanned = kept.ends[reused - 1] if kept is not None and reused else 0  # the text before is as kept
         non_finite: list[str] = []
         try:
@@ -166,7 +175,7 @@ class ResentLists:
         if listed is None:
             return Listed(body, key, limits)
         start, ends, used = listed
-        return Listed(body, key, limits, self, (raw, text, start, ends, used, kept if used else None))
+        return Listed(body, key, limits, self.of(tenant), (raw, text, start, ends, used, kept if used else None))
 
     def keep(self, kept: _Kept) -> None:
         if len(kept.raw) > self._max_bytes:
@@ -177,14 +186,14 @@ class ResentLists:
             while len(self._kept) > self._max_lists or (total > self._max_bytes and self._kept):
                 total -= len(self._kept.pop(0).raw)
 
-    def _longest(self, raw: bytes, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
+    def _longest(self, raw: bytes, tenant: str, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
         """The kept request whose body `raw` repeats through the most elements, and how many."""
         with self._lock:
             candidates = self._kept[::-1]
         best: _Kept | None = None
         most = 0
         for kept in candidates:
-            if kept.key != key or kept.limits != limits or not kept.ends:
+            if kept.tenant != tenant or kept.key != key or kept.limits != limits or not kept.ends:
                 continue
             count = _repeated(raw, kept)
             if count > most:
@@ -192,6 +201,17 @@ class ResentLists:
             if count and count >= len(kept.ends) - 2:
                 break  # the request this one extends: no other can give much more
         return best, most
+
+
+@dataclass(frozen=True)
+class TenantLists:
+    """A door's kept requests as one tenant's request sees them (`ResentLists.of`)."""
+
+    lists: ResentLists
+    tenant: str
+
+    def parse(self, raw: bytes, key: str, limits: RequestLimits) -> Listed:
+        return self.lists.parse(raw, key, limits, self.tenant)
 
 
 def _repeated(raw: bytes, kept: _Kept) -> int:

@@ -19,6 +19,7 @@ from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
 
 LIMITS = RequestLimits()
+TENANT = "tenant-a"
 
 
 def chat_body(messages: list[dict[str, Any]], **fields: Any) -> bytes:
@@ -44,7 +45,7 @@ def test_a_request_extending_the_last_takes_its_elements_as_they_were(ascii_only
     def body(messages: list[dict[str, Any]]) -> bytes:
         return json.dumps({"model": "m", "messages": messages}, ensure_ascii=ascii_only).encode()
 
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     first = parse_chat_request(body(turns(20)), LIMITS, resent)
     longer = turns(21)
     second = parse_chat_request(body(longer), LIMITS, resent)
@@ -66,7 +67,7 @@ def test_any_sequence_of_requests_parses_as_a_whole_parse_would(seed: int) -> No
     """Requests that extend, repeat, edit, truncate and reorder fields, with whitespace of either serializer:
     the result is always that of parsing the body alone."""
     rng = random.Random(seed)
-    resent = ResentLists(max_lists=3)
+    resent = ResentLists(max_lists=3).of(TENANT)
     history = turns(rng.randrange(1, 8), seed)
     for _ in range(12):
         change = rng.randrange(5)
@@ -107,7 +108,7 @@ def test_the_messages_door_reuses_each_converted_message() -> None:
         messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}  # moves every turn, as Claude Code's
         return json.dumps({"model": "claude", "max_tokens": 100, "system": "sys", "messages": messages}).encode()
 
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     first = parse_messages_request(body(10), LIMITS, resent)
     second = parse_messages_request(body(11), LIMITS, resent)
     assert second.messages == parse_messages_request(body(11), LIMITS).messages
@@ -144,7 +145,7 @@ def test_a_run_waiting_for_later_elements_is_converted_again_whole() -> None:
         return json.dumps({"input": items}).encode()
 
     items = [{"kind": "in", "text": "q"}, {"kind": "out", "text": "a"}, {"kind": "out", "text": "b"}]
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     resent.parse(raw(items), "input", LIMITS).convert(runs, "input")
     longer = [*items, {"kind": "out", "text": "c"}, {"kind": "in", "text": "q2"}]
     again = resent.parse(raw(longer), "input", LIMITS).convert(runs, "input")
@@ -155,7 +156,7 @@ def test_a_run_waiting_for_later_elements_is_converted_again_whole() -> None:
 def test_the_checks_across_messages_see_the_whole_list() -> None:
     """A call at the very end is the client's to answer; once the conversation goes on past it unanswered, the
     request is refused although its first part was accepted before."""
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
     parse_chat_request(chat_body(opened), LIMITS, resent)
@@ -164,7 +165,7 @@ def test_the_checks_across_messages_see_the_whole_list() -> None:
 
 
 def test_a_new_message_is_refused_by_its_index_and_limits_apply_to_it() -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     history = turns(3)
     parse_chat_request(chat_body(history), LIMITS, resent)
     with pytest.raises(InvalidRequest) as refused:
@@ -178,7 +179,7 @@ def test_a_new_message_is_refused_by_its_index_and_limits_apply_to_it() -> None:
 
 
 def test_kept_requests_of_other_limits_are_not_reused() -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     history = [{"role": "user", "content": "z" * 150}]
     parse_chat_request(chat_body(history), LIMITS, resent)
     with pytest.raises(PayloadTooLarge):
@@ -200,7 +201,7 @@ def test_kept_requests_of_other_limits_are_not_reused() -> None:
     ],
 )
 def test_a_malformed_body_is_refused_as_the_whole_parse_refuses_it(raw: bytes) -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     resent.parse(b'{"model": "m", "messages": [{"role": "user", "content": "a"}]}', "messages", LIMITS).convert(
         identity_conversion, "messages"
     )
@@ -212,14 +213,14 @@ def test_a_malformed_body_is_refused_as_the_whole_parse_refuses_it(raw: bytes) -
 
 
 def test_an_element_that_only_begins_alike_is_parsed_again() -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     resent.parse(b'{"messages": [1, 2]}', "messages", LIMITS).convert(identity_conversion, "messages")
     listed = resent.parse(b'{"messages": [1, 23]}', "messages", LIMITS)
     assert listed.elements == [1, 23]
 
 
 def test_a_key_given_twice_takes_the_last_list() -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     raw = b'{"messages": [1, 2], "messages": [1, 2, 3]}'
     resent.parse(raw, "messages", LIMITS).convert(identity_conversion, "messages")
     again = resent.parse(raw.replace(b"3]", b"3, 4]"), "messages", LIMITS)
@@ -228,16 +229,16 @@ def test_a_key_given_twice_takes_the_last_list() -> None:
 
 
 def test_the_kept_requests_are_bounded() -> None:
-    resent = ResentLists(max_lists=2, max_bytes=10_000)
+    resent = ResentLists(max_lists=2, max_bytes=10_000).of(TENANT)
     for index in range(5):
         resent.parse(chat_body([{"role": "user", "content": f"{index}"}]), "messages", LIMITS).convert(
             identity_conversion, "messages"
         )
-    assert len(resent._kept) == 2
+    assert len(resent.lists._kept) == 2
     resent.parse(chat_body([{"role": "user", "content": "w" * 20_000}]), "messages", LIMITS).convert(
         identity_conversion, "messages"
     )
-    assert len(resent._kept) == 2  # one larger than the bound is not kept, and pushes none out
+    assert len(resent.lists._kept) == 2  # one larger than the bound is not kept, and pushes none out
 
 
 def responses_body(items: list[dict[str, Any]]) -> bytes:
@@ -249,7 +250,7 @@ def test_the_responses_door_converts_as_a_whole_parse_would_runs_included(seed: 
     """Codex re-sends its input with new items after it; a run of output items (reasoning, calls, a message)
     that goes on past the previous request's end is converted again whole."""
     rng = random.Random(seed)
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "start"}]
     calls = 0
     for _ in range(10):
@@ -275,8 +276,20 @@ def test_the_responses_door_converts_as_a_whole_parse_would_runs_included(seed: 
 
 
 def test_a_responses_input_with_a_compaction_item_is_split_as_before() -> None:
-    resent = ResentLists()
+    resent = ResentLists().of(TENANT)
     items = [{"type": "message", "role": "user", "content": "hi"}]
     parse_responses_request(responses_body(items), LIMITS, resent)
     with pytest.raises(InvalidRequest, match="compaction_trigger"):
         parse_responses_request(responses_body([{"type": "compaction_trigger"}, *items]), LIMITS, resent)
+
+
+def test_a_tenant_builds_only_on_its_own_requests() -> None:
+    """Another tenant's kept request would tell, by how quickly it is answered, what that tenant sent."""
+    lists = ResentLists()
+    history = turns(10)
+    mine = parse_chat_request(chat_body(history), LIMITS, lists.of("a"))
+    theirs = parse_chat_request(chat_body(history), LIMITS, lists.of("b"))
+    again = parse_chat_request(chat_body(history), LIMITS, lists.of("a"))
+    assert theirs.messages == mine.messages
+    assert theirs.messages[1] is not mine.messages[1]
+    assert again.messages[1] is mine.messages[1]

@@ -50,8 +50,8 @@ class Messages(Door[None]):
     native_headers: ClassVar[tuple[str, ...]] = (BETA_HEADER,)
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[None]:
-        return DoorRequest(parse_messages_request(raw, limits, self.resent), None)
+    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[None]:
+        return DoorRequest(parse_messages_request(raw, limits, self.resent.of(tenant)), None)
 
     def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
         conversation = request.conversation
@@ -74,7 +74,7 @@ class Messages(Door[None]):
         limits = self.config.request_limits
         raw = await request_body(request, self.config)
         conversation = await parse_off_loop(
-            raw, lambda raw: parse_messages_request(raw, limits, self.resent, counting=True)
+            raw, lambda raw: parse_messages_request(raw, limits, self.resent.of(caller.tenant), counting=True)
         )
         observe_model(request.scope, conversation.model)
         return JSONResponse({"input_tokens": await self.pipeline.count_tokens(conversation)})

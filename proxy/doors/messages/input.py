@@ -30,7 +30,7 @@ from typing import Any
 from proxy.config import RequestLimits
 from proxy.conversation import Conversation
 from proxy.doors.body import check_message_size, check_shape
-from proxy.doors.resent import Conversion, ResentLists, parse_listed
+from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -46,7 +46,7 @@ _NOT_NATIVE = frozenset({"model", "messages", "system", "stream"})
 
 
 def parse_messages_request(
-    raw: bytes, limits: RequestLimits, resent: ResentLists | None = None, *, counting: bool = False
+    raw: bytes, limits: RequestLimits, resent: TenantLists | None = None, *, counting: bool = False
 ) -> Conversation:
     """An Anthropic Messages request as the canonical conversation; a 400 naming the field for anything invalid.
     `resent`: the door's last requests, whose messages this one need not convert again; `counting`: a

@@ -72,8 +72,8 @@ class Responses(Door[Echo]):
         super().__init__(config, pipeline)
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
-        return _door_request(parse_responses_request(raw, limits, self.resent))
+    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
+        return _door_request(parse_responses_request(raw, limits, self.resent.of(tenant)))
 
     def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
         return _door_request(parse_socket_event(raw, limits))
@@ -156,7 +156,7 @@ class Responses(Door[Echo]):
         stores what is new and answers at once (`proxy.doors.responses.compaction`)."""
         limits = self.config.request_limits
         raw = await request_body(request, self.config)
-        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits))
+        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits, caller.tenant))
         conversation = replace(parsed.conversation, compaction=True, stream=False)
         answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)
         assert isinstance(answer, Compacted)

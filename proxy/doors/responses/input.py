@@ -38,7 +38,7 @@ from proxy.doors.body import (
     parse_json_object,
     part_type,
 )
-from proxy.doors.resent import Conversion, Listed, ResentLists, parse_listed
+from proxy.doors.resent import Conversion, Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
@@ -102,7 +102,7 @@ class ResponsesRequest:
     """False: a socket warm-up (`generate: false`), answered without a model call."""
 
 
-def parse_responses_request(raw: bytes, limits: RequestLimits, resent: ResentLists | None = None) -> ResponsesRequest:
+def parse_responses_request(raw: bytes, limits: RequestLimits, resent: TenantLists | None = None) -> ResponsesRequest:
     """A Responses request as the canonical conversation; a 400 naming the field for anything invalid. `resent`:
     the door's last requests, whose input items this one need not convert again."""
     listed = parse_listed(raw, "input", limits, resent)
