@@ -2,10 +2,10 @@
 
 Every chat client re-sends its whole conversation on every turn, so the text of a request's message list
 (`messages`, `input`) mostly repeats that of a request a moment before. A door keeps its last requests
-(`ResentLists`): their text, where each element of the list ended, the parsed elements and the chat messages they
-became. A request whose text begins with the same characters as one of them, up to the end of an element, takes
-those elements and their messages as they were; only the rest is parsed, checked against the limits and
-converted. Sound because equal text parses to equal values, the per-element limits and checks look at nothing
+(`ResentLists`): their bytes, where each element of the list ended, the parsed elements and the chat messages
+they became. A request whose bytes begin as one of them does, up to the end of an element, takes those elements
+and their messages as they were; only the rest is decoded, parsed (`proxy.doors.list_scan`), checked against the
+limits and converted. Sound because equal bytes parse to equal values, the per-element limits and checks look at nothing
 else, and a door converts an element without looking past it (where a message waits for later elements, as a
 Responses run of output items does, the reuse stops before it: `Conversion.closed`). The checks across elements
 (calls and their outputs) still see the whole list.
@@ -16,8 +16,7 @@ with earlier requests, which is safe because nothing changes a `Conversation`'s 
 
 from __future__ import annotations
 
-import json
-import re
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,15 +24,14 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
+from proxy.doors.list_scan import Resume, Scanned, scan_body
+from proxy.errors import InvalidRequest
 from proxy.types import Message
 
 RECENT_LISTS = 4
 """How many of a door's last requests a new one is compared with, the most recent first."""
 RECENT_BYTES = 64 * 1024 * 1024
 """About how many bytes of body the kept requests hold in all; the oldest go first."""
-
-Scan = Callable[[str, int], tuple[Any, int]]
-"""A JSON scanner's `scan_once`: the value starting at an index, and the index after it."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +72,8 @@ class _Kept:
     tenant: str
     key: str
     limits: RequestLimits
+    head: dict[str, Any]
+    """The body's members before the list."""
     start: int
     """Where the list's `[` is in the body's text."""
     ends: list[int]
@@ -82,6 +82,19 @@ class _Kept:
     """... and in `raw`: where a new body is compared with it."""
     elements: list[Any]
     conversion: Conversion
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What `ResentLists.parse` read of a body: its bytes, the text scanned (from `offset`, byte `byte_offset`
+    on), the scan, and the kept request it resumed."""
+
+    raw: bytes
+    text: str
+    offset: int
+    byte_offset: int
+    scanned: Scanned
+    kept: _Kept | None
 
 
 class Listed:
@@ -94,7 +107,7 @@ class Listed:
         key: str,
         limits: RequestLimits,
         lists: TenantLists | None = None,
-        walked: tuple[bytes, str, int, list[int], int, _Kept | None] | None = None,
+        scan: _Scan | None = None,
     ) -> None:
         self.body = body
         value = body.get(key)
@@ -102,15 +115,16 @@ class Listed:
         self._key = key
         self._limits = limits
         self._lists = lists
-        self._walked = walked
-        """(the body, its text, the list's start, element ends, elements reused, the request they came from)."""
+        self._scan = scan
 
     def convert(self, convert: Convert, param: str) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
         the limits (`check_messages`) and converted; then kept for the next request."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"
-        reused, kept = (0, None) if self._walked is None else self._walked[4:]
+        scan = self._scan
+        kept = None if scan is None else scan.kept
+        reused = 0 if scan is None or kept is None else scan.scanned.reused
         if kept is not None:
             while reused and kept.conversion.closed[reused] < 0:
                 reused -= 1
@@ -125,13 +139,22 @@ class Listed:
                 before.origins[:base] + tail.origins,
                 before.closed[:reused] + [base + count if count >= 0 else -1 for count in tail.closed],
             )
-        if self._lists is not None and self._walked is not None:
-            raw, text, start, ends, used, source = self._walked
-            byte_ends = ends if len(raw) == len(text) else _byte_ends(text, ends, used, source)  # ASCII: the same
-            kept = _Kept(
-                raw, self._lists.tenant, self._key, self._limits, start, ends, byte_ends, list(elements), conversion
+        if self._lists is not None and scan is not None:
+            scanned = scan.scanned
+            self._lists.lists.keep(
+                _Kept(
+                    scan.raw,
+                    self._lists.tenant,
+                    self._key,
+                    self._limits,
+                    scanned.head,
+                    scanned.start,
+                    scanned.ends,
+                    _byte_ends(scan),
+                    list(elements),
+                    conversion,
+                )
             )
-            self._lists.lists.keep(kept)
         return conversion
 
 
@@ -158,24 +181,16 @@ class ResentLists:
 
     def parse(self, raw: bytes, key: str, limits: RequestLimits, tenant: str) -> Listed:
         """The body as a JSON object, as `parse_json_object` gives it (and refuses it), with its list under `key`
-        parsed element by element after what the tenant's best-matching kept request already had."""
-        text = decoded(raw)
+        scanned element by element after what the tenant's best-matching kept request already had."""
         kept, reused = self._longest(raw, tenant, key, limits)
-        scanned = kept.ends[reused - 1] if kept is not None and reused else 0  # the text before is as kept
-        non_finite: list[str] = []
-        try:
-            scan = json_decoder(text, non_finite, scanned).scan_once  # type: ignore[attr-defined]
-            walked = _walk(text, key, scan, kept, reused)
-        except (ValueError, RecursionError, StopIteration):
-            walked = None
-        if walked is None:  # not a well-formed object: the whole parse, for the error it has always given
+        scan = None
+        with contextlib.suppress(InvalidRequest, ValueError, RecursionError, StopIteration):
+            scan = _scanned(raw, key, kept if reused else None, reused)
+        if scan is None:  # not a well-formed object: the whole parse, for the error it has always given
             return Listed(parse_json_object(raw), key, limits)
-        body, listed = walked
-        checked_object(body, text, non_finite, scanned)
-        if listed is None:
-            return Listed(body, key, limits)
-        start, ends, used = listed
-        return Listed(body, key, limits, self.of(tenant), (raw, text, start, ends, used, kept if used else None))
+        if scan.scanned.start < 0:
+            return Listed(scan.scanned.body, key, limits)
+        return Listed(scan.scanned.body, key, limits, self.of(tenant), scan)
 
     def keep(self, kept: _Kept) -> None:
         if len(kept.raw) > self._max_bytes:
@@ -187,7 +202,7 @@ class ResentLists:
                 total -= len(self._kept.pop(0).raw)
 
     def _longest(self, raw: bytes, tenant: str, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
-        """The kept request whose body `raw` repeats through the most elements, and how many."""
+        """The tenant's kept request whose body `raw` repeats through the most elements, and how many."""
         with self._lock:
             candidates = self._kept[::-1]
         best: _Kept | None = None
@@ -214,6 +229,25 @@ class TenantLists:
         return self.lists.parse(raw, key, limits, self.tenant)
 
 
+def _scanned(raw: bytes, key: str, kept: _Kept | None, reused: int) -> _Scan | None:
+    """The body scanned: only its bytes after the `reused` elements it repeats of `kept` are decoded and
+    scanned, and checked for what JSON can spell but the proxy cannot pass on (`checked_object`); the rest is as
+    kept."""
+    resume = None
+    offset = byte_offset = 0
+    if kept is not None:
+        offset, byte_offset = kept.ends[reused - 1], kept.byte_ends[reused - 1]
+        resume = Resume(kept.head, kept.start, kept.elements, kept.ends, reused, offset)
+    text = decoded(raw[byte_offset:] if byte_offset else raw)
+    non_finite: list[str] = []
+    scan = json_decoder(text, non_finite).scan_once  # type: ignore[attr-defined]
+    scanned = scan_body(text, key, scan, resume)
+    if scanned is None:
+        return None
+    checked_object(scanned.body, text, non_finite)
+    return _Scan(raw, text, offset, byte_offset, scanned, kept)
+
+
 def _repeated(raw: bytes, kept: _Kept) -> int:
     """How many of `kept`'s elements `raw` repeats: the most k with the same bytes up to the end of the k-th
     (compared in place: ~0.05 ms a MB). Probed from the top down first (a client's next request differs from its
@@ -237,101 +271,16 @@ def _repeated(raw: bytes, kept: _Kept) -> int:
     return good
 
 
-def _byte_ends(text: str, ends: list[int], reused: int, kept: _Kept | None) -> list[int]:
-    """Where each element ends in the body's bytes (`ends` are in its text): the reused ones' as kept, the others
-    by encoding what is new."""
+def _byte_ends(scan: _Scan) -> list[int]:
+    """Where each element ends in the body's bytes (`Scanned.ends` are in its text): the reused ones' as kept,
+    the others by encoding what is new (nothing to encode when it is ASCII: the same)."""
+    scanned, kept = scan.scanned, scan.kept
+    reused = scanned.reused
     byte_ends = kept.byte_ends[:reused] if kept is not None and reused else []
-    char, byte = (ends[reused - 1], byte_ends[-1]) if byte_ends else (0, 0)
-    for end in ends[len(byte_ends) :]:
-        byte += len(text[char:end].encode("utf-8"))
+    ascii = len(scan.text) == len(scan.raw) - scan.byte_offset
+    char, byte = (scanned.ends[reused - 1], byte_ends[-1]) if byte_ends else (scan.offset, scan.byte_offset)
+    for end in scanned.ends[reused:]:
+        byte += end - char if ascii else len(scan.text[char - scan.offset : end - scan.offset].encode("utf-8"))
         char = end
         byte_ends.append(byte)
     return byte_ends
-
-
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _skip(text: str, idx: int) -> int:
-    """The index of the next token: whitespace skipped as the standard decoder skips it."""
-    match = _SPACE.match(text, idx)
-    return idx if match is None else match.end()
-
-
-_string: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
-
-
-def _walk(
-    text: str, key: str, scan: Scan, kept: _Kept | None, reused: int
-) -> tuple[dict[str, Any], tuple[int, list[int], int] | None] | None:
-    """The top-level object of `text`, its values scanned one by one and the list under `key` element by element
-    (the first `reused` of them taken from `kept`); None for anything but a well-formed object. Returns the body
-    and (where the list starts, where each element ends, how many were reused)."""
-    idx = _skip(text, 0)
-    if text[idx : idx + 1] != "{":
-        return None
-    body: dict[str, Any] = {}
-    listed: tuple[int, list[int], int] | None = None
-    idx = _skip(text, idx + 1)
-    if text[idx : idx + 1] == "}":
-        idx += 1
-    else:
-        while True:
-            if text[idx : idx + 1] != '"':
-                return None
-            name, idx = _string(text, idx + 1, True)
-            idx = _skip(text, idx)
-            if text[idx : idx + 1] != ":":
-                return None
-            idx = _skip(text, idx + 1)
-            if name == key and text[idx : idx + 1] == "[":
-                here = kept is not None and kept.start == idx  # a key repeated earlier starts elsewhere
-                start = idx
-                elements, ends, used, idx = _elements(text, idx, scan, kept if here else None, reused if here else 0)
-                if idx < 0:
-                    return None
-                body[name] = elements
-                listed = (start, ends, used)
-            else:
-                body[name], idx = scan(text, idx)
-                if name == key:
-                    listed = None
-            idx = _skip(text, idx)
-            mark = text[idx : idx + 1]
-            idx += 1
-            if mark == "}":
-                break
-            if mark != ",":
-                return None
-            idx = _skip(text, idx)
-    if _skip(text, idx) != len(text):
-        return None
-    return body, listed
-
-
-def _elements(
-    text: str, idx: int, scan: Scan, kept: _Kept | None, reused: int
-) -> tuple[list[Any], list[int], int, int]:
-    """The array at `idx`, its first `reused` elements from `kept`: (elements, where each ends, reused, the index
-    after the array; -1 when it is malformed)."""
-    if kept is not None and reused:
-        elements, ends = kept.elements[:reused], kept.ends[:reused]
-        idx = ends[-1]
-    else:
-        elements, ends, reused = [], [], 0
-        idx = _skip(text, idx + 1)
-        if text[idx : idx + 1] == "]":
-            return elements, ends, 0, idx + 1
-        value, idx = scan(text, idx)
-        elements.append(value)
-        ends.append(idx)
-    while True:
-        idx = _skip(text, idx)
-        mark = text[idx : idx + 1]
-        if mark == "]":
-            return elements, ends, reused, idx + 1
-        if mark != ",":
-            return elements, ends, reused, -1
-        value, idx = scan(text, _skip(text, idx + 1))
-        elements.append(value)
-        ends.append(idx)

@@ -195,6 +195,9 @@ def test_kept_requests_of_other_limits_are_not_reused() -> None:
         b'{"model": "m", "messages": [{"role": "user", "content": NaN}]}',
         b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
         b'{"model": "m", "messages": [1e999]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}, "\xff"]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}, 1e999]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "x": "\\udc00"}',
         b'["not", "an", "object"]',
         b'{"model": "m",}',
         b"",
@@ -293,3 +296,19 @@ def test_a_tenant_builds_only_on_its_own_requests() -> None:
     assert theirs.messages == mine.messages
     assert theirs.messages[1] is not mine.messages[1]
     assert again.messages[1] is mine.messages[1]
+
+
+def test_only_what_follows_the_repeated_elements_is_scanned_members_after_the_list_included() -> None:
+    """Claude Code sends `system` and `tools` after `messages`: they are read from the new body every time."""
+    resent = ResentLists().of(TENANT)
+
+    def body(count: int, tools: str) -> bytes:
+        messages = [{"role": "user", "content": f"m{index} é"} for index in range(count)]
+        return json.dumps({"model": "m", "messages": messages, "tools": [{"name": tools}]}, ensure_ascii=False).encode()
+
+    resent.parse(body(5, "a"), "messages", LIMITS).convert(identity_conversion, "messages")
+    listed = resent.parse(body(6, "b"), "messages", LIMITS)
+    assert listed.body == json.loads(body(6, "b"))
+    assert listed._scan is not None
+    assert listed._scan.scanned.reused == 5
+    assert len(listed._scan.text) < len(body(6, "b").decode())  # the repeated part was not decoded again
