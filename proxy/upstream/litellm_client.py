@@ -24,12 +24,14 @@ process for it (`environment.litellm()`); nothing else in the proxy imports Lite
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from proxy import environment
 from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
@@ -174,7 +176,7 @@ class LiteLLMUpstream:
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": entry.model,
-            "messages": chat_messages(messages),
+            "messages": _detached(chat_messages(messages)),
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,
             "max_retries": 0,
@@ -203,6 +205,16 @@ class LiteLLMUpstream:
         missing = missing_keys(self._litellm, entry, provider)
         direct = ChatTarget.of(self._litellm, entry, model) if provider in DIRECT_PROVIDERS else None
         return UpstreamRoute(model, provider, direct, missing_keys=missing)
+
+
+def _detached(messages: list[Message]) -> list[Message]:
+    """The messages as LiteLLM may change them: some of its provider transforms rewrite a message in place, and
+    the proxy's are shared with the next request of their client (`proxy.doors.resent`)."""
+    try:
+        detached: list[Message] = orjson.loads(orjson.dumps(messages))
+    except TypeError:  # an integer past 64 bits, which orjson does not write
+        detached = copy.deepcopy(messages)
+    return detached
 
 
 async def _chunks(wrapper: Any) -> AsyncIterator[Chunk]:

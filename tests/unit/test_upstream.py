@@ -6,6 +6,7 @@ import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -235,6 +236,27 @@ async def test_closing_closes_the_clients_litellm_cached_for_this_event_loop(fak
     http_clients = [getattr(client, "_client", None) for client in mine]
     assert http_clients
     assert all(isinstance(client, httpx.AsyncClient) and client.is_closed for client in http_clients)
+
+
+async def test_litellm_gets_messages_of_its_own_to_change(fake: FakeUpstream) -> None:
+    """Some of LiteLLM's provider transforms rewrite a message in place; the proxy's messages are shared with the
+    client's next request (`proxy.doors.resent`), so what LiteLLM changes must not reach them."""
+    entry = ModelEntry("fake", "hosted_vllm/fake-model", fake.url, UPSTREAM_KEY, 8192, 1024)
+    upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
+    real = upstream._litellm.acompletion
+
+    async def rewriting(**kwargs: Any) -> Any:
+        kwargs["messages"][0]["content"] = "rewritten by the provider transform"
+        return await real(**kwargs)
+
+    upstream._litellm = SimpleNamespace(**{**vars(upstream._litellm), "acompletion": rewriting})
+    messages = [{"role": "user", "content": "hi"}]
+    try:
+        await upstream.complete(entry, messages, {})
+    finally:
+        await upstream.aclose()
+    assert messages == [{"role": "user", "content": "hi"}]
+    assert fake.requests[-1].body["messages"][0]["content"] == "rewritten by the provider transform"
 
 
 def without_null_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
