@@ -14,6 +14,20 @@ from typing import Any
 JSONObject = dict[str, Any]
 Message = dict[str, Any]
 """One chat message: role, content, and name / tool_calls / tool_call_id where present."""
+
+
+def assistant_turn(text: str, calls: list[dict[str, Any]]) -> Message:
+    """An assistant message for another API's turn, in the form the history stores (`history.chain.normalize`):
+    its text, no content beside tool calls when it has none, else "". (A re-sent turn then equals its stored
+    form, and is not normalized again on every request.)"""
+    message: Message = {"role": "assistant"}
+    if text or not calls:
+        message["content"] = text
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 Chunk = dict[str, Any]
 """A `chat.completion.chunk` (stream) or a `chat.completion` (non-stream) JSON object."""
 Clock = Callable[[], float]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from proxy.tokens import content_text
-from proxy.types import Message
+from proxy.types import Message, assistant_turn
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES, Origin, origin
 
 Block = dict[str, Any]
@@ -35,9 +35,7 @@ def assistant_from_blocks(blocks: Sequence[Block]) -> Message:
             arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
             function = {"name": str(block.get("name")), "arguments": arguments}
             calls.append({"id": str(block.get("id")), "type": "function", "function": function})
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
+    message = assistant_turn("".join(texts), calls)
     message[ITEMS] = list(blocks)
     return message
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.types import Message
+from proxy.types import Message, assistant_turn
 from proxy.vocabulary import ITEMS
 
 CUSTOM_INPUT = "input"
@@ -68,9 +68,7 @@ def assistant_message(run: Sequence[Mapping[str, Any]]) -> Message:
         elif kind == "custom_tool_call":
             arguments = json.dumps({CUSTOM_INPUT: item["input"]})
             calls.append(_tool_call(str(item["call_id"]), qualified_name(item), arguments))
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
+    message = assistant_turn("".join(texts), calls)
     message[ITEMS] = list(run)
     return message
 

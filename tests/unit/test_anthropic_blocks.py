@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
+from proxy.history import chain
 from proxy.vocabulary import ITEMS, Origin
 
 THINKING: dict[str, Any] = {"type": "thinking", "thinking": "Check the weather tool.", "signature": "sig-abc"}
@@ -30,10 +31,13 @@ def test_an_assistant_turn_is_one_message_with_its_text_calls_and_blocks() -> No
     assert message[ITEMS] == blocks
 
 
-def test_a_turn_of_only_thinking_has_no_content_and_a_call_without_input_has_empty_arguments() -> None:
-    assert assistant_from_blocks([THINKING]) == {"role": "assistant", "content": None, ITEMS: [THINKING]}
+def test_a_turn_is_in_its_stored_form_no_text_and_a_call_without_input_has_empty_arguments() -> None:
+    """As `chain.normalize` stores it: a re-sent turn then equals its stored form as it is."""
+    assert assistant_from_blocks([THINKING]) == {"role": "assistant", "content": "", ITEMS: [THINKING]}
     message = assistant_from_blocks([{"type": "tool_use", "id": "toolu_2", "name": "now"}])
     assert message["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert "content" not in message
+    assert chain.normalize(message) == message
 
 
 def test_a_working_context_goes_back_as_the_blocks_the_client_sent() -> None:

@@ -156,7 +156,7 @@ def test_several_tool_results_are_tool_messages_in_order_before_the_user_s_text(
             },
         ]
     )
-    assert messages[1]["content"] is None
+    assert "content" not in messages[1]  # as stored: no content beside tool calls
     assert [call["id"] for call in messages[1]["tool_calls"]] == ["toolu_a", "toolu_b"]
     assert [(message["role"], message.get("tool_call_id"), message["content"]) for message in messages[2:]] == [
         ("tool", "toolu_a", "A"),

@@ -107,7 +107,6 @@ def test_a_codex_request_is_the_chat_conversation_keeping_every_item() -> None:
         {"role": "user", "content": "add a notes file", ITEMS: [CODEX_INPUT[2]]},
         {
             "role": "assistant",
-            "content": None,
             "tool_calls": [
                 {
                     "id": "call_shell",
@@ -120,7 +119,6 @@ def test_a_codex_request_is_the_chat_conversation_keeping_every_item() -> None:
         {"role": "tool", "tool_call_id": "call_shell", "content": "main.py\nREADME.md", ITEMS: [SHELL_OUTPUT]},
         {
             "role": "assistant",
-            "content": None,
             "tool_calls": [
                 {
                     "id": "call_patch",

@@ -103,9 +103,9 @@ def test_a_run_of_output_items_is_one_assistant_message_keeping_them_all() -> No
     assert message[ITEMS] is not run  # a copy: the caller's list may change later
 
 
-def test_a_run_without_text_or_calls_has_no_content_and_no_tool_calls() -> None:
+def test_a_run_without_text_or_calls_has_empty_content_and_no_tool_calls() -> None:
     message = assistant_message([REASONING])
-    assert message["content"] is None
+    assert message["content"] == ""  # as stored (`chain.normalize`)
     assert "tool_calls" not in message
     assert message[ITEMS] == [REASONING]
 
