@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
+from proxy.compaction.plans import Plans
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
@@ -104,6 +105,7 @@ class Compactor:
         self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock)
         self._paths = PathReader(config, pins)
+        self._plans = Plans()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
 
     def policy(
@@ -149,8 +151,9 @@ class Compactor:
         policy = self._request_policy(request)
         waited = False
         written = 0
+        session = (request.tenant, request.session_id)
         while written < MAX_ROUNDS:
-            result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
+            result = self._plans.build(session, state.items, list(stored.values()), policy, compacting=written > 0)
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
             if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
