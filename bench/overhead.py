@@ -12,6 +12,10 @@ For 10- and 500-message histories (~200 tokens each) it reports p50/p95 total la
 time to the first streamed byte, the latency added over `direct`, and the ratio of the proxy's added latency
 to the floor's (printed, and with `--json PATH` written in bench/harness/report.py's format).
 
+`--window N` sets the model's context window (default: one no history reaches, so nothing compacts); with
+`--window 1000000` a 5,000-message history (~1M tokens) is compacted on every request, which measures what the
+compaction stage costs a long session's requests.
+
 `--baseline DIR` adds a fourth target, `context-proxy serve` run from another checkout (e.g. a `git worktree`
 of the previous commit), and the ratio of this checkout's added latency to the baseline's: a regression check
 measured side by side in one run.
@@ -41,7 +45,9 @@ RATIO_FLOOR_MS = 0.01
 """A divisor no smaller than this: a floor that adds nothing measurable does not make the ratio infinite."""
 
 
-def run(requests: int, sizes: tuple[int, ...], baseline: Path | None = None) -> list[dict[str, Any]]:
+def run(
+    requests: int, sizes: tuple[int, ...], baseline: Path | None = None, window: int = servers.BIG_WINDOW
+) -> list[dict[str, Any]]:
     targets = ("direct", "floor", "proxy", *(("baseline",) if baseline else ()))
     fake_port, floor_port, proxy_port, baseline_port = (servers.free_port() for _ in range(4))
     upstream = f"{servers.base_url(fake_port)}/v1"
@@ -56,10 +62,10 @@ def run(requests: int, sizes: tuple[int, ...], baseline: Path | None = None) -> 
     with ExitStack() as stack:
         stack.enter_context(servers.fake_upstream(fake_port))
         stack.enter_context(servers.floor(floor_port, upstream))
-        config = servers.proxy_config(workdir, upstream, "proxy")
+        config = servers.proxy_config(workdir, upstream, "proxy", window=window)
         stack.enter_context(servers.proxy_process(config, proxy_port))
         if baseline is not None:
-            config = servers.proxy_config(workdir, upstream, "baseline")
+            config = servers.proxy_config(workdir, upstream, "baseline", window=window)
             stack.enter_context(servers.proxy_process(config, baseline_port, root=baseline))
         client = stack.enter_context(httpx.Client(timeout=60))
         for size in sizes:
@@ -129,12 +135,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--sizes", default="10,500")
     parser.add_argument("--baseline", type=Path, help="another checkout whose proxy runs beside this one")
+    parser.add_argument("--window", type=int, default=servers.BIG_WINDOW, help="the model's context window")
     add_json_option(parser)
     args = parser.parse_args(argv)
     result = Report.start("overhead", args)
     if args.baseline is not None:
         result.parameters["baseline_commit"] = checkout_state(args.baseline)[0]
-    rows = run(args.requests, tuple(int(s) for s in args.sizes.split(",")), args.baseline)
+    rows = run(args.requests, tuple(int(s) for s in args.sizes.split(",")), args.baseline, args.window)
     report(rows, result)
     result.publish(args.json)
 

@@ -43,9 +43,9 @@ def base_url(port: int) -> str:
     return f"http://{HOST}:{port}"
 
 
-def proxy_config(workdir: Path, upstream: str, name: str, **sections: Any) -> Path:
-    """Write a config with one model "fake" on `upstream` (no compaction) and its own store; return its path.
-    `sections` are top-level config sections (`journal`, `store`, …)."""
+def proxy_config(workdir: Path, upstream: str, name: str, *, window: int = BIG_WINDOW, **sections: Any) -> Path:
+    """Write a config with one model "fake" on `upstream` (a `window` no history reaches: no compaction) and its
+    own store; return its path. `sections` are top-level config sections (`journal`, `store`, …)."""
     config: dict[str, Any] = {
         "store": {"path": str(workdir / f"{name}.db")},
         "models": [
@@ -54,7 +54,7 @@ def proxy_config(workdir: Path, upstream: str, name: str, **sections: Any) -> Pa
                 "model": "openai/fake-model",
                 "api_base": upstream,
                 "api_key": "sk-bench",
-                "context_window": BIG_WINDOW,
+                "context_window": window,
                 "max_output": 4096,
             }
         ],

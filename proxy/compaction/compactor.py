@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
+from proxy.compaction.plans import Plans
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
@@ -104,6 +105,7 @@ class Compactor:
         self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock)
         self._paths = PathReader(config, pins)
+        self._plans = Plans()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
 
     def policy(
@@ -149,8 +151,9 @@ class Compactor:
         policy = self._request_policy(request)
         waited = False
         written = 0
+        session = (request.tenant, request.session_id)
         while written < MAX_ROUNDS:
-            result = build(state.items, [s.span() for s in stored.values()], policy, compacting=written > 0)
+            result = self._plans.build(session, state.items, list(stored.values()), policy, compacting=written > 0)
             if isinstance(result, RecentTooLarge):
                 raise _too_large(result, request)
             if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
@@ -218,7 +221,9 @@ class Compactor:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         policy = self._request_policy(request)
-        self._ahead.start(request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead)
+        self._ahead.start(
+            request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries
+        )
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
@@ -228,23 +233,26 @@ class Compactor:
         """Stop the pre-compactions (shutdown): see `Precompactions.close`."""
         await self._ahead.close(grace_s)
 
-    async def _write_ahead(self, request: CompactionRequest, policy: Policy) -> None:
-        """The pre-compaction's spans (`ahead_policy`), held back until the crossing (`Span.held`). A summarizer
-        allowance of its own; when it is used up the task stops, and the crossing request writes what is
-        missing."""
+    async def _write_ahead(self, request: CompactionRequest, policy: Policy) -> int:
+        """The pre-compaction's spans (`ahead_policy`), held back until the crossing (`Span.held`), and how many
+        it wrote. A summarizer allowance of its own; when it is used up the task stops, and the crossing request
+        writes what is missing."""
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         allowance = self.allowance()
         render = functools.partial(self._read, request, state)
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
-        for _ in range(MAX_ROUNDS):
+        written = 0
+        while written < MAX_ROUNDS:
             result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True)
             if not isinstance(result, NeedsSummary):
-                return
+                break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
-                return
+                break
             summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
             stored = _superseded(stored, result, summary)
+            written += 1
+        return written
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSpan]:
         return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}

@@ -3,6 +3,9 @@ the spans the next crossing will need are written off the critical path (one tas
 `precompact_concurrency` at once). The crossing request waits for that task, never for a second summarizer call
 of its own. Replicas sharing a PostgreSQL store take the session's pre-compaction lock: one of them writes the
 spans, and a crossing request on another waits for it as for its own.
+
+A run that found nothing to write is remembered per session (bounded, lost on restart): a request on the same
+path with the same working context and policy starts no second run, since its build would find nothing either.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from proxy.compaction.builder import Policy
 from proxy.compaction.layout import MIN_COMPACT_TO
 from proxy.compaction.spans import Allowance, CompactionRequest
 from proxy.config import ContextConfig
+from proxy.history.messages import StoredMessage
 from proxy.store.database import Database, lock_name
 from proxy.types import Clock
 
@@ -26,9 +31,16 @@ log = logging.getLogger(__name__)
 CLOSE_GRACE_S = 5.0
 """How long shutdown lets running pre-compactions finish before it cancels them."""
 
-WriteAhead = Callable[[CompactionRequest, Policy], Awaitable[None]]
+IDLE_SESSIONS = 10_000
+"""Sessions whose last pre-compaction found nothing to write, remembered (~200 bytes each)."""
+
+WriteAhead = Callable[[CompactionRequest, Policy], Awaitable[int]]
 """Writes, held back, the spans a session's next crossing will need: given the request and the policy to write
-them by (the compactor's loop, with `ahead_policy`)."""
+them by (the compactor's loop, with `ahead_policy`); returns how many it wrote."""
+
+Idle = tuple[str, int, int, int, int, Policy]
+"""What a run that wrote nothing read: the path's tip (id, depth), its length, the working context's tokens and
+summaries, and the policy it built with. The same again builds the same nothing (`build` is pure)."""
 
 
 def ahead_policy(policy: Policy, tokens: int, floor: int, ratio: float) -> Policy:
@@ -56,16 +68,27 @@ class Precompactions:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         """Pre-compactions running, by (tenant, session)."""
         self._slots = asyncio.Semaphore(config.precompact_concurrency)
+        self._idle: OrderedDict[tuple[str, str], Idle] = OrderedDict()
+        """(tenant, session) → what its last run read when it found nothing to write."""
 
-    def start(self, request: CompactionRequest, policy: Policy, tokens: int, floor: int, *, ahead: bool) -> None:
+    def start(
+        self, request: CompactionRequest, policy: Policy, tokens: int, floor: int, *, ahead: bool, summaries: int = 0
+    ) -> None:
         """Start writing the session's next spans in the background when the request sent `tokens`, more than
         `context.precompact_ratio` of its free space above `floor`, and no spans already wait (`ahead`); one task
-        per session."""
+        per session, none when the session's last run read the same (`Idle`: the same path, a working context
+        of the same `tokens` and `summaries`, the same policy) and wrote nothing."""
         ratio = self._ratio
         key = (request.tenant, request.session_id)
         if ratio is None or ahead or tokens <= policy.level(ratio, floor) or key in self._running:
             return
-        task = asyncio.create_task(self._run(request, ahead_policy(policy, tokens, floor, ratio)))
+        aim = ahead_policy(policy, tokens, floor, ratio)
+        idle = _idle(request.path, tokens, summaries, aim)
+        if idle is not None and self._idle.get(key) == idle:
+            self._idle.move_to_end(key)
+            return
+        self._idle.pop(key, None)
+        task = asyncio.create_task(self._run(request, aim, key, idle))
         self._running[key] = task
         task.add_done_callback(functools.partial(self._done, key))
 
@@ -115,10 +138,14 @@ class Precompactions:
         if not task.cancelled() and task.exception() is not None:
             log.warning("pre-compaction of session %s failed: %s", key[1], task.exception())
 
-    async def _run(self, request: CompactionRequest, policy: Policy) -> None:
+    async def _run(self, request: CompactionRequest, policy: Policy, key: tuple[str, str], idle: Idle | None) -> None:
         async with self._slots, self._fleet_lock(request, wait=False) as held:
             if held:  # else another replica is writing this session's next spans
-                await self._write_ahead(request, policy)
+                written = await self._write_ahead(request, policy)
+                if written == 0 and idle is not None:
+                    self._idle[key] = idle
+                    while len(self._idle) > IDLE_SESSIONS:
+                        self._idle.popitem(last=False)
 
     @contextlib.asynccontextmanager
     async def _fleet_lock(self, request: CompactionRequest, *, wait: bool) -> AsyncIterator[bool]:
@@ -133,3 +160,10 @@ class Precompactions:
         else:
             async with self._locks.try_lock(name) as held:
                 yield held
+
+
+def _idle(path: Sequence[StoredMessage], tokens: int, summaries: int, policy: Policy) -> Idle | None:
+    if not path:
+        return None
+    tip = path[-1]
+    return (tip.id, tip.depth, len(path), tokens, summaries, policy)

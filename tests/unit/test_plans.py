@@ -1,0 +1,79 @@
+"""The per-session plan memo (`Plans`): over random sessions asked random sequences of questions, what it returns
+is what `build` computes from scratch, and it answers from memory only for the very same question."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.compaction.builder import Policy, build
+from proxy.compaction.layout import Item
+from proxy.compaction.plans import Plans
+from proxy.compaction.span_store import StoredSpan
+from proxy.config import SUMMARIZE, TOOL_RESULTS
+
+SESSION = ("t", "s")
+
+
+def session_items(rng: random.Random, messages: int) -> list[Item]:
+    items = [Item("system", rng.randint(5, 50))]
+    while len(items) < messages:
+        items.append(Item("user", rng.randint(10, 300)))
+        if rng.random() < 0.5:
+            call = f"call_{len(items)}"
+            items.append(Item("assistant", rng.randint(5, 40), tool_call_ids=(call,)))
+            items.append(Item("tool", rng.randint(50, 900), tool_call_id=call, stub_tokens=12))
+        items.append(Item("assistant", rng.randint(10, 300)))
+    return items[:messages]
+
+
+def stored_span(rng: random.Random, identity: int, count: int) -> StoredSpan:
+    start = rng.randint(1, max(1, count - 2))
+    end = rng.randint(start, max(start, count - 1))
+    strategy = rng.choice((SUMMARIZE, TOOL_RESULTS))
+    return StoredSpan(
+        id=identity, start_depth=start, end_depth=end, end_id=f"m{end}", content="summary", tokens=rng.randint(20, 80),
+        original_tokens=500, model="m", generated_by="llm", replaces=(), orphaned_at=None, created_at=0.0,
+        strategy=strategy, held=rng.choice((0, 0, identity)),
+    )  # fmt: skip
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(2, 60), st.integers(2, 12))
+@settings(max_examples=150, deadline=None)
+def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: int, questions: int) -> None:
+    rng = random.Random(seed)
+    plans = Plans()
+    items = session_items(rng, messages)
+    spans: list[StoredSpan] = []
+    policy = Policy(budget=rng.randint(200, 6000), strategies=(TOOL_RESULTS, SUMMARIZE))
+    for question in range(questions):
+        change = rng.choice(("same", "same", "grow", "span", "policy", "copy", "compacting"))
+        compacting = change == "compacting"
+        if change == "grow":
+            items = items + session_items(rng, rng.randint(1, 4))[1:] or items
+        elif change == "span":
+            spans = [*spans, stored_span(rng, question + 1, len(items))]
+        elif change == "policy":
+            policy = Policy(budget=rng.randint(200, 6000), strategies=policy.strategies)
+        elif change == "copy":  # equal items, not the cached objects: asked again, not remembered
+            items = [Item(i.role, i.tokens, i.tool_call_ids, i.tool_call_id, i.pinned, i.stub_tokens) for i in items]
+        fresh = build(items, [span.span() for span in spans], policy, compacting=compacting)
+        assert plans.build(SESSION, items, spans, policy, compacting=compacting) == fresh
+        assert plans.build(SESSION, items, spans, policy, compacting=compacting) == fresh
+
+
+def test_only_the_same_question_is_answered_from_memory() -> None:
+    rng = random.Random(7)
+    plans = Plans(sessions=1)
+    items = session_items(rng, 40)
+    policy = Policy(budget=800)
+    first = plans.build(SESSION, items, [], policy)
+    assert plans.build(SESSION, list(items), [], policy) is first  # the same items, in a new list
+    assert plans.build(SESSION, items, [], Policy(budget=801)) is not first
+    again = plans.build(SESSION, items, [], policy)
+    assert again == first
+    assert again is not first
+    plans.build(("t", "other"), items, [], policy)  # one session remembered: the first is forgotten
+    assert plans.build(SESSION, items, [], policy) is not again
