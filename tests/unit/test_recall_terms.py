@@ -3,12 +3,15 @@ FTS5 syntax."""
 
 from __future__ import annotations
 
+import random
+import re
 import sqlite3
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compaction.recall_terms import match_expression, query_terms, unseen_terms
+from proxy.compaction.recall_terms import FEW_TERMS, match_expression, query_terms, term_pattern, unseen_terms
 from proxy.store.migrations import m001_history, m009_recall
 
 QUESTION = "what was the DEPLOY_REGION we agreed on?"
@@ -63,3 +66,28 @@ def test_no_query_becomes_fts_syntax(query: str) -> None:
                 connection.execute("SELECT rowid FROM recall_index WHERE recall_index MATCH ?", (expression,))
     finally:
         connection.close()
+
+
+def _reference_unseen(query: str, visible_text: str) -> list[tuple[str, ...]]:
+    """The lookup among all the text's tokens, for any number of terms."""
+    terms = query_terms(query)
+    if query:
+        visible_text = visible_text.replace(query, " ")
+    vocabulary = set(re.findall(r"[^\W_]+", visible_text.lower()))
+    unseen = [
+        term
+        for term in terms
+        if not all(token in vocabulary for token in term)
+        or (len(term) > 1 and not term_pattern(term).search(visible_text))
+    ]
+    return unseen[:32]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_few_terms_searched_one_by_one_are_found_as_among_the_tokens(seed: int) -> None:
+    rng = random.Random(seed)
+    words = ["deploy", "region", "eu-west-1", "Zürich", "k8s", "v2.3.1", "the", "cluster", "node_pool", "x9"]
+    query = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 8)))
+    visible = " ".join(rng.choice([*words, "deployment", "regions", "Z\u00fcrich", "-", "_"]) for _ in range(60))
+    assert len(query_terms(query)) <= FEW_TERMS
+    assert unseen_terms(query, visible) == _reference_unseen(query, visible)
