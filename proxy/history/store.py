@@ -46,6 +46,7 @@ from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, lock_name
 from proxy.types import Clock, Message
+from proxy.vocabulary import ITEMS
 
 BULK_ROWS = 64
 """A request writing more messages than this is stored on the writer thread (a first request of 20,000
@@ -61,6 +62,10 @@ def _encode(parent: str, messages: Sequence[Message]) -> list[tuple[str, str, Me
         encoded.append((node_id, body, normal))
         parent = node_id
     return encoded
+
+
+def _without_items(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in message.items() if key != ITEMS}
 
 
 def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
@@ -222,7 +227,11 @@ class History(HistoryReads):
             if variant is not None:
                 body = chain.canonical_json(variant)
                 variants.append((entry.stored.id, chain.body_digest(body), body, now))
-                stored = replace(entry.stored, message=variant, tokens=self.count(variant, encoding))
+                # Another API's parts alone (a moved cache breakpoint) cost no tokens: the count stands.
+                same = _without_items(variant) == _without_items(entry.private)
+                stored = replace(
+                    entry.stored, message=variant, tokens=entry.stored.tokens if same else self.count(variant, encoding)
+                )
                 entry = CachedMessage(stored, json_copy(variant), entry.settings, len(body) + ENTRY_OVERHEAD)
             entries.append(entry)
         return entries, variants

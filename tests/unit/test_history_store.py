@@ -14,6 +14,7 @@ from proxy.errors import InvalidRequest
 from proxy.history.caches import RecentPaths
 from proxy.history.store import History
 from proxy.store.database import Database
+from proxy.vocabulary import ITEMS
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"
@@ -280,6 +281,23 @@ async def test_a_rewritten_system_prompt_is_a_variant_of_the_same_node(db: Datab
     third = await cold.reconcile("t", "s", drifting(2), MODEL, ENCODING)
     assert third.stored_before == 5
     assert third.path[0].message == drifting(2)[0]
+    assert await count(db, "message_variants") == 1
+
+
+async def test_a_turn_re_sent_with_only_its_blocks_changed_keeps_its_count(
+    db: Database, history: History, counter: Counter
+) -> None:
+    """Claude Code moves its cache breakpoint every turn: the last turn comes back with other blocks, the same
+    chat meaning; it is a variant, and its count (which the blocks do not change) is not taken again."""
+    blocks = [{"type": "text", "text": "run it", "cache_control": {"type": "ephemeral"}}]
+    sent = [*conversation(1), {"role": "user", "content": "run it", ITEMS: blocks}]
+    await history.reconcile("t", "s", sent, MODEL, ENCODING)
+    moved = [*sent[:-1], {"role": "user", "content": "run it", ITEMS: [{"type": "text", "text": "run it"}]}]
+    before = counter.calls
+    again = await history.reconcile("t", "s", [*moved, {"role": "assistant", "content": "done"}], MODEL, ENCODING)
+    assert counter.calls == before + 1  # the new answer only
+    assert again.path[3].message == moved[3]
+    assert again.path[3].tokens == tokens.count_message(moved[3], ENCODING)
     assert await count(db, "message_variants") == 1
 
 
