@@ -75,6 +75,8 @@ class PathMatch:
     """Position → the normal form sent this time, for entries whose node was sent differently before."""
     whole: bool
     """The request extends the cached path entirely (it is that session's next turn)."""
+    anchored: bool = False
+    """The matched entries hold the cached session's anchor (a derived session's: `Session.anchor_id`)."""
 
 
 NO_MATCH = PathMatch(None, [], {}, whole=False)
@@ -101,6 +103,8 @@ class RecentPaths:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._weights: dict[PathKey, int] = {}
+        self._anchors: dict[PathKey, str] = {}
+        """A derived session's anchor, by its cached path."""
 
     @property
     def bytes(self) -> int:
@@ -125,10 +129,14 @@ class RecentPaths:
             if len(found.entries) > len(best.entries):
                 best = found
         if best.session_id is not None:
-            self._touch((tenant, best.session_id, encoding))
+            key = (tenant, best.session_id, encoding)
+            self._touch(key)
+            anchor = self._anchors.get(key)
+            if anchor is not None and any(entry.stored.id == anchor for entry in best.entries):
+                best = replace(best, anchored=True)
         return best
 
-    def put(self, key: PathKey, entries: list[CachedMessage], *, derived: bool) -> None:
+    def put(self, key: PathKey, entries: list[CachedMessage], *, derived: bool, anchor: str | None = None) -> None:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache)."""
         self._drop(key)
@@ -140,6 +148,8 @@ class RecentPaths:
         tenant, session_id, encoding = key
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
+            if anchor is not None:
+                self._anchors[key] = anchor
         self._bytes += weight
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._paths)))
@@ -158,7 +168,9 @@ class RecentPaths:
             if parent.stored.id == parent_id:
                 weight = len(chain.canonical_json(stored.message)) + ENTRY_OVERHEAD
                 answer = CachedMessage(stored, json_copy(stored.message), parent.settings, weight)
-                self.put(key, [*entries[: end + 1], answer], derived=self._is_derived(key))
+                self.put(
+                    key, [*entries[: end + 1], answer], derived=self._is_derived(key), anchor=self._anchors.get(key)
+                )
                 return
             if entries[end].stored.role not in SYSTEM_ROLES:
                 return
@@ -183,6 +195,7 @@ class RecentPaths:
         if self._paths.pop(key, None) is None:
             return
         self._bytes -= self._weights.pop(key)
+        self._anchors.pop(key, None)
         tenant, session_id, encoding = key
         sessions = self._by_tenant.get((tenant, encoding))
         if sessions is not None:

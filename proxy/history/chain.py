@@ -229,9 +229,7 @@ def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def unanswered_calls(
-    messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True
-) -> tuple[int, list[str]] | None:
+def unanswered_calls(messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True) -> tuple[int, list[str]] | None:
     """The first assistant message (its index) with tool calls left unanswered though a message other than a
     tool output follows it, and those calls' ids: every provider refuses one. `adjacent`: each call must be
     answered by the tool messages right after its message (chat, Anthropic); else anywhere after it (Responses

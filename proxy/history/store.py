@@ -156,7 +156,10 @@ class History(HistoryReads):
         derived = session_id is None
         if session_id is None:
             path = [entry.stored for entry in entries]
-            session_id = found.session_id if found.whole else await self._derived(tenant, path)
+            # The cached session, when the request extends its path, or repeats part of it holding its anchor and
+            # adds only new nodes (a regenerated answer); else the store says which anchor lies deepest.
+            cached = found.whole or (found.anchored and stored_before == len(found.entries))
+            session_id = found.session_id if cached else await self._derived(tenant, path)
             if session_id is None:
                 anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
                 session_id = chain.derived_session_id(tenant, anchor_id)
@@ -275,7 +278,9 @@ class History(HistoryReads):
         bulk = len(located.new_messages) + len(located.variants) > BULK_ROWS or written > OFF_LOOP_CHARS
         session = await self._db.write(write, atomic=atomic, bulk=bulk)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
-        self.recent.put((tenant, session_id, located.encoding), located.entries, derived=located.derived)
+        self.recent.put(
+            (tenant, session_id, located.encoding), located.entries, derived=located.derived, anchor=session.anchor_id
+        )
         end = chain.conversation_end([stored.role for stored in path])
         return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)
 

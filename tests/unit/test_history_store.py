@@ -312,6 +312,31 @@ async def test_history_re_sent_with_other_whitespace_lands_on_the_same_nodes(db:
     assert await count(db, "message_variants") == 6
 
 
+async def test_a_regenerated_request_finds_its_derived_session_without_asking_the_store(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that repeats part of a cached path holding the session's anchor, and adds only new nodes (the
+    same question asked again: a regenerated answer), is that session's; one that holds no anchor is looked up."""
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "task"}]
+    opened = await history.reconcile("t", None, first, MODEL, ENCODING)
+    longer = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert (await history.reconcile("t", None, longer, MODEL, ENCODING)).session.id == opened.session.id
+
+    async def refused(*_: Any) -> None:
+        raise AssertionError("the store was asked")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(history, "_derived", refused)
+        again = await history.reconcile("t", None, first, MODEL, ENCODING)
+        edited = await history.reconcile(
+            "t", None, [*first[:2], {"role": "assistant", "content": "?"}], MODEL, ENCODING
+        )
+    assert again.session.id == edited.session.id == opened.session.id
+    with pytest.raises(AssertionError, match="the store was asked"), monkeypatch.context() as patched:
+        patched.setattr(history, "_derived", refused)
+        await history.reconcile("t", None, first[:1], MODEL, ENCODING)  # short of the anchor
+
+
 async def test_a_derived_session_is_found_by_its_first_request(history: History) -> None:
     opening = [
         {"role": "system", "content": "You are a coding assistant."},
