@@ -352,6 +352,7 @@ def m011_model_corrections(connection: Connection) -> None:
         """,
     )
 
+
 def m012_summarizer_calls(connection: Connection) -> None:
     """One row per summarizer model call the proxy made for a session, with the tokens the summarizer reported
     (`proxy.compaction.summarizer_calls`): the summarizer's share of a session's cost, shown per turn."""

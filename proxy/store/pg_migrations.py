@@ -259,6 +259,7 @@ def m011_model_corrections(connection: Connection) -> None:
         """,
     )
 
+
 def m012_summarizer_calls(connection: Connection) -> None:
     run_script(
         connection,
