@@ -7,6 +7,7 @@ what the journal and the history hold afterwards, and in which order the two hap
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -24,6 +25,7 @@ from proxy.config import Config, JournalConfig, UpstreamConfig, parse_config
 from proxy.conversation import Answer, Completed, Conversation, Replayed, Streaming
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.context_headers import context_options
+from proxy.doors.resent import ResentLists
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, Conflict, ContextTooLarge, NotFound, UpstreamError
 from proxy.history import chain
 from proxy.history.answers import Answers
@@ -483,3 +485,20 @@ async def test_recent_messages_too_large_are_stored_and_then_refused(rig: Rig) -
     assert raised.value.param == "messages"
     assert rig.upstream.calls == []
     assert rig.counts() == (2, 1, 0)  # what the client sent is kept; no step was begun
+
+
+async def test_a_compacted_request_leaves_its_messages_as_the_door_parsed_them(rig: Rig) -> None:
+    """A door shares a request's messages with the client's next request (`proxy.doors.resent`): answering one,
+    compaction included, changes none of them in place."""
+    lists = ResentLists().of("tenant")
+    raw = json.dumps({"model": MODEL, "messages": long_conversation(30)}).encode()
+    conversation = parse_chat_request(raw, resent=lists)
+    as_parsed = copy.deepcopy(conversation.messages)
+    rig.summarizer_upstream.reply(completion("They talked about a quick brown fox."))
+    rig.upstream.reply(completion("ok"))
+    answer = await rig.answer(conversation)
+    assert answer.report.summaries >= 1 or answer.report.prompt_tokens < answer.report.history_tokens
+    assert conversation.messages == as_parsed
+    again = parse_chat_request(raw, resent=lists)
+    assert again.messages[1] is conversation.messages[1]  # shared with the next request
+    assert again.messages == as_parsed
