@@ -141,7 +141,7 @@ class Pipeline:
         self.journal.metrics.client_compactions.labels("item").inc()
         kept = len(plan.reconciled.path)
         log.info("client compaction answered: session %s, %d messages kept", plan.reconciled.session.id, kept)
-        report = replace(plan.report(), prompt_tokens=0)
+        report = replace(plan.report, prompt_tokens=0)
         return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
 
     async def _summary_plan(
@@ -155,7 +155,7 @@ class Pipeline:
         text = summary_text(path, spans, plan.reconciled.end_id, wants_tags(conversation.messages))
         self.journal.metrics.client_compactions.labels("summary").inc()
         log.info("client summary request answered: session %s, %d messages kept", plan.reconciled.session.id, len(path))
-        return plan, LocalAnswer(text, plan.report().history_tokens)
+        return plan, LocalAnswer(text, plan.report.history_tokens)
 
     async def _saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         """The conversation stored, and the plan of a request that sends nothing upstream."""
@@ -281,7 +281,7 @@ class Pipeline:
             return await call(plan)
         finally:
             metrics.upstream_seconds.labels(model, str(conversation.stream).lower()).observe(time.monotonic() - started)
-            report = plan.report()
+            report = plan.report
             metrics.context_tokens.labels(model).inc(report.prompt_tokens)
             metrics.saved_tokens.labels(model).inc(max(0, report.history_tokens - report.prompt_tokens))
 
@@ -322,7 +322,7 @@ class Pipeline:
         if sent is not plan:
             await self.journal.recontext(step, sent.context())
         await self.journal.seal(step, response)
-        return Completed(response, sent.report(), StepRef(step.id, step.created_at))
+        return Completed(response, sent.report, StepRef(step.id, step.created_at))
 
     async def _stream(
         self,
@@ -361,4 +361,4 @@ class Pipeline:
             max_answer_chars=self.config.request_limits.max_answer_chars,
             write_timeout_s=self.config.server.write_timeout_s,
         )
-        return Streaming(relay.events(), sent.report(), StepRef(step.id, step.created_at))
+        return Streaming(relay.events(), sent.report, StepRef(step.id, step.created_at))

@@ -3,6 +3,7 @@ response headers report and its journal step keeps."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ class Plan:
         the next request with them), the system prompts as sent, and what the client's door keeps of the request
         (`Conversation.wire`)."""
         context = {
-            **self.report().as_json(),
+            **self.report.as_json(),
             "definitions": self.budget.definitions,
             "pinned": self.reconciled.pinned_forms(),
         }
@@ -46,7 +47,9 @@ class Plan:
         """What the request sends upstream by the proxy's count: its working context and its definitions."""
         return self.prepared.tokens + self.budget.definitions if self.prepared.messages else 0
 
+    @functools.cached_property
     def report(self) -> ContextReport:
+        """The numbers its response headers report (worked out once: the history's total is a walk over it)."""
         return ContextReport(
             session_id=self.reconciled.session.id,
             prompt_tokens=self.sent_tokens,

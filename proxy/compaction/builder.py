@@ -243,19 +243,23 @@ def cut_points(items: Sequence[Item]) -> list[bool]:
     A group reaches from an assistant with tool_calls to the last tool message answering it; a tool message
     answers the nearest call before it with its id, so a reused id never joins two turns into one group.
     """
-    count = len(items)
     caller: dict[str, int] = {}
     last_answer: dict[int, int] = {}
     for position, item in enumerate(items):
         if item.tool_call_id is not None and item.tool_call_id in caller:
             last_answer[caller[item.tool_call_id]] = position
-        caller.update((call_id, position) for call_id in item.tool_call_ids)
-    cuts = [True] * (count + 1)
+        for call_id in item.tool_call_ids:
+            caller[call_id] = position
+    cuts = [item.role != "tool" for item in items]
+    cuts.append(True)
+    cuts[0] = True
+    # A group closes at its last answer: every position after its call up to that answer is inside it.
     reach = -1
-    for position, item in enumerate(items):
-        if position > 0 and (item.role == "tool" or position <= reach):
-            cuts[position] = False
-        reach = max(reach, last_answer.get(position, -1))
+    for call, answer in sorted(last_answer.items()):
+        start = max(call + 1, reach + 1)
+        if start <= answer:
+            cuts[start : answer + 1] = [False] * (answer + 1 - start)
+        reach = max(reach, answer)
     return cuts
 
 

@@ -21,12 +21,16 @@ from proxy.config import TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
+from proxy.sharing import shared_prefix
 from proxy.tokens import count_message, rough_size
 
 ITEM_CACHE_ENTRIES = 100_000
 """Builder items remembered (~150 bytes each): a few long sessions' paths."""
 STUB_CACHE_ENTRIES = 20_000
 """Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
+PATH_SESSIONS = 1_000
+"""Sessions whose last read is remembered (its path, items and stubs: ~24 bytes per message beside the cached
+objects they point to)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,22 @@ class PathState:
     stubs: Mapping[int, str]
 
 
+@dataclass(frozen=True)
+class _Read:
+    """A session's last read: its path, pins, items and stubs (texts, and what each stubbed message costs)."""
+
+    path: list[StoredMessage]
+    pinned: frozenset[int]
+    items: list[Item]
+    stubs: dict[int, str]
+    costs: dict[int, int]
+
+
 class PathReader:
+    """Builder items for a request's path. A session's next request re-sends its path as the same stored
+    objects (`History` hands out its cached entries, `proxy.sharing`), so its last read is carried over for
+    that prefix, with the same pins, and only the new messages are read."""
+
     def __init__(self, config: ContextConfig, pins: Pins | None = None) -> None:
         self._config = config
         self._pins = pins
@@ -46,19 +65,37 @@ class PathReader:
         self._items: OrderedDict[tuple[str, int, bool, int | None], Item] = OrderedDict()
         """(message id, its tokens, pinned, stub cost) → its builder item: a path is mostly what the previous
         request's was, and an item is the same for the same message."""
+        self._last: OrderedDict[tuple[str, str, str, bool], _Read] = OrderedDict()
+        """(tenant, session, encoding, stubbing) → the session's last read."""
 
     async def read(self, request: CompactionRequest) -> PathState:
         """The builder's items for `request`'s path (pins and, when `tool-results` runs, stub costs known)."""
         pinned = await self._pinned(request)
-        strategies = request.strategies or self._config.strategies
-        stubs = await self._stub_costs(request) if TOOL_RESULTS in strategies else {}
-        items = [
-            self._item(stored, position in pinned, stubs[position][1] if position in stubs else None)
-            for position, stored in enumerate(request.path)
-        ]
+        stubbing = TOOL_RESULTS in (request.strategies or self._config.strategies)
+        key = (request.tenant, request.session_id, request.encoding, stubbing)
+        path = list(request.path)
+        last = self._last.pop(key, None)
+        shared = shared_prefix(path, last.path) if last is not None and last.pinned == pinned else 0
+        if last is not None and shared:
+            items = last.items[:shared]
+            stubs, costs = dict(last.stubs), dict(last.costs)
+            if shared < len(last.path):
+                for position in [position for position in costs if position >= shared]:
+                    del stubs[position], costs[position]
+        else:
+            items, stubs, costs = [], {}, {}
+        if stubbing:
+            for position, (stub, cost) in (await self._stub_costs(request, shared)).items():
+                stubs[position], costs[position] = stub, cost
+        items.extend(
+            self._item(path[position], position in pinned, costs.get(position)) for position in range(shared, len(path))
+        )
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
-        return PathState(items, {position: stub for position, (stub, _) in stubs.items()})
+        self._last[key] = _Read(path, pinned, items, stubs, costs)
+        while len(self._last) > PATH_SESSIONS:
+            self._last.popitem(last=False)
+        return PathState(items, stubs)
 
     def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:
         key = (stored.id, stored.tokens, pinned, stub_tokens)
@@ -71,14 +108,18 @@ class PathReader:
         """Positions the session pinned by the API, or whose text matches `context.pin_patterns`."""
         ids = await self._pins.on_session(request.tenant, request.session_id) if self._pins is not None else frozenset()
         patterns = self._config.pin_patterns
+        if not ids and not patterns:
+            return frozenset()
         size = sum(map(rough_size, request.messages)) if patterns else 0
         return frozenset(await compute(size, pinned_positions, request.path, ids, patterns, request.messages))
 
-    async def _stub_costs(self, request: CompactionRequest) -> dict[int, tuple[str, int]]:
-        """Position → (stub, what its message costs) for every tool output of the path; each computed once."""
+    async def _stub_costs(self, request: CompactionRequest, start: int) -> dict[int, tuple[str, int]]:
+        """Position → (stub, what its message costs) for the path's tool outputs from `start` on; each
+        computed once."""
         found: dict[int, tuple[str, int]] = {}
         missing: set[int] = set()
-        for position, stored in enumerate(request.path):
+        for position in range(start, len(request.path)):
+            stored = request.path[position]
             if stored.role == "tool":
                 cached = self._stubs.get((stored.id, request.encoding))
                 if cached is None:

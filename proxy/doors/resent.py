@@ -82,6 +82,8 @@ class _Kept:
     """... and in `raw`: where a new body is compared with it."""
     elements: list[Any]
     conversion: Conversion
+    prelude: tuple[Any, list[Message]] | None
+    """A member outside the list and the messages it became (`Listed.prelude`)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,19 @@ class Listed:
         self._limits = limits
         self._lists = lists
         self._scan = scan
+        self._prelude: tuple[Any, list[Message]] | None = None
+
+    def prelude(self, value: Any, make: Callable[[Any], list[Message]]) -> list[Message]:
+        """The messages a member outside the list becomes (a system prompt, instructions), those of the kept
+        request this one resumed when it sent an equal value: a re-sent conversation is then the same objects
+        from its first message on (`proxy.sharing`). Called before `convert`, which keeps it."""
+        kept = None if self._scan is None else self._scan.kept
+        if kept is not None and kept.prelude is not None and kept.prelude[0] == value:
+            messages = kept.prelude[1]
+        else:
+            messages = make(value)
+        self._prelude = (value, messages)
+        return list(messages)
 
     def convert(self, convert: Convert, param: str) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
@@ -153,6 +168,7 @@ class Listed:
                     _byte_ends(scan),
                     list(elements),
                     conversion,
+                    self._prelude,
                 )
             )
         return conversion

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
+from proxy.sharing import shared_prefix
 from proxy.types import Message
 from proxy.vocabulary import SYSTEM_ROLES
 
@@ -23,9 +25,13 @@ RECENT_PATH_BYTES = 64 * 1024 * 1024
 """About how much memory the recent-path cache holds in all; the least recent sessions' paths go first."""
 ENTRY_OVERHEAD = 600
 """Bytes a cached message costs beyond its text: the objects that hold it (measured roughly, CPython 3.11)."""
+SENT_OVERHEAD = 250
+"""Bytes a request's message held beside its entry costs (its text is the entry's, shared)."""
 
 DERIVED_CANDIDATES = 32
 """How many of a tenant's most recent paths a request without `X-Session-Id` is compared with."""
+
+_WEIGHT = operator.attrgetter("weight")
 
 PathKey = tuple[str, str, str]
 """(tenant, session id, encoding)."""
@@ -95,10 +101,15 @@ class RecentPaths:
 
     A request without `X-Session-Id` does not know its session yet: the tenant's most recent paths are tried
     and the longest match wins.
+
+    Each path also holds the messages of the request that stored it: the ones the next request re-sends as the
+    very same objects (`proxy.sharing`) match without a comparison.
     """
 
     def __init__(self, max_bytes: int = RECENT_PATH_BYTES) -> None:
         self._paths: OrderedDict[PathKey, list[CachedMessage]] = OrderedDict()
+        self._sent: dict[PathKey, Sequence[Message]] = {}
+        """The messages of the request that stored each path, position for position."""
         self._by_tenant: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -125,7 +136,7 @@ class RecentPaths:
             entries = self._paths.get(key)
             if entries is None:
                 continue
-            found = _match(entries, messages, candidate)
+            found = _match(entries, messages, candidate, self._sent.get(key, ()))
             if len(found.entries) > len(best.entries):
                 best = found
         if best.session_id is not None:
@@ -136,14 +147,25 @@ class RecentPaths:
                 best = replace(best, anchored=True)
         return best
 
-    def put(self, key: PathKey, entries: list[CachedMessage], *, derived: bool, anchor: str | None = None) -> None:
+    def put(
+        self,
+        key: PathKey,
+        entries: list[CachedMessage],
+        *,
+        derived: bool,
+        anchor: str | None = None,
+        sent: Sequence[Message] = (),
+    ) -> None:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
-        (only those: such a request never joins an `X-Session-Id` session, with or without this cache)."""
+        (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
+        `sent`: the request's messages the first entries were made from, which the cache then holds."""
         self._drop(key)
-        weight = sum(entry.weight for entry in entries)
+        sent = sent[: len(entries)]
+        weight = sum(map(_WEIGHT, entries)) + SENT_OVERHEAD * len(sent)
         if weight > self._max_bytes:
             return
         self._paths[key] = entries
+        self._sent[key] = sent
         self._weights[key] = weight
         tenant, session_id, encoding = key
         if derived:
@@ -169,7 +191,11 @@ class RecentPaths:
                 weight = len(chain.canonical_json(stored.message)) + ENTRY_OVERHEAD
                 answer = CachedMessage(stored, json_copy(stored.message), parent.settings, weight)
                 self.put(
-                    key, [*entries[: end + 1], answer], derived=self._is_derived(key), anchor=self._anchors.get(key)
+                    key,
+                    [*entries[: end + 1], answer],
+                    derived=self._is_derived(key),
+                    anchor=self._anchors.get(key),
+                    sent=self._sent.get(key, ())[: end + 1],
                 )
                 return
             if entries[end].stored.role not in SYSTEM_ROLES:
@@ -195,6 +221,7 @@ class RecentPaths:
         if self._paths.pop(key, None) is None:
             return
         self._bytes -= self._weights.pop(key)
+        self._sent.pop(key, None)
         self._anchors.pop(key, None)
         tenant, session_id, encoding = key
         sessions = self._by_tenant.get((tenant, encoding))
@@ -204,10 +231,19 @@ class RecentPaths:
                 del self._by_tenant[(tenant, encoding)]
 
 
-def _match(entries: list[CachedMessage], messages: Sequence[Mapping[str, Any]], session_id: str) -> PathMatch:
-    matched: list[CachedMessage] = []
+def _match(
+    entries: list[CachedMessage],
+    messages: Sequence[Mapping[str, Any]],
+    session_id: str,
+    sent: Sequence[Message],
+) -> PathMatch:
+    # The messages the previous request sent again as the same objects: their entries were made from them (or,
+    # for a variant, from their normal form), and neither changed since.
+    shared = shared_prefix(messages, sent)
+    matched = entries[:shared]
     variants: dict[int, Message] = {}
-    for position, (message, entry) in enumerate(zip(messages, entries, strict=False)):
+    for position in range(shared, min(len(messages), len(entries))):
+        message, entry = messages[position], entries[position]
         if message != entry.private:
             normal = chain.normalize(message)
             if normal != entry.private:

@@ -92,6 +92,8 @@ class Located:
     new_tokens: list[tuple[str, str, int]]
     variants: list[tuple[str, str, str, float]]
     """(message id, digest, body, created_at) of forms not stored yet."""
+    messages: Sequence[Message] = ()
+    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`)."""
 
 
 class History(HistoryReads):
@@ -174,6 +176,7 @@ class History(HistoryReads):
             new_messages,
             new_tokens,
             variants,
+            messages,
         )
 
     def _extend(
@@ -223,20 +226,18 @@ class History(HistoryReads):
     ) -> tuple[list[CachedMessage], list[tuple[str, str, str, float]]]:
         """The cached entries as this request sent them: a variant gets its own form and token count, and is
         stored (the forms not stored yet are returned beside)."""
-        entries: list[CachedMessage] = []
+        entries = list(found.entries)
         variants: list[tuple[str, str, str, float]] = []
-        for position, entry in enumerate(found.entries):
-            variant = found.variants.get(position)
-            if variant is not None:
-                body = chain.canonical_json(variant)
-                variants.append((entry.stored.id, chain.body_digest(body), body, now))
-                # Another API's parts alone (a moved cache breakpoint) cost no tokens: the count stands.
-                same = _without_items(variant) == _without_items(entry.private)
-                stored = replace(
-                    entry.stored, message=variant, tokens=entry.stored.tokens if same else self.count(variant, encoding)
-                )
-                entry = CachedMessage(stored, json_copy(variant), entry.settings, len(body) + ENTRY_OVERHEAD)
-            entries.append(entry)
+        for position, variant in found.variants.items():
+            entry = entries[position]
+            body = chain.canonical_json(variant)
+            variants.append((entry.stored.id, chain.body_digest(body), body, now))
+            # Another API's parts alone (a moved cache breakpoint) cost no tokens: the count stands.
+            same = _without_items(variant) == _without_items(entry.private)
+            stored = replace(
+                entry.stored, message=variant, tokens=entry.stored.tokens if same else self.count(variant, encoding)
+            )
+            entries[position] = CachedMessage(stored, json_copy(variant), entry.settings, len(body) + ENTRY_OVERHEAD)
         return entries, variants
 
     async def save(self, located: Located, model: str) -> Reconciled:
@@ -279,7 +280,11 @@ class History(HistoryReads):
         session = await self._db.write(write, atomic=atomic, bulk=bulk)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
         self.recent.put(
-            (tenant, session_id, located.encoding), located.entries, derived=located.derived, anchor=session.anchor_id
+            (tenant, session_id, located.encoding),
+            located.entries,
+            derived=located.derived,
+            anchor=session.anchor_id,
+            sent=located.messages,
         )
         end = chain.conversation_end([stored.role for stored in path])
         return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)

@@ -552,3 +552,33 @@ def test_typical_conversation_compacts_rarely(seed: int) -> None:
             assert result.parts[: len(previous.parts)] == previous.parts
         previous = result
     assert 1 <= compactions <= turns / 5
+
+
+def cuts_by_definition(items: Sequence[Item]) -> list[bool]:
+    """A boundary may fall before p unless p is a tool message or lies after a call and at or before that
+    call's last answer (each answer belonging to the nearest call before it with its id)."""
+    answers: dict[int, int] = {}
+    for position, item in enumerate(items):
+        if item.tool_call_id is not None:
+            callers = [q for q in range(position) if item.tool_call_id in items[q].tool_call_ids]
+            if callers:
+                answers[callers[-1]] = position
+    return [
+        position == 0
+        or position == len(items)
+        or (items[position].role != "tool" and not any(q < position <= a for q, a in answers.items()))
+        for position in range(len(items) + 1)
+    ]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["user", "calls", "tool", "assistant"]), st.integers(0, 3)), max_size=40))
+def test_cut_points_are_those_of_the_definition(shape: list[tuple[str, int]]) -> None:
+    items = [
+        Item("assistant", 5, tool_call_ids=(f"c{n}", f"c{(n + 1) % 4}"))
+        if kind == "calls"
+        else Item("tool", 5, tool_call_id=f"c{n}")
+        if kind == "tool"
+        else Item(kind, 5)
+        for kind, n in shape
+    ]
+    assert cut_points(items) == cuts_by_definition(items)

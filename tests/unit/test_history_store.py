@@ -427,3 +427,47 @@ async def test_the_recent_path_cache_is_bounded_by_bytes_not_messages(history: H
     oldest = [{"role": "user", "content": f"0 {big}"}, {"role": "assistant", "content": big}]
     assert len(history.recent.match("t", ENCODING, "s19", newest).entries) == 2
     assert history.recent.match("t", ENCODING, "s0", oldest).entries == []
+
+
+class Compared(dict[str, Any]):
+    """A message that counts how often it is compared with another."""
+
+    comparisons = 0
+
+    def __ne__(self, other: object) -> bool:
+        Compared.comparisons += 1
+        return dict.__ne__(self, other)
+
+    def __eq__(self, other: object) -> bool:
+        Compared.comparisons += 1
+        return dict.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+async def test_messages_re_sent_as_the_same_objects_match_without_a_comparison(history: History) -> None:
+    messages: list[dict[str, Any]] = [Compared(message) for message in conversation(3)]
+    await history.reconcile("t", "s", messages, MODEL, ENCODING)
+    Compared.comparisons = 0
+    longer = [*messages, {"role": "user", "content": "question 3"}]
+    again = await history.reconcile("t", "s", longer, MODEL, ENCODING)
+    assert Compared.comparisons == 0
+    assert again.stored_before == len(messages)
+    assert [stored.message for stored in again.path] == longer
+
+    # Equal objects that are not the same ones are compared, and match as before.
+    copies = [Compared(message) for message in longer]
+    third = await history.reconcile("t", "s", copies, MODEL, ENCODING)
+    assert Compared.comparisons > 0
+    assert third.stored_before == len(longer)
+
+
+async def test_a_changed_message_after_shared_objects_is_a_branch(history: History) -> None:
+    messages = conversation(4)
+    first = await history.reconcile("t", "s", messages, MODEL, ENCODING)
+    edited = [*messages[:5], {"role": "assistant", "content": "another answer"}, *messages[6:]]
+    branch = await history.reconcile("t", "s", edited, MODEL, ENCODING)
+    assert branch.stored_before == 5
+    assert [stored.id for stored in branch.path[:5]] == [stored.id for stored in first.path[:5]]
+    assert branch.path[5].id != first.path[5].id
+    assert [stored.message for stored in branch.path] == edited

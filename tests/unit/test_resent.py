@@ -115,8 +115,43 @@ def test_the_messages_door_reuses_each_converted_message() -> None:
     # the system message, then 3 chat messages a step (the tool_result becomes a tool message); the last element
     # of the first request changed (its breakpoint moved), so what it became is converted again.
     reused = 1 + 3 * 10 - 1
-    assert all(second.messages[i] is first.messages[i] for i in range(1, reused))
+    assert all(second.messages[i] is first.messages[i] for i in range(reused))  # the system message too
     assert second.messages[reused] is not first.messages[reused]
+
+
+@pytest.mark.parametrize("system_first", [True, False])
+def test_an_equal_system_prompt_is_the_same_message_and_a_changed_one_a_new_one(system_first: bool) -> None:
+    """Claude Code sends `system` after `messages`, so it is parsed anew every time: an equal one still
+    becomes the kept request's very message (`Listed.prelude`), and the conversation is the same objects from
+    its first message (`proxy.sharing`)."""
+
+    def body(system: Any, count: int) -> bytes:
+        messages = [{"role": "user", "content": f"question {index}"} for index in range(count)]
+        fields = {"system": system, "messages": messages} if system_first else {"messages": messages, "system": system}
+        return json.dumps({"model": "claude", "max_tokens": 100, **fields}).encode()
+
+    blocks = [{"type": "text", "text": "You are Claude Code. " * 50, "cache_control": {"type": "ephemeral"}}]
+    resent = ResentLists().of(TENANT)
+    first = parse_messages_request(body(blocks, 3), LIMITS, resent)
+    second = parse_messages_request(body(blocks, 4), LIMITS, resent)
+    assert second.messages[0] is first.messages[0]
+    changed = [{"type": "text", "text": "You are someone else."}]
+    third = parse_messages_request(body(changed, 5), LIMITS, resent)
+    assert third.messages[0] is not second.messages[0]
+    assert third.messages == parse_messages_request(body(changed, 5), LIMITS).messages
+
+
+def test_equal_responses_instructions_are_the_same_message() -> None:
+    def body(instructions: str, count: int) -> bytes:
+        items = [{"role": "user", "content": f"question {index}"} for index in range(count)]
+        return json.dumps({"model": "gpt", "input": items, "instructions": instructions}).encode()
+
+    resent = ResentLists().of(TENANT)
+    first = parse_responses_request(body("Be terse.", 2), LIMITS, resent).conversation
+    second = parse_responses_request(body("Be terse.", 3), LIMITS, resent).conversation
+    assert second.messages[0] is first.messages[0]
+    third = parse_responses_request(body("Be verbose.", 4), LIMITS, resent).conversation
+    assert third.messages[0]["content"] == "Be verbose."
 
 
 def test_a_run_waiting_for_later_elements_is_converted_again_whole() -> None:

@@ -68,9 +68,10 @@ def parse_messages_request(
     system = body.get("system")
     if system is not None:
         check_message_size(system, "system", limits)
+    prelude = listed.prelude(system, _system)
     conversion = listed.convert(_converted, "messages")
     _check_pairs(conversion.messages, conversion.origins)
-    messages = [*_system(system), *conversion.messages]
+    messages = [*prelude, *conversion.messages]
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")

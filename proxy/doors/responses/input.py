@@ -5,6 +5,7 @@ messages (`proxy.doors.responses.items`). Tools and the other fields, for a chat
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -98,7 +99,8 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
-    instructions = _instructions(body.get("instructions"), limits)
+    make = functools.partial(_instructions, limits=limits)
+    instructions = make(body.get("instructions")) if listed is None else listed.prelude(body.get("instructions"), make)
     messages = list(instructions)
     raw_input = body.get("input")
     compacted = CompactedInput([], None, trigger=False)
