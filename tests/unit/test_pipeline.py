@@ -499,6 +499,10 @@ async def test_a_compacted_request_leaves_its_messages_as_the_door_parsed_them(r
     answer = await rig.answer(conversation)
     assert answer.report.summaries >= 1 or answer.report.prompt_tokens < answer.report.history_tokens
     assert conversation.messages == as_parsed
+    # Nor the stored messages the history handed out: its cached path shares them with the next request.
+    cached = [entry for entries in rig.history.recent._paths.values() for entry in entries]
+    assert cached
+    assert all(entry.stored.message == entry.private for entry in cached)
     again = parse_chat_request(raw, resent=lists)
     assert again.messages[1] is conversation.messages[1]  # shared with the next request
     assert again.messages == as_parsed
