@@ -39,9 +39,10 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 from proxy.compaction.layout import (
     DEFAULT_ACKNOWLEDGEMENT_TOKENS,
@@ -90,6 +91,8 @@ __all__ = [
     "usable_spans",
 ]
 
+_TOKENS = operator.attrgetter("tokens")
+
 
 def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compacting: bool = False) -> BuildResult:
     """The working context for `items`, or the span that must be written first, or why it cannot fit.
@@ -102,9 +105,7 @@ def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compa
     count = len(items)
     budget = max(0, policy.budget)
     cuts = cut_points(items)
-    prefix = [0]
-    for item in items:
-        prefix.append(prefix[-1] + item.tokens)
+    prefix = list(accumulate(map(_TOKENS, items), initial=0))
     recent = recent_block(items, policy, cuts, prefix)
     kept = kept_positions(items, cuts, recent)
     kept_tokens = sum(items[position].tokens for position in kept)
@@ -169,10 +170,10 @@ def _arrange(
 ) -> tuple[ContextLayout, Layout, frozenset[int]]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
     stubbed = stubbed_positions(items, spans, recent, kept)
-    shown = [0]
-    for position, item in enumerate(items):
-        cost = item.stub_tokens if position in stubbed and item.stub_tokens is not None else item.tokens
-        shown.append(shown[-1] + cost)
+    costs = list(map(_TOKENS, items))
+    for position in stubbed:  # a stubbed position has a stub cost (`stubbed_positions`)
+        costs[position] = items[position].stub_tokens or 0
+    shown = list(accumulate(costs, initial=0))
     layout = _layout(items, usable_spans(items, spans, recent, cuts, kept), recent, shown, cuts, kept)
     parts = _parts(layout, recent, len(items))
     acknowledged = acknowledgements(items, parts)
@@ -328,9 +329,10 @@ def usable_spans(
     """
     if kept is None:
         kept = frozenset(p for p in range(recent) if items[p].role in PINNED_ROLES)
-    kept_before = [0]
-    for position in range(len(items)):
-        kept_before.append(kept_before[-1] + (position in kept))
+    kept_before = [0] * (len(items) + 1)
+    for position in kept:
+        kept_before[position + 1] = 1
+    kept_before = list(accumulate(kept_before))
     valid = [
         span
         for span in spans

@@ -15,10 +15,9 @@ request: odd input gives no passages, and a failed index write is logged and lea
 
 from __future__ import annotations
 
-import json
 import logging
-from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -28,7 +27,7 @@ from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
 from proxy.store.connection import Connection
-from proxy.store.database import Database
+from proxy.store.database import Database, id_array
 from proxy.tokens import content_text, count_message, count_text, rough_size
 from proxy.vocabulary import ORIGIN, Origin
 
@@ -80,9 +79,16 @@ class Passage:
     """What `text` costs (`count_text` in the request's encoding)."""
 
 
+INDEXED_IDS = 200_000
+"""Messages this process knows are indexed (~150 bytes each): a long session's hidden history is not asked
+about again on every request."""
+
+
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._indexed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(tenant, message id) of messages known to be in the index: an indexed message stays indexed."""
 
     async def passages(
         self,
@@ -132,16 +138,20 @@ class Recall:
         return _in_order(chosen)
 
     async def _index(self, tenant: str, messages: Sequence[StoredMessage]) -> None:
+        unknown = [message for message in messages if (tenant, message.id) not in self._indexed]
+        if not unknown:
+            return
         rows = await self._db.fetchall(
             "SELECT message_id FROM recall_messages WHERE tenant = ? "
             "AND message_id IN (SELECT value FROM json_each(?))",
-            (tenant, json.dumps([message.id for message in messages])),
+            (tenant, id_array(message.id for message in unknown)),
         )
         indexed = {row[0] for row in rows}
+        self._remember(tenant, indexed)
         batch: list[StoredMessage] = []
         size = 0
         # Newest first: what was hidden last is what a question most likely reaches back for.
-        for message in reversed(messages):
+        for message in reversed(unknown):
             if message.id in indexed:
                 continue
             if batch and size + rough_size(message.message) > MAX_INDEX_CHARS:
@@ -168,12 +178,20 @@ class Recall:
             await self._db.write(write, bulk=True)
         except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
+        else:
+            self._remember(tenant, [message_id for message_id, _ in documents])
+
+    def _remember(self, tenant: str, message_ids: Iterable[str]) -> None:
+        for message_id in message_ids:
+            self._indexed[(tenant, message_id)] = None
+        while len(self._indexed) > INDEXED_IDS:
+            self._indexed.popitem(last=False)
 
     async def _rank(self, tenant: str, message_ids: list[str], expression: str) -> list[str]:
         """The matching messages' ids, best first, without the noise far below the best."""
         try:
             rows = await self._db.fetchall(
-                _RANK[self._db.dialect], (expression, tenant, json.dumps(message_ids), MAX_CANDIDATES)
+                _RANK[self._db.dialect], (expression, tenant, id_array(message_ids), MAX_CANDIDATES)
             )
         except self._db.errors as exc:
             log.warning("recall: the index refused the query %r: %s", expression[:200], exc)

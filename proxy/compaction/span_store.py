@@ -21,7 +21,7 @@ from proxy.compaction.layout import Span
 from proxy.config import SUMMARIZE, TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.store.connection import Connection, Row
-from proxy.store.database import Database
+from proxy.store.database import Database, id_array
 from proxy.types import Clock
 
 _SELECT = (
@@ -95,16 +95,18 @@ class SpanStore:
         """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
         if not path:
             return []
-        ids = json.dumps([message.id for message in path])
+        ids = id_array(message.id for message in path)
         rows = await self._db.fetchall(
             f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id",
             (tenant, ids),
         )
-        depth_of = {message.id: message.depth for message in path}
+        first = path[0].depth  # a path's depths are consecutive: its node at depth d is path[d - first]
         return [
             summary
             for summary in map(self._span, rows)
-            if depth_of.get(summary.end_id) == summary.end_depth and summary.start_depth <= summary.end_depth
+            if 0 <= summary.end_depth - first < len(path)
+            and path[summary.end_depth - first].id == summary.end_id
+            and summary.start_depth <= summary.end_depth
         ]
 
     def _span(self, row: Row) -> StoredSpan:

@@ -23,7 +23,7 @@ from proxy.history.queries import (
 )
 from proxy.history.settings import fold
 from proxy.store.connection import Connection
-from proxy.store.database import Database
+from proxy.store.database import Database, id_array
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Message
 
@@ -132,7 +132,7 @@ class HistoryReads:
         rows = await self._db.fetchall(
             "SELECT message_id, settings FROM context_settings "
             "WHERE tenant = ? AND message_id IN (SELECT value FROM json_each(?))",
-            (tenant, json.dumps([stored.id for stored in path])),
+            (tenant, id_array(stored.id for stored in path)),
         )
         attached = {row[0]: json.loads(row[1]) for row in rows}
         in_force: Mapping[str, Any] = {}

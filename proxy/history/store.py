@@ -44,7 +44,7 @@ from proxy.history.reads import HistoryReads, TokenCounter
 from proxy.history.settings import fold
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
-from proxy.store.database import Database, lock_name
+from proxy.store.database import Database, id_array, lock_name
 from proxy.types import Clock, Message
 from proxy.vocabulary import ITEMS
 
@@ -317,7 +317,7 @@ class History(HistoryReads):
         rows = await self._db.fetchall(
             "SELECT id, anchor_id FROM sessions WHERE tenant = ? AND anchor_id IN (SELECT value FROM json_each(?)) "
             "ORDER BY updated_at DESC, id",
-            (tenant, json.dumps([stored.id for stored in path])),
+            (tenant, id_array(stored.id for stored in path)),
         )
         if not rows:
             return None
@@ -329,7 +329,7 @@ class History(HistoryReads):
         """Which of `ids` are stored, with what the request needs of them: one query."""
         if not ids:
             return {}
-        rows = await self._db.fetch_tuples(KNOWN_SQL, (encoding, tenant, json.dumps(ids)))
+        rows = await self._db.fetch_tuples(KNOWN_SQL, (encoding, tenant, id_array(ids)))
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -175,6 +175,16 @@ class Database:
             finally:
                 for _ in batch:
                     self._jobs.task_done()
+
+
+def id_array(ids: Iterable[str]) -> str:
+    """A JSON array of ids, for `json_each` (`store.dialect` passes it to PostgreSQL as a list). Node ids are hex
+    digests and are joined as they are (`json.dumps` takes ~0.2 ms for a path of 1,000, on every request);
+    anything that is not letters and digits is encoded."""
+    listed = list(ids)
+    if all(map(str.isalnum, listed)):
+        return '["' + '","'.join(listed) + '"]' if listed else "[]"
+    return json.dumps(listed)
 
 
 def lock_name(kind: str, tenant: str, session_id: str) -> str:

@@ -123,6 +123,30 @@ def test_recall_message_is_deterministic() -> None:
 # --- the index, on a real file -----------------------------------------------------------------------------------
 
 
+async def test_messages_known_to_be_indexed_are_not_looked_up_again(
+    db: Database, history: History, recall: Recall, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session hides more of its history every turn: what this process indexed (or found indexed) is not
+    asked about again, and recall finds the same passages."""
+    path = await stored(history, conversation(8))
+    hidden = list(range(1, 12))
+    first = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    lookups: list[str] = []
+    fetchall = db.fetchall
+
+    async def counted(sql: str, params: Sequence[Any] = ()) -> Any:
+        if "FROM recall_messages WHERE" in sql:
+            lookups.append(sql)
+        return await fetchall(sql, params)
+
+    monkeypatch.setattr(db, "fetchall", counted)
+    again = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    assert again == first
+    assert lookups == []
+    assert await Recall(db).passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING) == first
+    assert len(lookups) == 1  # a process that never saw them asks once
+
+
 async def test_a_fact_only_in_hidden_history_is_recalled(history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     hidden = list(range(1, 12))
