@@ -24,7 +24,7 @@ from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config import Config, ModelEntry
 from proxy.conversation import usage_text
 from proxy.errors import InvalidRequest, NotFound
-from proxy.history.messages import Session, StoredMessage
+from proxy.history.messages import Session, StoredMessage, token_counts
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.journal.costs import session_cost, with_summarizer_calls
@@ -168,7 +168,7 @@ class Inspector:
         else:
             usage = usage_view(last["prompt_tokens"], last["budget"], last["summaries"], "last_request")
             path = await self._as_sent(path, last.get("pinned") or {})
-        usage["history_tokens"] = count_prompt(m.tokens for m in path) + definitions
+        usage["history_tokens"] = count_prompt(token_counts(path)) + definitions
         pinned = pinned_groups(path, await self.pins.on_session(tenant, session_id), self.config.context.pin_patterns)
         limits = self.budgets.limits(entry)
         return SessionState(session, settings, limits, usage, path, summaries, view, pinned)

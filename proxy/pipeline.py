@@ -42,7 +42,7 @@ from proxy.conversation import (
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, UpstreamError, error_fields
-from proxy.history.messages import Reconciled
+from proxy.history.messages import Reconciled, token_counts
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
@@ -232,7 +232,7 @@ class Pipeline:
 
     async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:
-            tokens = count_prompt(m.tokens for m in request.path)
+            tokens = count_prompt(token_counts(request.path))
             return WorkingContext([dict(message) for message in request.messages], tokens, summaries=0, written=0)
         if options.preserve_recent is not None:
             request = replace(request, preserve_recent=options.preserve_recent)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +87,11 @@ class Reconciled:
             for stored in self.path
             if stored.role in SYSTEM_ROLES
         }
+
+
+_TOKENS = operator.attrgetter("tokens")
+
+
+def token_counts(path: Iterable[StoredMessage]) -> Iterator[int]:
+    """Each message's count, for `count_prompt`: a C-speed map, since a long path is summed on every request."""
+    return map(_TOKENS, path)

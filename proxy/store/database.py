@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import string
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -177,12 +178,17 @@ class Database:
                     self._jobs.task_done()
 
 
+_ID_CHARACTERS = (string.ascii_letters + string.digits + "-_").encode()
+"""What an id joined into a JSON array unencoded may hold."""
+
+
 def id_array(ids: Iterable[str]) -> str:
     """A JSON array of ids, for `json_each` (`store.dialect` passes it to PostgreSQL as a list). Node ids are hex
-    digests and are joined as they are (`json.dumps` takes ~0.2 ms for a path of 1,000, on every request);
-    anything that is not letters and digits is encoded."""
+    digests and are joined as they are (`json.dumps` takes ~0.1 ms for a path of 800, on every request; this
+    ~0.03 ms); ids of other characters are encoded."""
     listed = list(ids)
-    if all(map(str.isalnum, listed)):
+    plain = "".join(listed)
+    if plain.isascii() and not plain.encode().translate(None, _ID_CHARACTERS):
         return '["' + '","'.join(listed) + '"]' if listed else "[]"
     return json.dumps(listed)
 

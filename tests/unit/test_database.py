@@ -4,6 +4,7 @@ sees committed data, WAL, and the placement of write groups (inline, or on the w
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -11,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.store.database import Database
+from proxy.store.database import Database, id_array
 from tests.support.raw_store import committed_rows
 
 TIMEOUT_S = 10
@@ -397,3 +400,8 @@ async def test_a_lock_is_held_against_other_processes_and_released(db: Database,
             assert held
     finally:
         await other.close()
+
+
+@given(st.lists(st.one_of(st.text(), st.text(alphabet="0123456789abcdef", min_size=64, max_size=64))))
+def test_an_id_array_is_the_json_of_its_ids(ids: list[str]) -> None:
+    assert json.loads(id_array(ids)) == ids
