@@ -271,16 +271,17 @@ def _repeated(raw: bytes, kept: _Kept) -> int:
     ends = kept.byte_ends
     before = memoryview(kept.raw)
 
-    def same(count: int) -> bool:
-        end = ends[count - 1]
-        return len(raw) >= end and raw.startswith(before[:end])
+    def same(count: int, good: int) -> bool:
+        """Whether the first `count` elements repeat, the first `good` known to (compared from their end on)."""
+        start, end = ends[good - 1] if good else 0, ends[count - 1]
+        return len(raw) >= end and raw.startswith(before[start:end], start)
 
-    if not same(1):
+    if not same(1, 0):
         return 0
     good, bad, step, galloping = 1, len(ends) + 1, 1, True
     while bad - good > 1:
         probe = max(good + 1, bad - step) if galloping else (good + bad) // 2
-        if same(probe):
+        if same(probe, good):
             good, galloping = probe, False
         else:
             bad, step = probe, step * 2
