@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.builder import cut_points, with_tool_groups
+from proxy.compaction.groups import cut_points, with_tool_groups
 from proxy.compaction.path_items import builder_item, pinned_groups
 from proxy.config import Config, ModelEntry
 from proxy.errors import InvalidRequest, json_type

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate, pairwise
 
+from proxy.compaction.groups import cut_points, kept_positions, recent_block
 from proxy.compaction.layout import (
     DEFAULT_ACKNOWLEDGEMENT_TOKENS,
     DEFAULT_COMPACT_TO,
@@ -85,9 +86,6 @@ __all__ = [
     "Span",
     "acknowledgements",
     "build",
-    "cut_points",
-    "recent_block",
-    "recent_start",
     "usable_spans",
 ]
 
@@ -187,31 +185,6 @@ def _arrange(
     return context, layout, stubbed
 
 
-def kept_positions(items: Sequence[Item], cuts: Sequence[bool], recent: int) -> frozenset[int]:
-    """Positions older than the recent block sent verbatim where they stand: system messages, and the messages
-    the session pinned, each with its whole tool group (a pinned call keeps its results, and the reverse)."""
-    kept = {position for position in range(recent) if items[position].role in PINNED_ROLES}
-    pinned = [position for position in range(recent) if items[position].pinned and position not in kept]
-    return frozenset(kept | with_tool_groups(cuts, pinned, recent))
-
-
-def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:
-    """`positions` and every message sharing a tool group with one of them (invariant 4: a call and its results
-    are kept, or summarized, together), within the first `end` positions (None: all of them)."""
-    limit = len(cuts) - 1 if end is None else end
-    whole: set[int] = set()
-    for position in positions:
-        if position in whole:
-            continue
-        start, stop = position, position + 1
-        while start > 0 and not cuts[start]:
-            start -= 1
-        while stop < limit and not cuts[stop]:
-            stop += 1
-        whole.update(range(start, stop))
-    return whole
-
-
 def stubbed_positions(
     items: Sequence[Item], spans: Sequence[Span], recent: int, kept: frozenset[int]
 ) -> frozenset[int]:
@@ -236,32 +209,6 @@ def _too_large(items: Sequence[Item], kept: frozenset[int], needed: int, budget:
     return RecentTooLarge(
         needed=needed, budget=budget, pinned=pinned, pinned_tokens=sum(items[p].tokens for p in pinned)
     )
-
-
-def cut_points(items: Sequence[Item]) -> list[bool]:
-    """cut[p]: may a range boundary fall just before position p? Never inside a tool group (invariant 4).
-
-    A group reaches from an assistant with tool_calls to the last tool message answering it; a tool message
-    answers the nearest call before it with its id, so a reused id never joins two turns into one group.
-    """
-    caller: dict[str, int] = {}
-    last_answer: dict[int, int] = {}
-    for position, item in enumerate(items):
-        if item.tool_call_id is not None and item.tool_call_id in caller:
-            last_answer[caller[item.tool_call_id]] = position
-        for call_id in item.tool_call_ids:
-            caller[call_id] = position
-    cuts = [item.role != "tool" for item in items]
-    cuts.append(True)
-    cuts[0] = True
-    # A group closes at its last answer: every position after its call up to that answer is inside it.
-    reach = -1
-    for call, answer in sorted(last_answer.items()):
-        start = max(call + 1, reach + 1)
-        if start <= answer:
-            cuts[start : answer + 1] = [False] * (answer + 1 - start)
-        reach = max(reach, answer)
-    return cuts
 
 
 def acknowledgements(items: Sequence[Item], parts: Sequence[Part]) -> tuple[int, ...]:
@@ -289,29 +236,6 @@ def acknowledgements(items: Sequence[Item], parts: Sequence[Part]) -> tuple[int,
 def _user_turn(items: Sequence[Item], part: Part) -> bool:
     role = SUMMARY_ROLE if isinstance(part, Span) else items[part].role
     return role == "user"
-
-
-def recent_start(items: Sequence[Item], preserve_recent: int, cuts: Sequence[bool]) -> int:
-    """First position of the recent block: the last N messages, widened to a whole tool group."""
-    start = max(0, len(items) - max(0, preserve_recent))
-    while start > 0 and not cuts[start]:
-        start -= 1
-    return start
-
-
-def recent_block(items: Sequence[Item], policy: Policy, cuts: Sequence[bool], prefix: Sequence[int]) -> int:
-    """Where the messages kept verbatim begin (rule 2)."""
-    recent = recent_start(items, policy.preserve_recent, cuts)
-    turn = next((index for index in range(len(items) - 1, -1, -1) if items[index].role == "user"), None)
-    if turn is None or turn >= recent:
-        return recent
-    # The turn may take `compact_to` of what the pinned messages leave: the share compaction aims the rest at.
-    pinned = sum(item.tokens for item in items if item.role in PINNED_ROLES)
-    turn_tokens = (
-        prefix[len(items)] - prefix[turn] - sum(item.tokens for item in items[turn:] if item.role in PINNED_ROLES)
-    )
-    room = policy.compact_to * (max(0, policy.budget) - pinned - REPLY_PRIMING_TOKENS)
-    return turn if turn_tokens <= room else recent
 
 
 def usable_spans(

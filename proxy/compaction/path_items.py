@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.builder import cut_points, with_tool_groups
+from proxy.compaction.groups import cut_points, with_tool_groups
 from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs

@@ -18,11 +18,8 @@ from proxy.compaction.builder import (
     RecentTooLarge,
     Span,
     build,
-    cut_points,
-    recent_block,
-    recent_start,
-    with_tool_groups,
 )
+from proxy.compaction.groups import cut_points, recent_block, recent_start, with_tool_groups
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS

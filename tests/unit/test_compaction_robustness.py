@@ -29,11 +29,10 @@ from proxy.compaction.builder import (
     Policy,
     Span,
     build,
-    cut_points,
-    recent_start,
 )
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.extractive import fallback_summary
+from proxy.compaction.groups import cut_points, recent_start
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import (

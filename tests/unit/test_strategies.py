@@ -16,9 +16,8 @@ from proxy.compaction.builder import (
     RecentTooLarge,
     Span,
     build,
-    cut_points,
-    recent_block,
 )
+from proxy.compaction.groups import cut_points, recent_block
 from proxy.compaction.layout import BuildResult
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
