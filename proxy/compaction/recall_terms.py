@@ -92,12 +92,14 @@ def unseen_terms(query: str, visible_text: str) -> list[Term]:
 
 
 def _shown_in(text: str, terms: int) -> Callable[[Term], bool]:
-    """Whether a term shows in `text`, as a phrase between token boundaries. A few terms are each looked for (a
-    substring search in C first: ~0.1 ms for a working context); many are looked up among the text's tokens,
-    gathered once (~3 ms)."""
+    """Whether a term shows in `text`, as a phrase between token boundaries. A few terms are each looked for in
+    the lowercased text (a substring search in C first, then `_lowered_pattern`); many are looked up among the
+    text's tokens, gathered once (~3 ms)."""
     if terms <= FEW_TERMS:
         lowered = text.lower()
-        return lambda term: all(token in lowered for token in term) and term_pattern(term).search(text) is not None
+        return lambda term: (
+            all(token in lowered for token in term) and _lowered_pattern(term).search(lowered) is not None
+        )
     vocabulary = set(_TOKEN.findall(text.lower()))
     return lambda term: (
         all(token in vocabulary for token in term) and (len(term) == 1 or term_pattern(term).search(text) is not None)
@@ -115,6 +117,16 @@ def match_expression(terms: Sequence[Term]) -> str:
     """An FTS5 MATCH expression: each term a quoted phrase, ORed. Tokens are letters and digits only, so nothing
     in a query (`"`, `*`, `NEAR`, `:`, `-`) can become FTS5 syntax."""
     return " OR ".join('"' + " ".join(term) + '"' for term in terms)
+
+
+@lru_cache(maxsize=1024)
+def _lowered_pattern(term: Term) -> re.Pattern[str]:
+    """`term_pattern` for lowercased text, led by the term's first token as a literal: the regular expression
+    engine then looks for that literal at C speed (~0.1 ms for a working context, against ~3 ms for a pattern
+    led by a lookbehind), and the boundary before it is checked after it."""
+    first = re.escape(term[0])
+    rest = "".join(r"[\W_]+" + re.escape(token) for token in term[1:])
+    return re.compile(first + r"(?<![^\W_]" + first + ")" + rest + r"(?![^\W_])")
 
 
 @lru_cache(maxsize=1024)

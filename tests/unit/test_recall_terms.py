@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compaction.recall_terms import FEW_TERMS, match_expression, query_terms, term_pattern, unseen_terms
+from proxy.compaction.recall_terms import (
+    FEW_TERMS,
+    _shown_in,
+    match_expression,
+    query_terms,
+    term_pattern,
+    unseen_terms,
+)
 from proxy.store.migrations import m001_history, m009_recall
 
 QUESTION = "what was the DEPLOY_REGION we agreed on?"
@@ -91,3 +98,12 @@ def test_a_few_terms_searched_one_by_one_are_found_as_among_the_tokens(seed: int
     visible = " ".join(rng.choice([*words, "deployment", "regions", "Z\u00fcrich", "-", "_"]) for _ in range(60))
     assert len(query_terms(query)) <= FEW_TERMS
     assert unseen_terms(query, visible) == _reference_unseen(query, visible)
+
+
+@given(
+    st.text(alphabet="abcXYZ 09_-./", max_size=60),
+    st.lists(st.text(alphabet="abcxyz09", min_size=1, max_size=3), min_size=1, max_size=3),
+)
+def test_a_few_terms_show_where_their_pattern_matches_the_text(text: str, tokens: list[str]) -> None:
+    term = tuple(tokens)
+    assert _shown_in(text, 1)(term) == (term_pattern(term).search(text) is not None)
