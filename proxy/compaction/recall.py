@@ -87,8 +87,9 @@ about again on every request."""
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._indexed: OrderedDict[tuple[str, str], None] = OrderedDict()
-        """(tenant, message id) of messages known to be in the index: an indexed message stays indexed."""
+        self._indexed: OrderedDict[str, None] = OrderedDict()
+        """Ids of messages known to be in the index (an indexed message stays indexed; an id is a content
+        address under its tenant's root, so no two tenants share one)."""
 
     async def passages(
         self,
@@ -138,7 +139,8 @@ class Recall:
         return _in_order(chosen)
 
     async def _index(self, tenant: str, messages: Sequence[StoredMessage]) -> None:
-        unknown = [message for message in messages if (tenant, message.id) not in self._indexed]
+        known = self._indexed
+        unknown = [message for message in messages if message.id not in known]
         if not unknown:
             return
         rows = await self._db.fetchall(
@@ -147,7 +149,7 @@ class Recall:
             (tenant, id_array(message.id for message in unknown)),
         )
         indexed = {row[0] for row in rows}
-        self._remember(tenant, indexed)
+        self._remember(indexed)
         batch: list[StoredMessage] = []
         size = 0
         # Newest first: what was hidden last is what a question most likely reaches back for.
@@ -179,11 +181,11 @@ class Recall:
         except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
         else:
-            self._remember(tenant, [message_id for message_id, _ in documents])
+            self._remember([message_id for message_id, _ in documents])
 
-    def _remember(self, tenant: str, message_ids: Iterable[str]) -> None:
+    def _remember(self, message_ids: Iterable[str]) -> None:
         for message_id in message_ids:
-            self._indexed[(tenant, message_id)] = None
+            self._indexed[message_id] = None
         while len(self._indexed) > INDEXED_IDS:
             self._indexed.popitem(last=False)
 
