@@ -92,17 +92,24 @@ __all__ = [
 _TOKENS = operator.attrgetter("tokens")
 
 
-def build(items: Sequence[Item], spans: Sequence[Span], policy: Policy, *, compacting: bool = False) -> BuildResult:
+def build(
+    items: Sequence[Item],
+    spans: Sequence[Span],
+    policy: Policy,
+    *,
+    compacting: bool = False,
+    cuts: Sequence[bool] | None = None,
+) -> BuildResult:
     """The working context for `items`, or the span that must be written first, or why it cannot fit.
 
     `compacting` is True on the calls that follow a `NeedsSummary` within one request (and from the start at a
     crossing): the compaction then goes on until the total reaches the `compact_to` level (or nothing more can
     be compacted), rather than stopping as soon as it fits again, so that one compaction is one big step,
-    however many rounds it takes.
+    however many rounds it takes. `cuts`: `cut_points(items)`, when the caller has them.
     """
     count = len(items)
     budget = max(0, policy.budget)
-    cuts = cut_points(items)
+    cuts = cut_points(items) if cuts is None else cuts
     prefix = list(accumulate(map(_TOKENS, items), initial=0))
     recent = recent_block(items, policy, cuts, prefix)
     kept = kept_positions(items, cuts, recent)

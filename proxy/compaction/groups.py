@@ -8,8 +8,10 @@ whole groups and back to the latest user turn while it fits (pure).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from proxy.compaction.layout import PINNED_ROLES, Item, Policy
+from proxy.sharing import shared_prefix
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 
@@ -19,24 +21,46 @@ def cut_points(items: Sequence[Item]) -> list[bool]:
     A group reaches from an assistant with tool_calls to the last tool message answering it; a tool message
     answers the nearest call before it with its id, so a reused id never joins two turns into one group.
     """
-    caller: dict[str, int] = {}
-    last_answer: dict[int, int] = {}
-    for position, item in enumerate(items):
-        if item.tool_call_id is not None and item.tool_call_id in caller:
-            last_answer[caller[item.tool_call_id]] = position
-        for call_id in item.tool_call_ids:
-            caller[call_id] = position
-    cuts = [item.role != "tool" for item in items]
-    cuts.append(True)
-    cuts[0] = True
-    # A group closes at its last answer: every position after its call up to that answer is inside it.
-    reach = -1
-    for call, answer in sorted(last_answer.items()):
-        start = max(call + 1, reach + 1)
-        if start <= answer:
-            cuts[start : answer + 1] = [False] * (answer + 1 - start)
-        reach = max(reach, answer)
-    return cuts
+    return Cuts.of(items).points
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """A path's cut points, and what extending them needs: which position last made each call id."""
+
+    items: Sequence[Item]
+    points: list[bool]
+    caller: dict[str, int]
+
+    @staticmethod
+    def of(items: Sequence[Item], previous: Cuts | None = None) -> Cuts:
+        """The cut points of `items`; from `previous` when `items` extends its items (the same objects, then
+        more): only the new items are read, and a late answer to an earlier call closes its group there too."""
+        start, caller, points = 0, {}, []
+        if (
+            previous is not None
+            and len(items) > len(previous.items) > 0
+            and shared_prefix(items, previous.items) == len(previous.items)
+        ):
+            start, caller, points = len(previous.items), dict(previous.caller), previous.points[:-1]
+        last_answer: dict[int, int] = {}
+        for position in range(start, len(items)):
+            item = items[position]
+            if item.tool_call_id is not None and item.tool_call_id in caller:
+                last_answer[caller[item.tool_call_id]] = position
+            for call_id in item.tool_call_ids:
+                caller[call_id] = position
+            points.append(item.role != "tool")
+        points.append(True)
+        points[0] = True
+        # A group closes at its last answer: every position after its call up to that answer is inside it.
+        reach = -1
+        for call, answer in sorted(last_answer.items()):
+            begin = max(call + 1, reach + 1)
+            if begin <= answer:
+                points[begin : answer + 1] = [False] * (answer + 1 - begin)
+            reach = max(reach, answer)
+        return Cuts(items, points, caller)
 
 
 def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.groups import cut_points, with_tool_groups
+from proxy.compaction.groups import Cuts, cut_points, with_tool_groups
 from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
@@ -39,6 +39,8 @@ class PathState:
 
     items: list[Item]
     stubs: Mapping[int, str]
+    cuts: list[bool]
+    """`cut_points(items)`."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class _Read:
     items: list[Item]
     stubs: dict[int, str]
     costs: dict[int, int]
+    cuts: Cuts
 
 
 class PathReader:
@@ -92,10 +95,11 @@ class PathReader:
         )
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
-        self._last[key] = _Read(path, pinned, items, stubs, costs)
+        cuts = Cuts.of(items, None if last is None else last.cuts)
+        self._last[key] = _Read(path, pinned, items, stubs, costs, cuts)
         while len(self._last) > PATH_SESSIONS:
             self._last.popitem(last=False)
-        return PathState(items, stubs)
+        return PathState(items, stubs, cuts.points)
 
     def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:
         key = (stored.id, stored.tokens, pinned, stub_tokens)

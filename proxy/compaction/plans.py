@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from proxy.compaction.builder import BuildResult, Policy, build
 from proxy.compaction.layout import Item
+from proxy.compaction.path_items import PathState
 from proxy.compaction.span_store import StoredSpan
 
 PLAN_SESSIONS = 1_000
@@ -51,19 +52,20 @@ class Plans:
     def build(
         self,
         session: tuple[str, str],
-        items: Sequence[Item],
+        state: PathState,
         spans: Sequence[StoredSpan],
         policy: Policy,
         *,
         compacting: bool = False,
     ) -> BuildResult:
-        """`build(items, spans, policy, compacting=...)`, the session's last result when asked the same."""
+        """`build(state.items, spans, policy, compacting=...)`, the session's last result when asked the same."""
+        items = state.items
         stored = tuple(spans)
         last = self._last.get(session)
         if last is not None and last.answers(items, stored, policy, compacting):
             self._last.move_to_end(session)
             return last.result
-        result = build(items, [span.span() for span in stored], policy, compacting=compacting)
+        result = build(items, [span.span() for span in stored], policy, compacting=compacting, cuts=state.cuts)
         self._last[session] = _Plan(items, stored, policy, compacting, result)
         self._last.move_to_end(session)
         while len(self._last) > self._sessions:

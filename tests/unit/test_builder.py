@@ -19,7 +19,7 @@ from proxy.compaction.builder import (
     Span,
     build,
 )
-from proxy.compaction.groups import cut_points, recent_block, recent_start, with_tool_groups
+from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS
@@ -579,3 +579,36 @@ def test_cut_points_are_those_of_the_definition(shape: list[tuple[str, int]]) ->
         for kind, n in shape
     ]
     assert cut_points(items) == cuts_by_definition(items)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "calls", "tool", "assistant"]), st.integers(0, 3)), max_size=30),
+    st.lists(st.integers(1, 6), max_size=5),
+)
+def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
+    shape: list[tuple[str, int]], growth: list[int]
+) -> None:
+    """A later request's answer may close a group an earlier one opened (an agent's call answered in the
+    next request): the carried cut points close it too."""
+    items = [
+        Item("assistant", 5, tool_call_ids=(f"c{n}",))
+        if kind == "calls"
+        else Item("tool", 5, tool_call_id=f"c{n}")
+        if kind == "tool"
+        else Item(kind, 5)
+        for kind, n in shape
+    ]
+    cuts = None
+    end = 0
+    for step in [*growth, len(items)]:
+        end = min(len(items), end + step)
+        cuts = Cuts.of(items[:end], cuts)
+        assert cuts.points == cuts_by_definition(items[:end])
+
+
+def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None:
+    first = [user(), assistant(10, ("a",)), user()]
+    cuts = Cuts.of(first)
+    assert cuts.points == [True, True, True, True]
+    later = Cuts.of([*first, tool("a"), user()], cuts)
+    assert later.points == [True, True, False, False, True, True]

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.builder import Policy, build
+from proxy.compaction.groups import Cuts
 from proxy.compaction.layout import Item
+from proxy.compaction.path_items import PathState
 from proxy.compaction.plans import Plans
 from proxy.compaction.span_store import StoredSpan
 from proxy.config import SUMMARIZE, TOOL_RESULTS
@@ -48,6 +50,7 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
     items = session_items(rng, messages)
     spans: list[StoredSpan] = []
     policy = Policy(budget=rng.randint(200, 6000), strategies=(TOOL_RESULTS, SUMMARIZE))
+    cuts = Cuts.of(items)
     for question in range(questions):
         change = rng.choice(("same", "same", "grow", "span", "policy", "copy", "compacting"))
         compacting = change == "compacting"
@@ -59,9 +62,11 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
             policy = Policy(budget=rng.randint(200, 6000), strategies=policy.strategies)
         elif change == "copy":  # equal items, not the cached objects: asked again, not remembered
             items = [Item(i.role, i.tokens, i.tool_call_ids, i.tool_call_id, i.pinned, i.stub_tokens) for i in items]
+        cuts = Cuts.of(items, cuts)  # carried over the session's growth, as `PathReader` does
+        state = PathState(items, {}, cuts.points)
         fresh = build(items, [span.span() for span in spans], policy, compacting=compacting)
-        assert plans.build(SESSION, items, spans, policy, compacting=compacting) == fresh
-        assert plans.build(SESSION, items, spans, policy, compacting=compacting) == fresh
+        assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
+        assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
 
 
 def test_only_the_same_question_is_answered_from_memory() -> None:
@@ -69,11 +74,13 @@ def test_only_the_same_question_is_answered_from_memory() -> None:
     plans = Plans(sessions=1)
     items = session_items(rng, 40)
     policy = Policy(budget=800)
-    first = plans.build(SESSION, items, [], policy)
-    assert plans.build(SESSION, list(items), [], policy) is first  # the same items, in a new list
-    assert plans.build(SESSION, items, [], Policy(budget=801)) is not first
-    again = plans.build(SESSION, items, [], policy)
+    state = PathState(items, {}, Cuts.of(items).points)
+    first = plans.build(SESSION, state, [], policy)
+    same = PathState(list(items), {}, state.cuts)
+    assert plans.build(SESSION, same, [], policy) is first  # the same items, in a new list
+    assert plans.build(SESSION, state, [], Policy(budget=801)) is not first
+    again = plans.build(SESSION, state, [], policy)
     assert again == first
     assert again is not first
-    plans.build(("t", "other"), items, [], policy)  # one session remembered: the first is forgotten
-    assert plans.build(SESSION, items, [], policy) is not again
+    plans.build(("t", "other"), state, [], policy)  # one session remembered: the first is forgotten
+    assert plans.build(SESSION, state, [], policy) is not again
