@@ -27,7 +27,7 @@ import httpx
 import orjson
 
 from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
-from proxy.errors import UpstreamError
+from proxy.errors import AnswerTooLarge, UpstreamError
 from proxy.types import Chunk, Message
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
@@ -46,6 +46,9 @@ message, within `redaction.MAX_TEXT_CHARS`."""
 DONE = "[DONE]"
 INCOMPLETE_MESSAGE = "The upstream stream ended before it was complete (no [DONE], malformed or truncated events)."
 NO_CHUNK_MESSAGE = "The upstream's stream held no chat completion chunk (its lines are not JSON)."
+DRAIN_AFTER_DONE_S = 0.05
+DRAIN_AFTER_DONE_EVENTS = 8
+"""What the end of a stream is read for after `[DONE]`, so that its connection is kept (see `_drain`)."""
 
 
 @dataclass(frozen=True)
@@ -168,10 +171,12 @@ async def _chunks(answer: httpx.Response) -> AsyncIterator[Chunk]:
     relayed. An `error` event mid-stream is the upstream's refusal, with the status it names or 502."""
     finished = False
     relayed = False
+    events = _events(answer)
     try:
-        async for data in _events(answer):
+        async for data in events:
             if data == DONE:
                 finished = True
+                await _drain(events)
                 break
             try:
                 chunk = json.loads(data)
@@ -195,6 +200,20 @@ async def _chunks(answer: httpx.Response) -> AsyncIterator[Chunk]:
         raise UpstreamError(
             INCOMPLETE_MESSAGE, status=502, error_type="upstream_error", code="upstream_stream_incomplete"
         )
+
+
+async def _drain(events: AsyncIterator[str]) -> None:
+    """Read the stream's end after `[DONE]` (the chunked body's last chunk), so its connection goes back to the
+    pool: a response closed before its end closes the connection, and the next stream would pay for a new one
+    before its first chunk. Nothing read here is relayed or stored; an upstream that sends more than a few events
+    after `[DONE]`, or does not end its body at once, is cut off (its connection closed), and any failure of
+    what follows `[DONE]` changes nothing of the answer."""
+    try:
+        async with asyncio.timeout(DRAIN_AFTER_DONE_S):
+            for _ in range(DRAIN_AFTER_DONE_EVENTS):
+                await anext(events)
+    except (StopAsyncIteration, TimeoutError, httpx.HTTPError, AnswerTooLarge):
+        pass
 
 
 async def _events(answer: httpx.Response) -> AsyncIterator[str]:
