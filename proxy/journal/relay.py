@@ -9,6 +9,9 @@ Three parties per stream, so none waits on another more than it must:
 
 Chunks that arrive while a commit is in flight form the next group, so a fast stream costs one commit per
 group rather than one per chunk, and no chunk is relayed before its commit (docs/architecture.md, invariant 7).
+The first chunk goes alone: the reader waits until it has been relayed before it parses on, so an upstream that
+sends its whole answer at once does not keep the first commit and the client waiting behind the parsing of the
+rest (time to first chunk, what an interactive client sees; the upstream's socket holds the rest meanwhile).
 Every stage is bounded, so a stream's memory and the event loop's longest turn depend on a group's size, not on
 the answer's: a group is at most `MAX_GROUP_CHUNKS` (the work between two suspensions), the reader waits while
 `pending` is full (the upstream's socket then holds the rest), and the pump waits while the client's backlog is
@@ -127,6 +130,9 @@ class StreamRelay:
         self._room = asyncio.Event()
         """Set whenever `pending` has room: the reader waits on it."""
         self._room.set()
+        self._first_relayed = asyncio.Event()
+        """Set once the first group is durable and handed to the consumer: the reader waits for it after the first
+        chunk."""
         self._ended = False
         self._error: BaseException | None = None
         self._backlog = Backlog()
@@ -190,6 +196,7 @@ class StreamRelay:
                     journaled = [Journaled(chunk, text) for chunk, text in zip(group, texts, strict=True)]
                     del group
                     self._publish(journaled, sum(len(text) for text in texts))
+                    self._first_relayed.set()
                     await self._wait_for_client()
                 if self._ended and not self._pending:
                     break
@@ -230,14 +237,17 @@ class StreamRelay:
         try:
             async with deadline:
                 # Chunks already buffered arrive without a real suspension, so neither the pump nor the client
-                # would run until the whole buffer is parsed. Yield after the first chunk (time to first chunk)
-                # and then once per time slice; a slow upstream suspends between chunks anyway.
-                slice_started = None
+                # would run until the whole buffer is parsed. Wait after the first chunk until it is relayed
+                # (time to first chunk), then yield once per time slice; a slow upstream suspends between
+                # chunks anyway.
+                slice_started = time.monotonic()
                 size, limit = 0, self._max_answer_chars
                 async for chunk in self._chunks:
-                    if not first_seen and deadlines is not None:
+                    first = not first_seen
+                    if first:
                         first_seen = True
-                        deadline.reschedule(deadlines.end)
+                        if deadlines is not None:
+                            deadline.reschedule(deadlines.end)
                     size += answer_chars(chunk)
                     if limit is not None and size > limit:
                         # Cut off before the chunk that passes the limit: what the step keeps stays bounded.
@@ -249,8 +259,12 @@ class StreamRelay:
                         await self._room.wait()
                         slice_started = time.monotonic()
                         continue
+                    if first:
+                        await self._first_relayed.wait()
+                        slice_started = time.monotonic()
+                        continue
                     now = time.monotonic()
-                    if slice_started is None or now - slice_started >= READER_SLICE_S:
+                    if now - slice_started >= READER_SLICE_S:
                         await asyncio.sleep(0)
                         slice_started = time.monotonic()
         except asyncio.CancelledError:

@@ -80,6 +80,8 @@ ROLES_MUST_ALTERNATE = "Conversation roles must alternate user/assistant/user/as
 class ReceivedRequest:
     body: dict[str, Any]
     headers: dict[str, str]
+    peer: tuple[str, int] | None = None
+    """The client's address and port: requests from one port came over one kept connection."""
 
 
 @dataclass(frozen=True)
@@ -635,7 +637,8 @@ class FakeUpstream(LoopbackServer):
             parsed = None
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {"_unparsed": raw.decode("utf-8", "replace")}
         with self._lock:
-            self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items())))
+            peer = (request.client.host, request.client.port) if request.client is not None else None
+            self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items()), peer=peer))
 
         stream = body.get("stream") is True
         fault = self._take_fault(stream, body)

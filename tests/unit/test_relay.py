@@ -43,6 +43,8 @@ class HeldJournal(Journal):
     def __init__(self, db: Database, answers: Answers, config: JournalConfig) -> None:
         super().__init__(db, answers, config)
         self.hold: asyncio.Event | None = None
+        self.hold_from = 0
+        """The first append (0-based) that `hold` holds."""
         self.appending = asyncio.Event()
         """Set when an append has started (and, if held, is waiting for `hold`)."""
         self.groups: list[int] = []
@@ -56,7 +58,7 @@ class HeldJournal(Journal):
         self.appending.set()
         if self.failure is not None and len(self.groups) - 1 == self.fail_at:
             raise self.failure
-        if self.hold is not None:
+        if self.hold is not None and len(self.groups) - 1 >= self.hold_from:
             await self.hold.wait()
         return await super().append(step, chunks)
 
@@ -292,33 +294,54 @@ async def test_a_consumer_that_leaves_before_the_first_group_interrupts_the_step
     assert script.sent <= 1
 
 
-async def test_chunks_arriving_during_a_commit_form_the_next_group_in_order(rig: Rig) -> None:
-    chunks = [chunk("a"), chunk("b"), chunk("c"), chunk("d"), chunk(None, "stop")]
+async def test_the_first_chunk_is_relayed_before_the_reader_parses_on(rig: Rig) -> None:
+    """An upstream that sent its whole answer at once: the first chunk's commit and relay do not wait behind the
+    parsing of the rest (time to first chunk)."""
+    chunks = long_answer(1000)
     script = rig.upstream.stream(chunks)
-    rest = script.gate(1)
     commit = rig.journal.hold = asyncio.Event()
     step = await rig.begin()
     relay = await rig.relay(step)
-
-    received: list[list[Chunk]] = []
-
-    async def consume() -> None:
-        async for group in relay.events():
-            received.append([item.chunk for item in group])
-
-    consumer = asyncio.create_task(consume())
+    events = relay.events()
     async with asyncio.timeout(WAIT_S):
         await rig.journal.appending.wait()  # the pump took chunk 0; its commit is in flight (held)
-        assert rig.journal.groups == [1]
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert (script.sent, relay.pending_chunks) == (1, 0)  # the reader waits for the first chunk's relay
+        commit.set()
+        first = await anext(events)
+        assert [item.chunk for item in first] == chunks[:1]
+        received = [item.chunk for group in [first, *[g async for g in events]] for item in group]
+    assert received == chunks
+    assert rig.journal.groups[0] == 1
+    assert step.status == StepStatus.SEALED
+
+
+async def test_chunks_arriving_during_a_commit_form_the_next_group_in_order(rig: Rig) -> None:
+    chunks = [chunk("a"), chunk("b"), chunk("c"), chunk("d"), chunk("e"), chunk(None, "stop")]
+    script = rig.upstream.stream(chunks)
+    second, rest = script.gate(1), script.gate(2)
+    commit = rig.journal.hold = asyncio.Event()
+    rig.journal.hold_from = 1
+    step = await rig.begin()
+    relay = await rig.relay(step)
+    events = relay.events()
+    async with asyncio.timeout(WAIT_S):
+        received = [[item.chunk for item in await anext(events)]]
+        assert received == [chunks[:1]]  # chunk 0 alone, relayed
+        rig.journal.appending.clear()
+        second.set()
+        await rig.journal.appending.wait()  # the pump took chunk 1; its commit is in flight (held)
+        assert rig.journal.groups == [1, 1]
         rest.set()
         await script.ended.wait()  # the other chunks arrived while the commit was held
         await asyncio.sleep(0)
-        assert received == []  # nothing is relayed before its commit
-        assert rig.stored(step) == []
+        assert relay.backlog_chars == 0  # nothing is relayed before its commit
+        assert rig.stored(step) == texts(chunks[:1])
         commit.set()
-        await consumer
-    assert rig.journal.groups == [1, 4]
-    assert received == [chunks[:1], chunks[1:]]
+        received.extend([[item.chunk for item in group] async for group in events])
+    assert rig.journal.groups == [1, 1, 4]
+    assert received == [chunks[:1], chunks[1:2], chunks[2:]]
     assert rig.stored(step) == texts(chunks)
     seqs = rig.rows("SELECT seq FROM journal_events WHERE step_id = ? ORDER BY seq", (step.id,))
     assert [seq for (seq,) in seqs] == list(range(len(chunks) + 1))  # the chunks and `done`, no gaps
@@ -569,6 +592,7 @@ async def test_groups_and_read_ahead_are_bounded_however_fast_the_upstream(rig: 
     chunks = long_answer(5000, "abc ")
     script = rig.upstream.stream(chunks)
     commit = rig.journal.hold = asyncio.Event()
+    rig.journal.hold_from = 1  # the first chunk goes alone, before the reader parses on
     step = await rig.begin()
     relay = await rig.relay(step)
     received: list[Chunk] = []
@@ -581,11 +605,13 @@ async def test_groups_and_read_ahead_are_bounded_however_fast_the_upstream(rig: 
     consumer = asyncio.create_task(consume())
     watcher = asyncio.create_task(watch(relay, consumer, peaks))
     async with asyncio.timeout(WAIT_S):
-        await rig.journal.appending.wait()
-        for _ in range(200):  # the first commit is in flight: the upstream is read as far as the bound allows
+        while len(rig.journal.groups) < 2:
+            await rig.journal.appending.wait()
+            rig.journal.appending.clear()
+        for _ in range(200):  # the second commit is in flight: the upstream is read as far as the bound allows
             await asyncio.sleep(0)
         assert relay.pending_chunks == MAX_PENDING_CHUNKS
-        assert script.sent <= MAX_PENDING_CHUNKS + 1
+        assert script.sent <= sum(rig.journal.groups) + MAX_PENDING_CHUNKS + 1
         commit.set()
         await asyncio.gather(consumer, watcher)
     assert received == chunks

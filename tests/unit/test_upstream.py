@@ -480,6 +480,25 @@ async def test_stream_cut_after_the_last_chunk_without_done_is_still_complete_wh
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+async def test_streams_in_a_row_share_one_connection(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
+    """The end of a stream is read after `[DONE]`, so its connection is kept for the next call (a new one would
+    cost the next stream's first chunk a connect)."""
+    for _ in range(3):
+        chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+        assert text_of(chunks) == "echo: hello there"
+    assert len({request.peer for request in fake.requests}) == 1
+
+
+async def test_what_follows_done_is_neither_relayed_nor_waited_for(
+    upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
+) -> None:
+    trailing = 'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}\n\n'
+    fake.fail_next(Fault(after_done=trailing * 100))
+    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+    assert text_of(chunks) == "echo: hello there"
+    assert {c["id"] for c in chunks} == {"chatcmpl-fake-1"}
+
+
 async def test_upstream_recovers_after_a_failure(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     fake.fail_next(Fault(drop_after_chunks=1))
     with pytest.raises(UpstreamError):
