@@ -107,6 +107,8 @@ class Compactor:
         self._paths = PathReader(config, pins)
         self._plans = Plans()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
+        self._acknowledgements: dict[str, int] = {}
+        """Encoding → what an acknowledgement costs: every request's policy asks."""
 
     def policy(
         self,
@@ -124,10 +126,16 @@ class Compactor:
             compact_to=self._config.compact_to,
             target_ratio=self._config.target_ratio,
             max_summary_input=summarizer_input,
-            acknowledgement_tokens=count_message(acknowledgement_message(), encoding),
+            acknowledgement_tokens=self._acknowledgement_tokens(encoding),
             strategies=strategies or self._config.strategies,
             keep_turns=self._config.tool_results_keep_turns,
         )
+
+    def _acknowledgement_tokens(self, encoding: str) -> int:
+        tokens = self._acknowledgements.get(encoding)
+        if tokens is None:
+            tokens = self._acknowledgements[encoding] = count_message(acknowledgement_message(), encoding)
+        return tokens
 
     async def spans_on(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
         """Every span written on `path` (`SpanStore.on_path`)."""
@@ -315,7 +323,7 @@ class Compactor:
         if latest is None or latest not in shown:
             return prepared
         hidden = [position for position in range(len(request.path)) if position not in shown]
-        acknowledgement = count_message(acknowledgement_message(), request.encoding)
+        acknowledgement = self._acknowledgement_tokens(request.encoding)
         room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages)
         query = content_text(request.path[latest].message.get("content"))
