@@ -39,9 +39,11 @@ class Cuts:
         start, caller, points = 0, {}, []
         if (
             previous is not None
-            and len(items) > len(previous.items) > 0
+            and len(items) >= len(previous.items) > 0
             and shared_prefix(items, previous.items) == len(previous.items)
         ):
+            if len(items) == len(previous.items):
+                return previous
             start, caller, points = len(previous.items), dict(previous.caller), previous.points[:-1]
         last_answer: dict[int, int] = {}
         for position in range(start, len(items)):
