@@ -17,19 +17,19 @@ from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
-from proxy.references import reference_in
+from proxy.references import References
 from proxy.types import Message
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 
 async def continued(
-    reader: JournalReader, history: History, tenant: str, conversation: Conversation
+    reader: JournalReader, history: History, references: References, tenant: str, conversation: Conversation
 ) -> tuple[Conversation, str | None]:
     """The conversation with what it continues put in, and the session of the answer it continues (None when it
     continues nothing)."""
     continuation = conversation.continues
     if continuation is None:
-        return await _summarized(history, tenant, conversation), None
+        return await _summarized(history, references, tenant, conversation), None
     if continuation.message_id is not None:
         path = await history.owned_path(tenant, continuation.message_id)
         if path is None:
@@ -57,11 +57,13 @@ async def continued(
     return extended(conversation, earlier), record.session_id
 
 
-async def _summarized(history: History, tenant: str, conversation: Conversation) -> Conversation:
+async def _summarized(
+    history: History, references: References, tenant: str, conversation: Conversation
+) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
     reference, `proxy.references`): the summary and the turns the client kept before it give way to the stored
     conversation it stands for. A reference to nothing of this tenant's is left as it is."""
-    found = reference_in(conversation.messages)
+    found = references.find(tenant, conversation.messages)
     if found is None:
         return conversation
     index, message_id = found

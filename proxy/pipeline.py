@@ -22,14 +22,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from proxy import continuations
 from proxy.budget.budgets import Budgets
 from proxy.client_compaction import compaction_prompt, summary_text, wants_tags
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config import Config, ModelEntry
-from proxy.continuations import continued
 from proxy.conversation import (
     Answer,
     Compacted,
@@ -53,6 +53,7 @@ from proxy.journal.replay import answer_chunks
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.plan import Plan
+from proxy.references import References
 from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
 from proxy.tokens import count_prompt, encoding_for_model
 from proxy.types import Chunk
@@ -78,6 +79,12 @@ class Pipeline:
     budgets: Budgets
     background: set[asyncio.Task[None]]
     """Streams still being relayed: shutdown lets them seal (`proxy.services`)."""
+    references: References = field(default_factory=References)
+    """Which message of a request carries a reference the proxy wrote (`proxy.continuations`)."""
+
+    async def continued(self, tenant: str, conversation: Conversation) -> tuple[Conversation, str | None]:
+        """The conversation with what it continues put in, and that answer's session (`proxy.continuations`)."""
+        return await continuations.continued(self.reader, self.history, self.references, tenant, conversation)
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
@@ -94,7 +101,7 @@ class Pipeline:
             if replay is not None:
                 record, stored = replay
                 return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
-        conversation, continued_session = await continued(self.reader, self.history, tenant, conversation)
+        conversation, continued_session = await self.continued(tenant, conversation)
         options = options.with_session(continued_session)
         if conversation.compaction:
             return await self._compacted(tenant, conversation, options, entry)

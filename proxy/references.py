@@ -14,14 +14,19 @@ import base64
 import binascii
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.sharing import shared_prefix
 from proxy.tokens import content_text
 
 TOKEN_PREFIX = "ctxinf1."
 """Marks the proxy's own references (and their format's version)."""
 _TOKEN = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]{20,200}")
+RECENT_SCANS = 4
+"""A tenant's last scans a request is compared with (its sessions' requests interleave)."""
+SCANNED_TENANTS = 1_000
 
 
 def reference(message_id: str) -> str:
@@ -44,10 +49,10 @@ def referenced(token: Any) -> str | None:
     return message_id
 
 
-def reference_in(messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
-    """The last user message that carries a reference in its text (a client summary the proxy wrote), and the
-    stored message it names."""
-    for index in range(len(messages) - 1, -1, -1):
+def reference_in(messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[int, str] | None:
+    """The last user message (at `start` or after) that carries a reference in its text (a client summary the
+    proxy wrote), and the stored message it names."""
+    for index in range(len(messages) - 1, start - 1, -1):
         message = messages[index]
         if message.get("role") != "user":
             continue
@@ -59,3 +64,32 @@ def reference_in(messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
             if message_id is not None:
                 return index, message_id
     return None
+
+
+class References:
+    """`reference_in` for a tenant's requests, each looked through only past what it shares with one of the
+    tenant's last (`RECENT_SCANS`) as the very same message objects (`proxy.sharing`): what the shared part
+    holds is known from that scan. Process memory, correct to lose."""
+
+    def __init__(self, tenants: int = SCANNED_TENANTS) -> None:
+        self._tenants = tenants
+        self._scans: OrderedDict[str, list[tuple[list[dict[str, Any]], tuple[int, str] | None]]] = OrderedDict()
+        """Tenant → its last scans (messages, what was found), the most recent last."""
+
+    def find(self, tenant: str, messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+        scans = self._scans.pop(tenant, [])
+        best, shared = None, 0
+        for scan in scans:
+            length = shared_prefix(messages, scan[0])
+            if length > shared:
+                best, shared = scan, length
+        found = reference_in(messages, shared)
+        if found is None and best is not None:
+            before = best[1]
+            # Found in the part that changed: the shared part is looked through again.
+            found = reference_in(messages[:shared]) if before is not None and before[0] >= shared else before
+        scans = [scan for scan in scans if scan is not best][-(RECENT_SCANS - 1) :]
+        self._scans[tenant] = [*scans, (list(messages), found)]
+        while len(self._scans) > self._tenants:
+            self._scans.popitem(last=False)
+        return found

@@ -26,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import Caller, authenticate
 from proxy.config import Config, RequestLimits
-from proxy.continuations import continued, extended
+from proxy.continuations import extended
 from proxy.conversation import Answer, Conversation, Streaming
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
@@ -197,8 +197,7 @@ class Doors:
         warm = door.warm_up(parsed)
         if warm is not None:
             reference, events = warm
-            pipeline = self.pipeline
-            conversation, _ = await continued(pipeline.reader, pipeline.history, caller.tenant, parsed.conversation)
+            conversation, _ = await self.pipeline.continued(caller.tenant, parsed.conversation)
             socket.warmed[reference] = conversation
             for event in events:
                 await websocket.send_text(_json(event))
