@@ -240,7 +240,7 @@ class Pipeline:
     async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:
             tokens = count_prompt(token_counts(request.path))
-            return WorkingContext([dict(message) for message in request.messages], tokens, summaries=0, written=0)
+            return WorkingContext(list(request.messages), tokens, summaries=0, written=0)
         if options.preserve_recent is not None:
             request = replace(request, preserve_recent=options.preserve_recent)
         prepared = await self.compactor.prepare(request)

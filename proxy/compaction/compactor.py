@@ -151,7 +151,7 @@ class Compactor:
         if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
-            messages = [dict(message) for message in request.messages]
+            messages = list(request.messages)  # shared, never changed in place (docs/architecture.md)
             return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
         state = await self._paths.read(request)
@@ -305,7 +305,7 @@ class Compactor:
             elif part in context.stubbed:
                 messages.append(stubbed_message(request.messages[part], state.stubs[part]))
             else:
-                messages.append(dict(request.messages[part]))
+                messages.append(request.messages[part])
         return WorkingContext(
             messages, context.tokens, summaries, written, ahead=context.held_back, floor=context.floor
         )

@@ -47,7 +47,7 @@ class CompactionRequest:
 
     tenant: str
     session_id: str
-    messages: Sequence[Mapping[str, Any]]
+    messages: Sequence[Message]
     """The client's messages, sent verbatim wherever the working context keeps an original."""
     path: Sequence[StoredMessage]
     """The same messages as stored: path[i] is messages[i], with its token count."""
@@ -69,7 +69,7 @@ class CompactionRequest:
         settings: Mapping[str, Any],
         *,
         session_id: str,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Message],
         entry: ModelEntry,
         encoding: str,
         budget: int,

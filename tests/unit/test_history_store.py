@@ -442,7 +442,7 @@ class Compared(dict[str, Any]):
         Compared.comparisons += 1
         return dict.__eq__(self, other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
 
 async def test_messages_re_sent_as_the_same_objects_match_without_a_comparison(history: History) -> None:
@@ -456,7 +456,7 @@ async def test_messages_re_sent_as_the_same_objects_match_without_a_comparison(h
     assert [stored.message for stored in again.path] == longer
 
     # Equal objects that are not the same ones are compared, and match as before.
-    copies = [Compared(message) for message in longer]
+    copies: list[dict[str, Any]] = [Compared(message) for message in longer]
     third = await history.reconcile("t", "s", copies, MODEL, ENCODING)
     assert Compared.comparisons > 0
     assert third.stored_before == len(longer)
