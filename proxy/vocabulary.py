@@ -42,7 +42,7 @@ class Origin:
     """Archived passages placed back before the latest question, a user turn."""
 
 
-_MESSAGE_KEYS = (ITEMS, ANSWER, ORIGIN)
+_MESSAGE_KEYS = frozenset((ITEMS, ANSWER, ORIGIN))
 
 
 def origin(message: Mapping[str, Any]) -> str | None:
@@ -56,7 +56,7 @@ def chat_messages(messages: Iterable[Message]) -> list[Message]:
     was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
     chat: list[Message] = []
     for message in messages:
-        if not any(key in message for key in _MESSAGE_KEYS):
+        if _MESSAGE_KEYS.isdisjoint(message):  # at C speed: most messages carry none of them
             chat.append(message)
             continue
         plain = {key: value for key, value in message.items() if key not in _MESSAGE_KEYS}
