@@ -114,8 +114,8 @@ class RecentPaths:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._weights: dict[PathKey, int] = {}
-        self._anchors: dict[PathKey, str] = {}
-        """A derived session's anchor, by its cached path."""
+        self._anchors: dict[PathKey, tuple[str, int | None]] = {}
+        """A derived session's anchor, by its cached path, and its position there (None: not on it)."""
 
     @property
     def bytes(self) -> int:
@@ -142,8 +142,8 @@ class RecentPaths:
         if best.session_id is not None:
             key = (tenant, best.session_id, encoding)
             self._touch(key)
-            anchor = self._anchors.get(key)
-            if anchor is not None and any(entry.stored.id == anchor for entry in best.entries):
+            anchor, at = self._anchors.get(key, (None, None))
+            if at is not None and at < len(best.entries) and best.entries[at].stored.id == anchor:
                 best = replace(best, anchored=True)
         return best
 
@@ -171,7 +171,9 @@ class RecentPaths:
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
             if anchor is not None:
-                self._anchors[key] = anchor
+                # Where it is on the path: a derived session's first request ends there, early in a long path.
+                at = next((i for i, entry in enumerate(entries) if entry.stored.id == anchor), None)
+                self._anchors[key] = (anchor, at)
         self._bytes += weight
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._paths)))
@@ -194,7 +196,7 @@ class RecentPaths:
                     key,
                     [*entries[: end + 1], answer],
                     derived=self._is_derived(key),
-                    anchor=self._anchors.get(key),
+                    anchor=self._anchors.get(key, (None, None))[0],
                     sent=self._sent.get(key, ())[: end + 1],
                 )
                 return

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +48,8 @@ from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
 from proxy.types import Clock, Message
 from proxy.vocabulary import ITEMS
+
+_STORED = operator.attrgetter("stored")
 
 BULK_ROWS = 64
 """A request writing more messages than this is stored on the writer thread (a first request of 20,000
@@ -244,7 +247,7 @@ class History(HistoryReads):
         """Write what `locate` found new, and move the session's head to the request's last message."""
         tenant, session_id = located.tenant, located.session_id
         now = self.clock()
-        path = [entry.stored for entry in located.entries]
+        path = list(map(_STORED, located.entries))
         session_row = (tenant, session_id, path[-1].id, model, located.anchor_id, now, now)
 
         def write(connection: Connection) -> Session:
