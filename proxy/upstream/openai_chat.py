@@ -111,11 +111,15 @@ class OpenAIChat:
         body = {**params, "model": target.model, "messages": chat_messages(messages), "stream": stream}
         if not stream:
             body.pop("stream_options", None)
-        content = _json_bytes(body)
-        client = self._client(target.url)
+        return await self.post(target.url, target.headers, _json_bytes(body))
+
+    async def post(self, url: str, headers: Mapping[str, str], content: bytes) -> httpx.Response:
+        """POST a rendered body on the pooled client of `url`, retried as LiteLLM retries; a refusal raised as
+        `UpstreamRefusal` with its error body cut. Also the translated providers' route (`provider_chat`)."""
+        client = self._client(url)
         attempts = self._config.num_retries + 1
         for attempt in range(1, attempts + 1):
-            request = client.build_request("POST", target.url, content=content, headers=target.headers)
+            request = client.build_request("POST", url, content=content, headers=headers)
             try:
                 answer = await client.send(request, stream=True)
             except (httpx.ConnectError, httpx.RemoteProtocolError):
