@@ -13,16 +13,9 @@ from proxy.config import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream
+from tests.unit.test_upstream import WEATHER_TOOL
 
 KEY = "sk-ant-upstream-secret"
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CACHED_SYSTEM: dict[str, Any] = {
     "role": "system",
     "content": [{"type": "text", "text": "be brief and exact " * 1200, "cache_control": {"type": "ephemeral"}}],
