@@ -24,14 +24,12 @@ process for it (`environment.litellm()`); nothing else in the proxy imports Lite
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import orjson
 
 from proxy import environment
 from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
@@ -41,6 +39,7 @@ from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
 from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
+from proxy.upstream.provider_chat import ProviderChat, ProviderTarget, detached
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 from proxy.vocabulary import chat_messages
 
@@ -62,6 +61,9 @@ class UpstreamRoute:
     direct: ChatTarget | None
     """Set for an OpenAI-compatible upstream: posted straight (`proxy.upstream.openai_chat`), not through
     `acompletion`."""
+    translated: ProviderTarget | None = None
+    """Set for a provider whose non-stream calls are rendered and translated by its LiteLLM provider config and
+    posted straight (`proxy.upstream.provider_chat`), not through `acompletion`."""
     missing_keys: tuple[str, ...] = ()
     """Environment variables the provider reads that are unset, with no api_key in the entry to stand in."""
 
@@ -83,6 +85,7 @@ class LiteLLMUpstream:
         self._config = config
         self._models = models
         self._direct = OpenAIChat(config, max_answer_chars)
+        self._translated = ProviderChat(self._litellm, self._direct)
         self._routes = {entry.name: self._route(entry) for entry in models}
 
     def route(self, entry: ModelEntry) -> UpstreamRoute:
@@ -97,10 +100,13 @@ class LiteLLMUpstream:
 
     async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
         """A non-stream chat completion as OpenAI's JSON object."""
-        target = self.route(entry).direct
+        route = self.route(entry)
+        target = route.direct
         try:
             if target is not None:
                 return await self._direct.complete(target, messages, params)
+            if route.translated is not None:
+                return openai_json(await self._translated.complete(route.translated, messages, params))
             response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
         except Exception as exc:
             raise self._error(entry, exc) from exc
@@ -176,7 +182,7 @@ class LiteLLMUpstream:
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": entry.model,
-            "messages": _detached(chat_messages(messages)),
+            "messages": detached(chat_messages(messages)),
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,
             "max_retries": 0,
@@ -204,17 +210,8 @@ class LiteLLMUpstream:
             return UpstreamRoute(entry.model, "unknown", None)
         missing = missing_keys(self._litellm, entry, provider)
         direct = ChatTarget.of(self._litellm, entry, model) if provider in DIRECT_PROVIDERS else None
-        return UpstreamRoute(model, provider, direct, missing_keys=missing)
-
-
-def _detached(messages: list[Message]) -> list[Message]:
-    """The messages as LiteLLM may change them: some of its provider transforms rewrite a message in place, and
-    the proxy's are shared with the next request of their client (`proxy.doors.resent`)."""
-    try:
-        detached: list[Message] = orjson.loads(orjson.dumps(messages))
-    except TypeError:  # an integer past 64 bits, which orjson does not write
-        detached = copy.deepcopy(messages)
-    return detached
+        translated = ProviderTarget.of(self._litellm, entry, model, provider)
+        return UpstreamRoute(model, provider, direct, translated, missing_keys=missing)
 
 
 async def _chunks(wrapper: Any) -> AsyncIterator[Chunk]:

@@ -128,15 +128,25 @@ class OpenAIChat:
         body = {**params, "model": target.model, "messages": chat_messages(messages), "stream": stream}
         if not stream:
             body.pop("stream_options", None)
-        content = _json_bytes(body)
         pool = self._pool(target.url)
-        headers = self._request_headers(pool, target)
+        return await self._post(pool, self._request_headers(pool, target), _json_bytes(body))
+
+    async def post(self, url: str, headers: Mapping[str, str], content: bytes) -> httpx.Response:
+        """POST a rendered body on the pooled client of `url`, retried as LiteLLM retries; a refusal raised as
+        `UpstreamRefusal` with its error body cut. The translated providers' route (`provider_chat`): their
+        headers depend on each call's body, so they are merged with the client's per call."""
+        pool = self._pool(url)
+        merged = httpx.Headers(pool.client.headers)
+        merged.update(headers)
+        return await self._post(pool, merged, content)
+
+    async def _post(self, pool: _Pool, headers: httpx.Headers, content: bytes) -> httpx.Response:
         attempts = self._config.num_retries + 1
         for attempt in range(1, attempts + 1):
-            # Built as the client would (its headers and timeout, merged once per target, not per call) and sent
-            # straight on its transport: what `client.send` adds an API proxy never uses (authentication and
-            # redirect handling, event hooks), or must not (a cookie jar fed by every answer and sent with every
-            # tenant's next request). ~0.15 ms of CPU a call.
+            # Built as the client would (its headers and timeout) and sent straight on its transport: what
+            # `client.send` adds an API proxy never uses (authentication and redirect handling, event hooks), or
+            # must not (a cookie jar fed by every answer and sent with every tenant's next request). ~0.15 ms of
+            # CPU a call.
             request = httpx.Request("POST", pool.url, content=content, headers=headers, extensions=pool.extensions)
             try:
                 answer = await pool.transport.handle_async_request(request)

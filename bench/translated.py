@@ -1,0 +1,91 @@
+"""What a translated provider's non-stream call costs in-process: the proxy's route against `litellm.acompletion`.
+
+Run by hand: `python bench/translated.py [--calls 200] [--messages 10]`. One fake Anthropic upstream
+(tests/support, real HTTP on 127.0.0.1); an `anthropic/` model entry; calls alternating between the two routes in
+every round so that they share the machine's noise:
+
+    acompletion   litellm.acompletion with the keyword parameters the proxy used to pass it
+    translated    LiteLLMUpstream.complete: LiteLLM's provider config, posted on the proxy's pooled client
+
+Prints p50/p95 wall time per call (the fake's own time included in both) and the ratio translated/acompletion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy import environment
+from proxy.config import ModelEntry, UpstreamConfig
+from proxy.upstream.litellm_client import LiteLLMUpstream
+from tests.support.fake_anthropic_upstream import FakeAnthropicUpstream
+
+KEY = "sk-ant-bench"
+
+
+def history(count: int) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    for index in range(count - 1):
+        role = "user" if index % 2 == 0 else "assistant"
+        turns.append({"role": role, "content": f"turn {index}: " + "words of the conversation " * 30})
+    return [*turns, {"role": "user", "content": "and now?"}]
+
+
+def p95(values: list[float]) -> float:
+    return sorted(values)[max(0, round(0.95 * len(values)) - 1)]
+
+
+async def run(calls: int, count: int) -> None:
+    litellm = environment.litellm()
+    with FakeAnthropicUpstream(context_window=1_000_000) as native:
+        entry = ModelEntry("claude", "anthropic/claude-fake", native.url, KEY, 1_000_000, 1024)
+        upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=30), (entry,))
+        messages = history(count)
+        params = {"max_tokens": 64}
+
+        async def translated() -> None:
+            await upstream.complete(entry, messages, params)
+
+        async def acompletion() -> None:
+            await litellm.acompletion(model=entry.model, messages=messages, api_base=native.url, api_key=KEY, **params)
+
+        targets = {"acompletion": acompletion, "translated": translated}
+        times: dict[str, list[float]] = {name: [] for name in targets}
+        for call in targets.values():  # warm both: imports, pools
+            for _ in range(5):
+                await call()
+        for round_index in range(calls):
+            order = list(targets.items())
+            if round_index % 2:
+                order.reverse()
+            for name, call in order:
+                start = time.perf_counter()
+                await call()
+                times[name].append(time.perf_counter() - start)
+        await upstream.aclose()
+        await environment.close_loop_clients(litellm)
+    base = statistics.median(times["acompletion"])
+    print(f"{count} messages, {calls} calls per route")
+    print(f"{'route':<12} {'p50 ms':>8} {'p95 ms':>8} {'p50 ratio':>10}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"{name:<12} {median * 1000:8.2f} {p95(values) * 1000:8.2f} {median / base:10.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--messages", type=int, default=10)
+    args = parser.parse_args()
+    asyncio.run(run(args.calls, args.messages))
+
+
+if __name__ == "__main__":
+    main()
