@@ -14,8 +14,8 @@ import base64
 import binascii
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.sharing import shared_prefix
@@ -24,9 +24,8 @@ from proxy.tokens import content_text
 TOKEN_PREFIX = "ctxinf1."
 """Marks the proxy's own references (and their format's version)."""
 _TOKEN = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]{20,200}")
-RECENT_SCANS = 4
-"""A tenant's last scans a request is compared with (its sessions' requests interleave)."""
-SCANNED_TENANTS = 1_000
+RECENT_SCANS = 8
+"""The last scans a request is compared with (a tenant's sessions' requests interleave, and tenants')."""
 
 
 def reference(message_id: str) -> str:
@@ -66,30 +65,34 @@ def reference_in(messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[in
     return None
 
 
+@dataclass(frozen=True)
+class _Scan:
+    tenant: str
+    messages: list[dict[str, Any]]
+    found: tuple[int, str] | None
+
+
 class References:
     """`reference_in` for a tenant's requests, each looked through only past what it shares with one of the
-    tenant's last (`RECENT_SCANS`) as the very same message objects (`proxy.sharing`): what the shared part
-    holds is known from that scan. Process memory, correct to lose."""
+    tenant's scans among the last `RECENT_SCANS` (as the doors keep their last requests: the messages a scan
+    holds are theirs) as the very same message objects (`proxy.sharing`): what the shared part holds is known
+    from that scan. Process memory, correct to lose."""
 
-    def __init__(self, tenants: int = SCANNED_TENANTS) -> None:
-        self._tenants = tenants
-        self._scans: OrderedDict[str, list[tuple[list[dict[str, Any]], tuple[int, str] | None]]] = OrderedDict()
-        """Tenant → its last scans (messages, what was found), the most recent last."""
+    def __init__(self, scans: int = RECENT_SCANS) -> None:
+        self._max_scans = scans
+        self._scans: list[_Scan] = []
+        """The most recent last."""
 
     def find(self, tenant: str, messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
-        scans = self._scans.pop(tenant, [])
         best, shared = None, 0
-        for scan in scans:
-            length = shared_prefix(messages, scan[0])
-            if length > shared:
+        for scan in self._scans:
+            if scan.tenant == tenant and (length := shared_prefix(messages, scan.messages)) > shared:
                 best, shared = scan, length
         found = reference_in(messages, shared)
         if found is None and best is not None:
-            before = best[1]
+            before = best.found
             # Found in the part that changed: the shared part is looked through again.
             found = reference_in(messages[:shared]) if before is not None and before[0] >= shared else before
-        scans = [scan for scan in scans if scan is not best][-(RECENT_SCANS - 1) :]
-        self._scans[tenant] = [*scans, (list(messages), found)]
-        while len(self._scans) > self._tenants:
-            self._scans.popitem(last=False)
+        kept = [scan for scan in self._scans if scan is not best]
+        self._scans = [*kept[len(kept) - self._max_scans + 1 :], _Scan(tenant, list(messages), found)]
         return found

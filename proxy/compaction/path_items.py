@@ -18,7 +18,7 @@ from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
 from proxy.config import TOOL_RESULTS, ContextConfig
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredMessage, token_counts
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.sharing import shared_prefix
@@ -28,9 +28,9 @@ ITEM_CACHE_ENTRIES = 100_000
 """Builder items remembered (~150 bytes each): a few long sessions' paths."""
 STUB_CACHE_ENTRIES = 20_000
 """Tool-output stubs remembered by message (~300 bytes each): a re-sent history is not stubbed again."""
-PATH_SESSIONS = 1_000
-"""Sessions whose last read is remembered (its path, items and stubs: ~24 bytes per message beside the cached
-objects they point to)."""
+READ_TOKENS = 16_000_000
+"""About how many tokens of paths the remembered reads hold in all (each holds its path's stored messages, which
+the history's recent paths may have let go of: ~64 MB of text); the least recent sessions' go first."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class _Read:
     stubs: dict[int, str]
     costs: dict[int, int]
     cuts: Cuts
+    tokens: int
+    """What the path's messages count (`READ_TOKENS`)."""
 
 
 class PathReader:
@@ -60,8 +62,9 @@ class PathReader:
     objects (`History` hands out its cached entries, `proxy.sharing`), so its last read is carried over for
     that prefix, with the same pins, and only the new messages are read."""
 
-    def __init__(self, config: ContextConfig, pins: Pins | None = None) -> None:
+    def __init__(self, config: ContextConfig, pins: Pins | None = None, max_tokens: int = READ_TOKENS) -> None:
         self._config = config
+        self._max_tokens = max_tokens
         self._pins = pins
         self._stubs: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         """(message id, encoding) → the tool output's stub and what its message costs."""
@@ -70,6 +73,7 @@ class PathReader:
         request's was, and an item is the same for the same message."""
         self._last: OrderedDict[tuple[str, str, str, bool], _Read] = OrderedDict()
         """(tenant, session, encoding, stubbing) → the session's last read."""
+        self._tokens = 0
 
     async def read(self, request: CompactionRequest) -> PathState:
         """The builder's items for `request`'s path (pins and, when `tool-results` runs, stub costs known)."""
@@ -78,6 +82,8 @@ class PathReader:
         key = (request.tenant, request.session_id, request.encoding, stubbing)
         path = list(request.path)
         last = self._last.pop(key, None)
+        if last is not None:
+            self._tokens -= last.tokens
         shared = shared_prefix(path, last.path) if last is not None and last.pinned == pinned else 0
         if last is not None and shared:
             items = last.items[:shared]
@@ -96,9 +102,12 @@ class PathReader:
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
         cuts = Cuts.of(items, None if last is None else last.cuts)
-        self._last[key] = _Read(path, pinned, items, stubs, costs, cuts)
-        while len(self._last) > PATH_SESSIONS:
-            self._last.popitem(last=False)
+        tokens = sum(token_counts(path))
+        if tokens <= self._max_tokens:
+            self._last[key] = _Read(path, pinned, items, stubs, costs, cuts, tokens)
+            self._tokens += tokens
+            while self._tokens > self._max_tokens:
+                self._tokens -= self._last.popitem(last=False)[1].tokens
         return PathState(items, stubs, cuts.points)
 
     def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:

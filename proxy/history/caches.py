@@ -25,8 +25,6 @@ RECENT_PATH_BYTES = 64 * 1024 * 1024
 """About how much memory the recent-path cache holds in all; the least recent sessions' paths go first."""
 ENTRY_OVERHEAD = 600
 """Bytes a cached message costs beyond its text: the objects that hold it (measured roughly, CPython 3.11)."""
-SENT_OVERHEAD = 250
-"""Bytes a request's message held beside its entry costs (its text is the entry's, shared)."""
 
 DERIVED_CANDIDATES = 32
 """How many of a tenant's most recent paths a request without `X-Session-Id` is compared with."""
@@ -161,7 +159,9 @@ class RecentPaths:
         `sent`: the request's messages the first entries were made from, which the cache then holds."""
         self._drop(key)
         sent = sent[: len(entries)]
-        weight = sum(map(_WEIGHT, entries)) + SENT_OVERHEAD * len(sent)
+        # A request's message is weighed as its entry: what it holds beyond the entry's text (another API's
+        # parts) is not shared with it.
+        weight = sum(map(_WEIGHT, entries)) + sum(map(_WEIGHT, entries[: len(sent)]))
         if weight > self._max_bytes:
             return
         self._paths[key] = entries

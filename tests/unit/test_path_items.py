@@ -138,3 +138,18 @@ def test_a_read_carried_over_from_the_last_equals_a_fresh_read(seed: int, reques
             assert carried.cuts == fresh.cuts == cut_points(fresh.items)
 
     asyncio.run(run())
+
+
+def test_the_remembered_reads_hold_at_most_their_tokens() -> None:
+    """Each read holds its path's stored messages: many long sessions let the least recent go."""
+    reader = PathReader(ContextConfig(strategies=(TOOL_RESULTS, SUMMARIZE)), max_tokens=1_000)
+
+    async def run() -> None:
+        for session in range(20):
+            path = [stored({"role": "user", "content": f"q{n}"}, session * 100 + n) for n in range(5)]
+            request = CompactionRequest("t", f"s{session}", [s.message for s in path], path, ENTRY, "cl100k_base", 9, 4)
+            await reader.read(request)
+            assert reader._tokens == sum(read.tokens for read in reader._last.values()) <= 1_000
+
+    asyncio.run(run())
+    assert 0 < len(reader._last) < 20

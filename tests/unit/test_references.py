@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.references import References, reference, reference_in, referenced
+from proxy.references import RECENT_SCANS, References, reference, reference_in, referenced
 
 IDS = [f"{n:064x}" for n in range(1, 6)]
 
@@ -54,3 +54,4 @@ def test_found_over_a_tenants_requests_as_looked_through_whole(seed: int, reques
         conversations[which] = messages
         assert references.find("tenant", messages) == reference_in(messages)
         assert references.find("other", messages) == reference_in(messages)
+        assert len(references._scans) <= RECENT_SCANS  # what the scans hold is bounded like a door's requests
