@@ -20,7 +20,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -68,7 +68,8 @@ class ChatTarget:
     """Where and how a model entry's calls are posted: resolved once, by LiteLLM's provider config."""
 
     url: str
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] = field(repr=False)
+    """Its key among them."""
     model: str
 
     @classmethod

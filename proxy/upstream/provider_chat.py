@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -44,8 +44,7 @@ class ProviderTarget:
 
     config: Any
     url: str
-    api_base: str
-    api_key: str | None
+    api_key: str | None = field(repr=False)
     model: str
     agent: Mapping[str, str]
     """LiteLLM's `User-Agent`, which its own handlers send: the upstream sees the same client on both routes."""
@@ -66,7 +65,7 @@ class ProviderTarget:
         url = base if base.endswith(ANTHROPIC_PATH) else base + ANTHROPIC_PATH
         key = entry.api_key or os.environ.get(ANTHROPIC_KEY_VARIABLE) or None
         agent = dict(litellm.llms.custom_httpx.http_handler.get_default_headers())
-        return cls(config, url, url, key, model, agent)
+        return cls(config, url, key, model, agent)
 
 
 class _Unlogged:
@@ -92,7 +91,7 @@ class ProviderChat:
         asked = {name: value for name, value in params.items() if name not in _STREAM_FIELDS}
         optional = config.map_openai_params(asked, {}, target.model, drop_params=False)
         headers = config.validate_environment(
-            {}, target.model, sent, optional, {}, api_key=target.api_key, api_base=target.api_base
+            {}, target.model, sent, optional, {}, api_key=target.api_key, api_base=target.url
         )
         data = config.transform_request(target.model, sent, optional, {}, headers)
         answer = await self._http.post(target.url, {**target.agent, **headers}, orjson.dumps(data))
