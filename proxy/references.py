@@ -85,8 +85,15 @@ class References:
 
     def find(self, tenant: str, messages: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
         best, shared = None, 0
-        for scan in self._scans:
-            if scan.tenant == tenant and (length := shared_prefix(messages, scan.messages)) > shared:
+        # The most recent first, and none that cannot share more: one pass over a growing conversation.
+        for scan in reversed(self._scans):
+            if shared == len(messages):
+                break
+            if (
+                scan.tenant == tenant
+                and len(scan.messages) > shared
+                and (length := shared_prefix(messages, scan.messages)) > shared
+            ):
                 best, shared = scan, length
         found = reference_in(messages, shared)
         if found is None and best is not None:

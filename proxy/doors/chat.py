@@ -126,8 +126,7 @@ def parse_chat_request(
         raise InvalidRequest(f"'messages' must be an array, not {json_type(messages)}.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    messages = listed.convert(_checked, "messages").messages
-    _validate_pairs(messages)
+    messages = listed.convert(_checked, "messages", _validate_pairs).messages
     _validate_params(body)
     max_param = next((name for name in _MAX_OUTPUT_PARAMS if body.get(name) is not None), "max_tokens")
     max_output = body.get(max_param)
@@ -209,16 +208,17 @@ def _validate_part(part: Any, where: str, allowed: tuple[str, ...]) -> None:
         )
 
 
-def _validate_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
+def _validate_pairs(conversion: Conversion, start: int) -> None:
     """Every tool message answers a call made before it, and calls another message follows are answered first."""
-    orphan = unanswered_output(messages)
+    messages = conversion.messages
+    orphan = unanswered_output(messages, start)
     if orphan is not None:
         raise InvalidRequest(
             "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with "
             f"'tool_calls' (no call has the id {orphan[:MAX_SHOWN_ID_CHARS]!r}).",
             param="messages",
         )
-    unanswered = unanswered_calls(messages)
+    unanswered = unanswered_calls(messages, start=start)
     if unanswered is not None:
         index, ids = unanswered
         raise InvalidRequest(

@@ -62,6 +62,9 @@ class Conversion:
 Convert = Callable[[Sequence[Any], int], Conversion]
 """A door's conversion of a list's elements from an index on (which names them in errors); `InvalidRequest` for
 an element its API refuses."""
+Check = Callable[[Conversion, int], None]
+"""A door's checks across a list's messages (a tool output and its call); `InvalidRequest` for a list its API
+refuses. Given how many leading messages are those a list that passed them began with."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class _Kept:
     conversion: Conversion
     prelude: tuple[Any, list[Message]] | None
     """A member outside the list and the messages it became (`Listed.prelude`)."""
+    checked: bool
+    """Its messages passed the door's `Check`."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +137,10 @@ class Listed:
         self._prelude = (value, messages)
         return list(messages)
 
-    def convert(self, convert: Convert, param: str) -> Conversion:
+    def convert(self, convert: Convert, param: str, check: Check | None = None) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
-        the limits (`check_messages`) and converted; then kept for the next request."""
+        the limits (`check_messages`) and converted; the whole then passed to `check`, and kept for the next
+        request."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"
         scan = self._scan
@@ -145,6 +151,7 @@ class Listed:
                 reused -= 1
         check_messages(elements, param, self._limits, start=reused)
         tail = convert(elements[reused:], reused)
+        checked = 0
         if kept is None or not reused:
             conversion = tail
         else:
@@ -154,6 +161,9 @@ class Listed:
                 before.origins[:base] + tail.origins,
                 before.closed[:reused] + [base + count if count >= 0 else -1 for count in tail.closed],
             )
+            checked = base if kept.checked else 0
+        if check is not None:
+            check(conversion, checked)
         if self._lists is not None and scan is not None:
             scanned = scan.scanned
             self._lists.lists.keep(
@@ -169,6 +179,7 @@ class Listed:
                     list(elements),
                     conversion,
                     self._prelude,
+                    check is not None,
                 )
             )
         return conversion

@@ -111,6 +111,8 @@ class RecentPaths:
         self._by_tenant: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._max_bytes = max_bytes
         self._bytes = 0
+        self._running: dict[PathKey, list[int]] = {}
+        """Each cached path's entries' weights summed up to each entry (carried over a shared prefix)."""
         self._weights: dict[PathKey, int] = {}
         self._anchors: dict[PathKey, tuple[str, int | None]] = {}
         """A derived session's anchor, by its cached path, and its position there (None: not on it)."""
@@ -157,22 +159,27 @@ class RecentPaths:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
         `sent`: the request's messages the first entries were made from, which the cache then holds."""
+        running = _running_weights(entries, self._paths.get(key, []), self._running.get(key, []))
+        anchored = self._anchors.get(key)
         self._drop(key)
         sent = sent[: len(entries)]
         # A request's message is weighed as its entry: what it holds beyond the entry's text (another API's
         # parts) is not shared with it.
-        weight = sum(map(_WEIGHT, entries)) + sum(map(_WEIGHT, entries[: len(sent)]))
+        weight = (running[-1] if running else 0) + (running[len(sent) - 1] if sent else 0)
         if weight > self._max_bytes:
             return
         self._paths[key] = entries
         self._sent[key] = sent
+        self._running[key] = running
         self._weights[key] = weight
         tenant, session_id, encoding = key
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
             if anchor is not None:
-                # Where it is on the path: a derived session's first request ends there, early in a long path.
-                at = next((i for i, entry in enumerate(entries) if entry.stored.id == anchor), None)
+                # Where it is on the path (a node's place on every path through it), as before when it still is.
+                at = anchored[1] if anchored is not None and anchored[0] == anchor else None
+                if at is None or at >= len(entries) or entries[at].stored.id != anchor:
+                    at = next((i for i, entry in enumerate(entries) if entry.stored.id == anchor), None)
                 self._anchors[key] = (anchor, at)
         self._bytes += weight
         while self._bytes > self._max_bytes:
@@ -223,6 +230,7 @@ class RecentPaths:
         if self._paths.pop(key, None) is None:
             return
         self._bytes -= self._weights.pop(key)
+        self._running.pop(key, None)
         self._sent.pop(key, None)
         self._anchors.pop(key, None)
         tenant, session_id, encoding = key
@@ -231,6 +239,15 @@ class RecentPaths:
             sessions.pop(session_id, None)
             if not sessions:
                 del self._by_tenant[(tenant, encoding)]
+
+
+def _running_weights(entries: list[CachedMessage], before: list[CachedMessage], running: list[int]) -> list[int]:
+    """The entries' weights summed up to each, those of the entries `before` had as the same objects as then."""
+    shared = shared_prefix(entries, before)
+    sums = running[:shared]
+    total = sums[-1] if sums else 0
+    sums.extend(map(total.__add__, itertools.accumulate(map(_WEIGHT, entries[shared:]))))
+    return sums
 
 
 def _match(

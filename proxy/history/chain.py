@@ -25,10 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.types import Message
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+
+if TYPE_CHECKING:
+    from proxy.history.messages import StoredMessage
 
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
@@ -160,16 +163,16 @@ def _trimmed_part(part: Any) -> Any:
     return part if trimmed == text else {**part, "text": trimmed}
 
 
-def conversation_end(roles: Sequence[object]) -> int:
+def conversation_end(path: Sequence[StoredMessage]) -> int:
     """Index of the last message that is not a system (or developer) message; the last one if all are.
 
     Answers and settings attach there: a system reminder a tool appends after the latest turn is not re-sent
     at that place next time, so what hangs below it would not be found again.
     """
-    for index in range(len(roles) - 1, -1, -1):
-        if roles[index] not in SYSTEM_ROLES:
+    for index in range(len(path) - 1, -1, -1):
+        if path[index].role not in SYSTEM_ROLES:
             return index
-    return len(roles) - 1
+    return len(path) - 1
 
 
 def root_parent(tenant: str) -> str:
@@ -215,13 +218,18 @@ def derived_session_id(tenant: str, anchor_id: str) -> str:
     return SESSION_ID_PREFIX + _digest(f"{tenant}\n{anchor_id}")[:SESSION_ID_HEX_CHARS]
 
 
-def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The id of the first tool output that answers no call made before it (every provider refuses one)."""
+def unanswered_output(messages: Sequence[Mapping[str, Any]], start: int = 0) -> str | None:
+    """The id of the first tool output that answers no call made before it (every provider refuses one).
+
+    `start`: how many leading messages are known to pass, being those a list that passed began with. Only the
+    outputs after them are checked; one whose call is not among the new messages is looked for backwards."""
     called: set[str] = set()
-    for message in messages:
+    for index in range(start, len(messages)):
+        message = messages[index]
         if message["role"] == "tool":
-            if message["tool_call_id"] not in called:
-                return str(message["tool_call_id"])
+            call_id = message["tool_call_id"]
+            if call_id not in called and not _called_before(messages, start, call_id):
+                return str(call_id)
             continue
         calls = message.get("tool_calls")
         if calls:
@@ -229,19 +237,36 @@ def unanswered_output(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def unanswered_calls(messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True) -> tuple[int, list[str]] | None:
+def _called_before(messages: Sequence[Mapping[str, Any]], end: int, call_id: Any) -> bool:
+    for index in range(end - 1, -1, -1):
+        calls = messages[index].get("tool_calls")
+        if calls and any(call["id"] == call_id for call in calls):
+            return True
+    return False
+
+
+def unanswered_calls(
+    messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True, start: int = 0
+) -> tuple[int, list[str]] | None:
     """The first assistant message (its index) with tool calls left unanswered though a message other than a
     tool output follows it, and those calls' ids: every provider refuses one. `adjacent`: each call must be
     answered by the tool messages right after its message (chat, Anthropic); else anywhere after it (Responses
     items). Calls with nothing but tool outputs after them are not refused: the rest are the client's next
-    request."""
+    request.
+
+    `start` (with `adjacent`): how many leading messages a list that passed began with. The calls before the
+    last of them that is not a tool output were answered there, as here."""
     last_other = next((index for index in range(len(messages) - 1, -1, -1) if messages[index]["role"] != "tool"), -1)
     answered_at = (
         {}
         if adjacent
         else {message["tool_call_id"]: index for index, message in enumerate(messages) if message["role"] == "tool"}
     )
-    for index, message in enumerate(messages[:last_other]):
+    first = start - 1 if adjacent and start else 0
+    while first > 0 and messages[first]["role"] == "tool":
+        first -= 1
+    for index in range(first, last_other):
+        message = messages[index]
         calls = message.get("tool_calls") if message["role"] == "assistant" else None
         if not calls:
             continue

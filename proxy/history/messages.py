@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,14 +83,18 @@ class Reconciled:
         """Which form of each system message this request sent (node id → `chain.body_digest`): nodes of system
         messages are shared by every prompt sent at that place, so a session's view needs this to show its
         own."""
-        return {
-            stored.id: chain.body_digest(chain.canonical_json(stored.message))
-            for stored in self.path
-            if stored.role in SYSTEM_ROLES
-        }
+        forms = system_messages(self.path)
+        return {stored.id: chain.body_digest(chain.canonical_json(stored.message)) for stored in forms}
 
 
 _TOKENS = operator.attrgetter("tokens")
+_ROLE = operator.attrgetter("role")
+_IS_SYSTEM = frozenset(SYSTEM_ROLES).__contains__
+
+
+def system_messages(path: Sequence[StoredMessage]) -> list[StoredMessage]:
+    """The path's system (and developer) messages, picked at C speed: a long path's are counted on every request."""
+    return list(itertools.compress(path, map(_IS_SYSTEM, map(_ROLE, path))))
 
 
 def token_counts(path: Iterable[StoredMessage]) -> Iterator[int]:

@@ -136,7 +136,7 @@ class HistoryReads:
         )
         attached = {row[0]: json.loads(row[1]) for row in rows}
         in_force: Mapping[str, Any] = {}
-        for stored in path[: chain.conversation_end([stored.role for stored in path]) + 1]:
+        for stored in path[: chain.conversation_end(path) + 1]:
             if stored.id in attached:
                 in_force = fold(in_force, attached[stored.id])
         return dict(in_force)

@@ -160,14 +160,16 @@ class History(HistoryReads):
         anchor_id = None
         derived = session_id is None
         if session_id is None:
-            path = [entry.stored for entry in entries]
             # The cached session, when the request extends its path, or repeats part of it holding its anchor and
             # adds only new nodes (a regenerated answer); else the store says which anchor lies deepest.
             cached = found.whole or (found.anchored and stored_before == len(found.entries))
-            session_id = found.session_id if cached else await self._derived(tenant, path)
+            session_id = found.session_id if cached else None
             if session_id is None:
-                anchor_id = path[chain.conversation_end([stored.role for stored in path])].id
-                session_id = chain.derived_session_id(tenant, anchor_id)
+                path = list(map(_STORED, entries))
+                session_id = await self._derived(tenant, path)
+                if session_id is None:
+                    anchor_id = path[chain.conversation_end(path)].id
+                    session_id = chain.derived_session_id(tenant, anchor_id)
         return Located(
             tenant,
             session_id,
@@ -289,7 +291,7 @@ class History(HistoryReads):
             anchor=session.anchor_id,
             sent=located.messages,
         )
-        end = chain.conversation_end([stored.role for stored in path])
+        end = chain.conversation_end(path)
         return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)
 
     async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:

@@ -471,3 +471,36 @@ async def test_a_changed_message_after_shared_objects_is_a_branch(history: Histo
     assert [stored.id for stored in branch.path[:5]] == [stored.id for stored in first.path[:5]]
     assert branch.path[5].id != first.path[5].id
     assert [stored.message for stored in branch.path] == edited
+
+
+def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_changes() -> None:
+    """The weights summed over the shared part of the path before are carried: the total is what summing the
+    whole path again gives, whether the path grows, is cut back, branches or holds other objects."""
+    from proxy.history.caches import CachedMessage
+    from proxy.history.messages import StoredMessage
+
+    def entry(depth: int, text: str) -> CachedMessage:
+        message = {"role": "user", "content": text}
+        return CachedMessage(
+            StoredMessage(f"{text}@{depth}", None, depth, "user", message, 1, 0.0), message, {}, depth + ord(text)
+        )
+
+    recent = RecentPaths()
+    key = ("t", "s", ENCODING)
+    path = [entry(depth, "a") for depth in range(6)]
+    anchor = path[2].stored.id
+    steps = [
+        path,
+        [*path, entry(6, "a"), entry(7, "a")],  # grows
+        path[:4],  # cut back
+        [*path[:3], entry(3, "b"), entry(4, "b")],  # branches after the anchor
+        [entry(depth, "a") for depth in range(5)],  # equal entries, other objects
+        [entry(0, "c"), entry(1, "c")],  # the anchor is not on it
+    ]
+    for entries in steps:
+        sent = [item.private for item in entries[:3]]
+        recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
+        assert recent.bytes == sum(item.weight for item in entries) + sum(item.weight for item in entries[:3])
+        on_path = any(item.stored.id == anchor for item in entries)
+        matched = recent.match("t", ENCODING, None, [item.private for item in entries])
+        assert matched.anchored == on_path

@@ -197,6 +197,11 @@ def test_the_checks_across_messages_see_the_whole_list() -> None:
     parse_chat_request(chat_body(opened), LIMITS, resent)
     with pytest.raises(InvalidRequest, match="call_1"):
         parse_chat_request(chat_body([*opened, {"role": "user", "content": "and?"}]), LIMITS, resent)
+    # A refused list is no checked beginning for the next: its orphan output is refused again.
+    orphaned = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_9", "content": "r"}]
+    for messages in (orphaned, [*orphaned, {"role": "user", "content": "and?"}]):
+        with pytest.raises(InvalidRequest, match="call_9"):
+            parse_chat_request(chat_body(messages), LIMITS, resent)
 
 
 def test_a_new_message_is_refused_by_its_index_and_limits_apply_to_it() -> None:

@@ -69,8 +69,7 @@ def parse_messages_request(
     if system is not None:
         check_message_size(system, "system", limits)
     prelude = listed.prelude(system, _system)
-    conversion = listed.convert(_converted, "messages")
-    _check_pairs(conversion.messages, conversion.origins)
+    conversion = listed.convert(_converted, "messages", _check_pairs)
     messages = [*prelude, *conversion.messages]
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -102,7 +101,7 @@ def _system(system: Any, where: str = "system") -> list[Message]:
 def chat_messages(messages: Sequence[Any]) -> list[Message]:
     """The conversation's messages as chat messages (see the module docstring)."""
     conversion = _converted(messages, 0)
-    _check_pairs(conversion.messages, conversion.origins)
+    _check_pairs(conversion)
     return conversion.messages
 
 
@@ -220,17 +219,18 @@ def _chat_content(blocks: Sequence[Mapping[str, Any]], places: Sequence[str]) ->
     return parts
 
 
-def _check_pairs(messages: Sequence[Message], origins: Sequence[int]) -> None:
+def _check_pairs(conversion: Conversion, start: int = 0) -> None:
     """Each tool_result answers a tool_use before it; each tool_use another message follows is answered by the
-    next one (a tool_use at the end is the client's to answer). `origins`: each message's index in the request."""
-    orphan = unanswered_output(messages)
+    next one (a tool_use at the end is the client's to answer)."""
+    messages, origins = conversion.messages, conversion.origins
+    orphan = unanswered_output(messages, start)
     if orphan is not None:
         raise InvalidRequest(
             f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {orphan[:MAX_SHOWN_ID_CHARS]}. "
             "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
             param="messages",
         )
-    unanswered = unanswered_calls(messages)
+    unanswered = unanswered_calls(messages, start=start)
     if unanswered is not None:
         index, ids = unanswered
         where = f"messages.{origins[index]}"
