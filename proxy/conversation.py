@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.journal.relay import JournaledGroups
 from proxy.journal.steps import StepRecord
-from proxy.types import Chunk, Message, NativeRequest
+from proxy.types import Chunk, Message, NativeRequest, RawList
 
 
 class ContextMode(enum.StrEnum):
@@ -59,6 +59,8 @@ class Conversation:
     definitions: int = 0
     """What the request's tool definitions and output schema cost by the proxy's count (`tokens.count_definitions`,
     set by the pipeline): sent with every request besides the messages, so the budget leaves room for them."""
+    raw_messages: RawList | None = None
+    """The client's bytes of `messages` (the chat door's, whose messages are the list's elements)."""
 
 
 @dataclass(frozen=True)

@@ -307,7 +307,11 @@ class Pipeline:
             try:
                 async with asyncio.timeout(total_s) as call:
                     return await upstream.complete(
-                        plan.entry, plan.prepared.messages, conversation.params, conversation.native
+                        plan.entry,
+                        plan.prepared.messages,
+                        conversation.params,
+                        conversation.native,
+                        conversation.raw_messages,
                     )
             except TimeoutError as exc:
                 if not call.expired():
@@ -346,7 +350,11 @@ class Pipeline:
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
                     chunks = await upstream.open_stream(
-                        plan.entry, plan.prepared.messages, conversation.params, conversation.native
+                        plan.entry,
+                        plan.prepared.messages,
+                        conversation.params,
+                        conversation.native,
+                        conversation.raw_messages,
                     )
             except TimeoutError as exc:
                 if not opening.expired():

@@ -30,3 +30,11 @@ def shared_prefix(new: Sequence[object], old: Sequence[object]) -> int:
         else:
             high = middle - 1
     return low
+
+
+def shared_suffix(new: Sequence[object], old: Sequence[object]) -> int:
+    """How many trailing elements of `new` are the very objects of `old`'s (`shared_prefix`, from the end)."""
+    count = min(len(new), len(old))
+    if count == 0 or new[-1] is not old[-1]:
+        return 0
+    return shared_prefix(new[len(new) - count :][::-1], old[len(old) - count :][::-1])

@@ -7,7 +7,7 @@ so the stages after a door see nothing else (docs/architecture.md, "The canonica
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,18 @@ Chunk = dict[str, Any]
 """A `chat.completion.chunk` (stream) or a `chat.completion` (non-stream) JSON object."""
 Clock = Callable[[], float]
 """Seconds; `time.time` for stored timestamps, `time.monotonic` for durations. Injected so tests control time."""
+
+
+@dataclass(frozen=True, eq=False)
+class RawList:
+    """A list in a request's body as the client sent it: `elements` are what `raw` parsed to, element i ending at
+    byte `ends[i]`. An upstream body that holds a run of these very objects writes their bytes as they came
+    instead of encoding them again (`proxy.upstream.json_body`): equal bytes, since nothing changes a request's
+    messages in place."""
+
+    raw: bytes = field(repr=False)
+    elements: Sequence[Any] = field(repr=False)
+    ends: Sequence[int] = field(repr=False)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,7 @@ def parse_chat_request(
         max_output=None if max_output is None else int(max_output),
         max_output_param=max_param,
         identity={key: value for key, value in body.items() if key not in _DELIVERY_PARAMS},
+        raw_messages=listed.raw,
     )
 
 

@@ -26,7 +26,7 @@ from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
 from proxy.doors.list_scan import Resume, Scanned, scan_body
 from proxy.errors import InvalidRequest
-from proxy.types import Message
+from proxy.types import Message, RawList
 
 RECENT_LISTS = 4
 """How many of a door's last requests a new one is compared with, the most recent first."""
@@ -124,6 +124,8 @@ class Listed:
         self._lists = lists
         self._scan = scan
         self._prelude: tuple[Any, list[Message]] | None = None
+        self.raw: RawList | None = None
+        """The list's bytes, once `convert` has scanned them."""
 
     def prelude(self, value: Any, make: Callable[[Any], list[Message]]) -> list[Message]:
         """The messages a member outside the list becomes (a system prompt, instructions), those of the kept
@@ -166,6 +168,8 @@ class Listed:
             check(conversion, checked)
         if self._lists is not None and scan is not None:
             scanned = scan.scanned
+            byte_ends, kept_elements = _byte_ends(scan), list(elements)
+            self.raw = RawList(scan.raw, kept_elements, byte_ends)
             self._lists.lists.keep(
                 _Kept(
                     scan.raw,
@@ -175,8 +179,8 @@ class Listed:
                     scanned.head,
                     scanned.start,
                     scanned.ends,
-                    _byte_ends(scan),
-                    list(elements),
+                    byte_ends,
+                    kept_elements,
                     conversion,
                     self._prelude,
                     check is not None,

@@ -34,7 +34,7 @@ import httpx
 from proxy import environment
 from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError
-from proxy.types import Chunk, Message
+from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
@@ -98,13 +98,15 @@ class LiteLLMUpstream:
         for entry in self._models:
             warn_missing_keys(entry, self.route(entry).missing_keys)
 
-    async def complete(self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
-        """A non-stream chat completion as OpenAI's JSON object."""
+    async def complete(
+        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
+    ) -> Chunk:
+        """A non-stream chat completion as OpenAI's JSON object (`raw`: as `Upstream.complete`'s)."""
         route = self.route(entry)
         target = route.direct
         try:
             if target is not None:
-                return await self._direct.complete(target, messages, params)
+                return await self._direct.complete(target, messages, params, raw)
             if route.translated is not None:
                 return openai_json(await self._translated.complete(route.translated, messages, params))
             response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
@@ -113,13 +115,13 @@ class LiteLLMUpstream:
         return openai_json(response.model_dump(exclude_none=True))
 
     async def open_stream(
-        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
+        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
     ) -> AsyncIterator[Chunk]:
         """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
         target = self.route(entry).direct
         try:
             if target is not None:
-                return self._converted(entry, await self._direct.open_stream(target, messages, params))
+                return self._converted(entry, await self._direct.open_stream(target, messages, params, raw))
             wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
         except Exception as exc:
             raise self._error(entry, exc) from exc

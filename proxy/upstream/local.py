@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from proxy.config import ModelEntry
-from proxy.types import Chunk, Message, NativeRequest
+from proxy.types import Chunk, Message, NativeRequest, RawList
 
 LOCAL_ID_PREFIX = "chatcmpl-proxy-"
 
@@ -27,6 +27,7 @@ class LocalAnswer:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> Chunk:
         return {
             "id": f"{LOCAL_ID_PREFIX}{self._created}",
@@ -43,6 +44,7 @@ class LocalAnswer:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> AsyncIterator[Chunk]:
         return self._chunks(entry)
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from proxy.config import ModelEntry
-from proxy.types import Chunk, Message, NativeRequest
+from proxy.types import Chunk, Message, NativeRequest, RawList
 
 
 class Upstream(Protocol):
@@ -26,8 +26,10 @@ class Upstream(Protocol):
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> Chunk:
-        """A `chat.completion` for `messages`; `params` are the client's other fields, forwarded as sent."""
+        """A `chat.completion` for `messages`; `params` are the client's other fields, forwarded as sent. `raw`:
+        the client's own bytes of messages it re-sends as they were."""
         ...
 
     async def open_stream(
@@ -36,6 +38,7 @@ class Upstream(Protocol):
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> AsyncIterator[Chunk]:
         """Start a stream of `chat.completion.chunk` objects; returns once the upstream has accepted it."""
         ...

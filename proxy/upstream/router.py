@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
-from proxy.types import Chunk, Message, NativeRequest
+from proxy.types import Chunk, Message, NativeRequest, RawList
 from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.native_client import NativeClient
@@ -41,10 +41,11 @@ class UpstreamRouter:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> Chunk:
         client = self._native(entry, native)
         if client is None or native is None:
-            return await self.chat.complete(entry, messages, params)
+            return await self.chat.complete(entry, messages, params, raw)
         return await client.create(entry, native, messages)
 
     async def open_stream(
@@ -53,10 +54,11 @@ class UpstreamRouter:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> AsyncIterator[Chunk]:
         client = self._native(entry, native)
         if client is None or native is None:
-            return await self.chat.open_stream(entry, messages, params)
+            return await self.chat.open_stream(entry, messages, params, raw)
         return await client.open_stream(entry, native, messages)
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:

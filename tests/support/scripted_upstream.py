@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from proxy.config import ModelEntry
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
-from proxy.types import Chunk, Message, NativeRequest
+from proxy.types import Chunk, Message, NativeRequest, RawList
 
 CallKind = Literal["complete", "stream"]
 
@@ -94,6 +94,7 @@ class ScriptedUpstream:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> Chunk:
         script = await self._take("complete", entry, messages, params)
         assert script.completion is not None
@@ -105,6 +106,7 @@ class ScriptedUpstream:
         messages: list[Message],
         params: Mapping[str, Any],
         native: NativeRequest | None = None,
+        raw: RawList | None = None,
     ) -> AsyncIterator[Chunk]:
         script = await self._take("stream", entry, messages, params)
         return self._chunks(script)
