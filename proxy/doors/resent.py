@@ -8,7 +8,7 @@ and their messages as they were; only the rest is decoded, parsed (`proxy.doors.
 limits and converted. Sound because equal bytes parse to equal values, the per-element limits and checks look at nothing
 else, and a door converts an element without looking past it (where a message waits for later elements, as a
 Responses run of output items does, the reuse stops before it: `Conversion.closed`). The checks across elements
-(calls and their outputs) still see the whole list.
+(calls and their outputs) look past what a kept request that passed them began with (`Check`).
 
 Process memory, correct to lose: without it every element is parsed and converted. Reused objects are shared
 with earlier requests, which is safe because nothing changes a `Conversation`'s messages in place.
