@@ -15,26 +15,17 @@ from collections.abc import Sequence
 
 
 def shared_prefix(new: Sequence[object], old: Sequence[object]) -> int:
-    """How many leading elements of `new` are the very objects of `old`'s: comparisons at C speed, and about
-    two passes over the shorter list however late the first difference is (each probe halves what is left)."""
-    count = min(len(new), len(old))
-    if count == 0 or new[0] is not old[0]:
-        return 0
-    if all(map(operator.is_, new[:count], old[:count])):
-        return count
-    low, high = 1, count - 1  # new[:low] is shared; the first difference is at or before `high`
-    while low < high:
-        middle = (low + high + 1) // 2
-        if all(map(operator.is_, new[low:middle], old[low:middle])):
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    """How many leading elements of `new` are the very objects of `old`'s, at C speed and without a slice (a
+    slice's copy touches every object it holds): ~20 ns an element when all are shared, twice that else."""
+    if all(map(operator.is_, new, old)):
+        return min(len(new), len(old))
+    return list(map(operator.is_, new, old)).index(False)
 
 
 def shared_suffix(new: Sequence[object], old: Sequence[object]) -> int:
     """How many trailing elements of `new` are the very objects of `old`'s (`shared_prefix`, from the end)."""
-    count = min(len(new), len(old))
-    if count == 0 or new[-1] is not old[-1]:
-        return 0
-    return shared_prefix(new[len(new) - count :][::-1], old[len(old) - count :][::-1])
+    if len(new) == len(old) and all(map(operator.is_, new, old)):
+        return len(new)  # the common case, checked forwards: twice as fast as backwards
+    if all(map(operator.is_, reversed(new), reversed(old))):
+        return min(len(new), len(old))
+    return list(map(operator.is_, reversed(new), reversed(old))).index(False)

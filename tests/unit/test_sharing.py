@@ -1,11 +1,11 @@
-"""`shared_prefix`: how many leading elements two lists share as the very same objects."""
+"""`shared_prefix`, `shared_suffix`: how many leading (trailing) elements two lists share as the very same objects."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sharing import shared_prefix
+from proxy.sharing import shared_prefix, shared_suffix
 
 
 def naive(new: list[object], old: list[object]) -> int:
@@ -26,6 +26,7 @@ def test_it_is_the_length_of_the_identical_prefix(size: int, new_size: int, chan
     old: list[object] = [object() for _ in range(size)]
     new: list[object] = [old[i] if i < size and i not in changed else object() for i in range(new_size)]
     assert shared_prefix(new, old) == naive(new, old)
+    assert shared_suffix(new[::-1], old[::-1]) == naive(new, old)
 
 
 def test_equal_values_that_are_other_objects_are_not_shared() -> None:
