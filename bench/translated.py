@@ -1,13 +1,15 @@
-"""What a translated provider's non-stream call costs in-process: the proxy's route against `litellm.acompletion`.
+"""What a translated provider's call costs in-process: the proxy's route against `litellm.acompletion`.
 
 Run by hand: `python bench/translated.py [--calls 200] [--messages 10]`. One fake Anthropic upstream
 (tests/support, real HTTP on 127.0.0.1); an `anthropic/` model entry; calls alternating between the two routes in
 every round so that they share the machine's noise:
 
     acompletion   litellm.acompletion with the keyword parameters the proxy used to pass it
-    translated    LiteLLMUpstream.complete: LiteLLM's provider config, posted on the proxy's pooled client
+    translated    LiteLLMUpstream.complete / open_stream: LiteLLM's provider config (and, for a stream, its
+                  Anthropic event iterator), posted on the proxy's pooled client
 
-Prints p50/p95 wall time per call (the fake's own time included in both) and the ratio translated/acompletion.
+Prints p50/p95 wall time and p50 CPU time per call, a whole answer and a stream read to its end (the fake's own
+time included in both: it serves from a thread of this process), and the ratios translated/acompletion.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ async def run(calls: int, count: int) -> None:
         upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=30), (entry,))
         messages = history(count)
         params = {"max_tokens": 64}
+        streamed = {**params, "stream_options": {"include_usage": True}}
 
         async def translated() -> None:
             await upstream.complete(entry, messages, params)
@@ -56,8 +59,25 @@ async def run(calls: int, count: int) -> None:
         async def acompletion() -> None:
             await litellm.acompletion(model=entry.model, messages=messages, api_base=native.url, api_key=KEY, **params)
 
-        targets = {"acompletion": acompletion, "translated": translated}
+        async def translated_stream() -> None:
+            async for _chunk in await upstream.open_stream(entry, messages, streamed):
+                pass
+
+        async def acompletion_stream() -> None:
+            wrapper = await litellm.acompletion(
+                model=entry.model, messages=messages, api_base=native.url, api_key=KEY, stream=True, **streamed
+            )
+            async for _chunk in wrapper:
+                pass
+
+        targets = {
+            "acompletion": acompletion,
+            "translated": translated,
+            "acompletion stream": acompletion_stream,
+            "translated stream": translated_stream,
+        }
         times: dict[str, list[float]] = {name: [] for name in targets}
+        cpu: dict[str, list[float]] = {name: [] for name in targets}
         for call in targets.values():  # warm both: imports, pools
             for _ in range(5):
                 await call()
@@ -66,17 +86,21 @@ async def run(calls: int, count: int) -> None:
             if round_index % 2:
                 order.reverse()
             for name, call in order:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 await call()
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
         await upstream.aclose()
         await environment.close_loop_clients(litellm)
-    base = statistics.median(times["acompletion"])
     print(f"{count} messages, {calls} calls per route")
-    print(f"{'route':<12} {'p50 ms':>8} {'p95 ms':>8} {'p50 ratio':>10}")
+    print(f"{'route':<20} {'p50 ms':>8} {'p95 ms':>8} {'p50 ratio':>10} {'CPU p50 ms':>11} {'CPU ratio':>10}")
     for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:<12} {median * 1000:8.2f} {p95(values) * 1000:8.2f} {median / base:10.2f}")
+        base = name.replace("translated", "acompletion")
+        median, cpu_median = statistics.median(values), statistics.median(cpu[name])
+        print(
+            f"{name:<20} {median * 1000:8.2f} {p95(values) * 1000:8.2f} {median / statistics.median(times[base]):10.2f}"
+            f" {cpu_median * 1000:11.2f} {cpu_median / statistics.median(cpu[base]):10.2f}"
+        )
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 """Calls to the upstream model through LiteLLM, the provider layer: the `Upstream` the proxy runs with.
 
-Two routes, chosen once per model entry by LiteLLM's provider resolution:
+Three routes, chosen once per model entry by LiteLLM's provider resolution:
 
 - OpenAI-compatible upstreams (LiteLLM provider `openai`: OpenAI itself, or any server at an `api_base`):
   posted straight over httpx (`proxy.upstream.openai_chat`) to the URL with the headers LiteLLM's provider
   config gives, the client's parameters as sent, the upstream's answer relayed as it came. `acompletion` costs
   ~3 ms a call more than the POST itself, and in proportion to the history above that, without changing what
   is sent (measured; see that module).
+- Anthropic: rendered and translated by LiteLLM's provider config (a stream's events by its Anthropic
+  iterator) and posted on the same pooled client (`proxy.upstream.provider_chat`), without `acompletion`'s
+  per-call bookkeeping.
 - Every other provider: `litellm.acompletion` with keyword parameters, which LiteLLM translates to the
   provider's API, and its stream wrapper, which translates the provider's chunks to OpenAI's.
 
@@ -118,14 +121,18 @@ class LiteLLMUpstream:
         self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
     ) -> AsyncIterator[Chunk]:
         """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
-        target = self.route(entry).direct
+        route = self.route(entry)
+        target = route.direct
         try:
             if target is not None:
                 return self._converted(entry, await self._direct.open_stream(target, messages, params, raw))
+            if route.translated is not None:
+                translated = await self._translated.open_stream(route.translated, messages, params)
+                return self._converted(entry, _chunks(translated))
             wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
         except Exception as exc:
             raise self._error(entry, exc) from exc
-        return self._converted(entry, _chunks(wrapper))
+        return self._converted(entry, _chunks(_dumped(wrapper)))
 
     async def aclose(self) -> None:
         await self._direct.aclose()
@@ -216,19 +223,28 @@ class LiteLLMUpstream:
         return UpstreamRoute(model, provider, direct, translated, missing_keys=missing)
 
 
-async def _chunks(wrapper: Any) -> AsyncIterator[Chunk]:
-    """LiteLLM's translated stream as OpenAI chunk dicts. One that ends without a finish_reason was cut short
+async def _dumped(wrapper: Any) -> AsyncIterator[Chunk]:
+    """`acompletion`'s stream wrapper's chunks as dicts."""
+    try:
+        async for chunk in wrapper:
+            yield chunk.model_dump(exclude_none=True)
+    finally:
+        await _close(wrapper)
+
+
+async def _chunks(translated: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """A stream LiteLLM translated, as OpenAI chunk dicts. One that ends without a finish_reason was cut short
     (the client must hear about it, not get a short answer); one that held no chunk is malformed."""
     finished = False
     relayed = False
     try:
-        async for chunk in wrapper:
-            payload = openai_json(chunk.model_dump(exclude_none=True))
+        async for chunk in translated:
+            payload = openai_json(chunk)
             finished = finished or any(choice.get("finish_reason") for choice in payload.get("choices") or ())
             relayed = True
             yield payload
     finally:
-        await _close(wrapper)
+        await translated.aclose()  # type: ignore[attr-defined]
     if not relayed:
         raise malformed_answer("The upstream's stream held no chat completion chunk.")
     if not finished:

@@ -138,3 +138,99 @@ async def test_a_refusal_keeps_its_status_and_never_shows_the_key(
     assert KEY not in str(raised.value)
     assert KEY not in repr(vars(raised.value))
     assert len(native.requests) == 1  # num_retries is 0: one POST
+
+
+async def stream_through_acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any]) -> list[Any]:
+    litellm = environment.litellm()
+    wrapper = await litellm.acompletion(
+        model=entry.model,
+        messages=messages,
+        api_base=entry.api_base,
+        api_key=KEY,
+        _skip_mcp_handler=True,
+        stream=True,
+        **params,
+    )
+    return [openai_json(chunk.model_dump(exclude_none=True)) async for chunk in wrapper]
+
+
+def comparable_chunks(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chunks without what each call mints (ids, clock, thinking signatures), each stream's id checked to be one."""
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    kept = []
+    for chunk in chunks:
+        chunk = {key: value for key, value in chunk.items() if key not in ("id", "created")}
+        for choice in chunk.get("choices") or ():
+            delta = choice["delta"]
+            delta.pop("thinking_blocks", None)
+            for call in delta.get("tool_calls") or ():
+                call.pop("id", None)
+        kept.append(chunk)
+    return kept
+
+
+STREAMS = {
+    "text": (None, [{"role": "user", "content": "hello there"}], {"max_tokens": 64, "temperature": 0.2}),
+    "tool calls": (
+        AnthropicReply(tool_uses=[("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})]),
+        [{"role": "user", "content": "weather in Paris and Oslo?"}],
+        {"max_tokens": 64, "tools": [WEATHER_TOOL]},
+    ),
+    "thinking": (
+        AnthropicReply(text="it is so", thinking=True),
+        [{"role": "user", "content": "why?"}],
+        {"max_tokens": 64},
+    ),
+    "text and a call": (
+        AnthropicReply(text="let me look", tool_uses=[("get_weather", {"city": "Rome"})]),
+        [{"role": "user", "content": "weather in Rome?"}],
+        {"max_tokens": 64, "tools": [WEATHER_TOOL], "tool_choice": "auto"},
+    ),
+    "cut at max_tokens": (
+        AnthropicReply(text="a long answer", stop_reason="max_tokens"),
+        [{"role": "user", "content": "go"}],
+        {"max_tokens": 3},
+    ),
+}
+
+
+@pytest.mark.parametrize("usage", [True, False], ids=["with usage", "without usage"])
+@pytest.mark.parametrize("case", list(STREAMS))
+async def test_a_stream_arrives_as_acompletion_relays_it(
+    native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream, case: str, usage: bool
+) -> None:
+    reply, messages, params = STREAMS[case]
+    if reply is not None:
+        native.responder = lambda body: reply
+    if usage:
+        params = {**params, "stream_options": {"include_usage": True}}
+    ours = [chunk async for chunk in await upstream.open_stream(entry, messages, params)]
+    theirs = await stream_through_acompletion(entry, messages, params)
+    assert comparable_chunks(ours) == comparable_chunks(theirs)
+    assert native.requests[0].body == native.requests[1].body
+    assert native.requests[0].body["stream"] is True
+    assert native.rejected == []
+
+
+async def test_a_streams_cached_tokens_are_counted_as_acompletion_counts_them(
+    native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream
+) -> None:
+    messages: list[dict[str, Any]] = [CACHED_SYSTEM, {"role": "user", "content": "hello"}]
+    params = {"max_tokens": 64, "stream_options": {"include_usage": True}}
+    await upstream.complete(entry, messages, {"max_tokens": 64})  # writes the cache
+    ours = [chunk async for chunk in await upstream.open_stream(entry, messages, params)]
+    theirs = await stream_through_acompletion(entry, messages, params)
+    assert ours[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert comparable_chunks(ours) == comparable_chunks(theirs)
+
+
+@pytest.mark.parametrize("status", [400, 429, 529])
+async def test_a_refused_stream_keeps_its_status_and_never_shows_the_key(
+    native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream, status: int
+) -> None:
+    native.fail_next(status, {"type": "error", "error": {"type": "api_error", "message": f"bad key {KEY} here"}})
+    with pytest.raises(UpstreamError) as raised:
+        await upstream.open_stream(entry, [{"role": "user", "content": "hi"}], {"max_tokens": 64})
+    assert raised.value.status == status
+    assert KEY not in str(raised.value)
+    assert len(native.requests) == 1
