@@ -7,6 +7,7 @@ every turn, and its tool outputs are most of it.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence, Set
@@ -23,6 +24,8 @@ from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.sharing import shared_prefix
 from proxy.tokens import count_message, rough_size
+
+_MESSAGE = operator.attrgetter("message")
 
 ITEM_CACHE_ENTRIES = 100_000
 """Builder items remembered (~150 bytes each): a few long sessions' paths."""
@@ -193,7 +196,7 @@ def builder_item(stored: StoredMessage, *, pinned: bool = False, stub_tokens: in
 
 
 def _stubs_with_costs(path: Sequence[StoredMessage], wanted: set[int], encoding: str) -> dict[int, tuple[str, int]]:
-    messages = [stored.message for stored in path]
+    messages = list(map(_MESSAGE, path))  # at C speed: each new tool output of a long path asks
     return {
         position: (stub, count_message(stubbed_message(messages[position], stub), encoding))
         for position, stub in tool_stubs(messages, wanted)
