@@ -57,9 +57,15 @@ def chat_messages(messages: Iterable[Message]) -> list[Message]:
     """Messages as a chat-completions upstream takes them: without the proxy's keys, and without a message that
     was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
     chat = list(messages)
-    # Found at C speed: most messages carry none of them.
-    marked = list(itertools.compress(range(len(chat)), map(operator.not_, map(_MESSAGE_KEYS.isdisjoint, chat))))
-    for index in reversed(marked):
+    # Found a key at a time at C speed (a dict lookup each, cheaper than a set test of each message's keys): most
+    # messages carry none of them.
+    marked = {
+        index
+        for key in _MESSAGE_KEYS
+        if any(map(operator.contains, chat, itertools.repeat(key)))
+        for index in itertools.compress(range(len(chat)), map(operator.contains, chat, itertools.repeat(key)))
+    }
+    for index in sorted(marked, reverse=True):
         message = chat[index]
         plain = {key: value for key, value in message.items() if key not in _MESSAGE_KEYS}
         if ITEMS not in message or plain.get("role") == "tool" or plain.get("content") or plain.get("tool_calls"):
