@@ -40,18 +40,28 @@ async def upstream(entry: ModelEntry) -> AsyncIterator[LiteLLMUpstream]:
     await client.aclose()
 
 
-async def through_acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any]) -> dict[str, Any]:
+async def acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any], stream: bool = False) -> Any:
     litellm = environment.litellm()
-    response = await litellm.acompletion(
-        # LiteLLM imports its MCP module for any tools= unless told not to (as `LiteLLMUpstream` tells it).
+    # LiteLLM imports its MCP module for any tools= unless told not to (as `LiteLLMUpstream` tells it).
+    return await litellm.acompletion(
         model=entry.model,
         messages=messages,
         api_base=entry.api_base,
         api_key=KEY,
         _skip_mcp_handler=True,
+        stream=stream,
         **params,
     )
+
+
+async def through_acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any]) -> dict[str, Any]:
+    response = await acompletion(entry, messages, params)
     return openai_json(response.model_dump(exclude_none=True))
+
+
+async def stream_through_acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any]) -> list[Any]:
+    wrapper = await acompletion(entry, messages, params, stream=True)
+    return [openai_json(chunk.model_dump(exclude_none=True)) async for chunk in wrapper]
 
 
 def comparable(completion: dict[str, Any]) -> dict[str, Any]:
@@ -140,20 +150,6 @@ async def test_a_refusal_keeps_its_status_and_never_shows_the_key(
     assert KEY not in str(raised.value)
     assert KEY not in repr(vars(raised.value))
     assert len(native.requests) == 1  # num_retries is 0: one POST
-
-
-async def stream_through_acompletion(entry: ModelEntry, messages: list[Any], params: dict[str, Any]) -> list[Any]:
-    litellm = environment.litellm()
-    wrapper = await litellm.acompletion(
-        model=entry.model,
-        messages=messages,
-        api_base=entry.api_base,
-        api_key=KEY,
-        _skip_mcp_handler=True,
-        stream=True,
-        **params,
-    )
-    return [openai_json(chunk.model_dump(exclude_none=True)) async for chunk in wrapper]
 
 
 def comparable_chunks(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
