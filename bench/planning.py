@@ -31,7 +31,7 @@ from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer, WrittenSummary
 from proxy.config import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
 from proxy.store.database import Database
 
@@ -106,7 +106,7 @@ async def measure(size: int, runs: int, directory: Path) -> dict[str, Any]:
         summarizer = NoSummarizer()
         compactor = Compactor(ContextConfig(precompact_ratio=None), spans, summarizer)
         budget = 20 * len(path) + 40_000
-        request = CompactionRequest(TENANT, "planning", messages, path, ENTRY, ENCODING, budget, 4)
+        request = CompactionRequest(TENANT, "planning", messages, StoredPath(path), ENTRY, ENCODING, budget, 4)
         first = await compactor.prepare(request)
         seconds = []
         for _ in range(runs):

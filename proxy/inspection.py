@@ -24,7 +24,7 @@ from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config import Config, ModelEntry
 from proxy.conversation import usage_text
 from proxy.errors import InvalidRequest, NotFound
-from proxy.history.messages import Session, StoredMessage, token_counts
+from proxy.history.messages import Session, StoredMessage, StoredPath, token_counts
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.journal.costs import session_cost, with_summarizer_calls
@@ -252,7 +252,7 @@ class Inspector:
         and the `definitions` (tools) its last request sent."""
         return CompactionRequest.for_session(
             tenant,
-            path,
+            StoredPath(path),
             settings,
             session_id=session_id,
             messages=[m.message for m in path],

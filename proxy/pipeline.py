@@ -42,7 +42,7 @@ from proxy.conversation import (
     Streaming,
 )
 from proxy.errors import AnswerTooLarge, UpstreamError, error_fields
-from proxy.history.messages import Reconciled, token_counts
+from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
@@ -55,7 +55,7 @@ from proxy.journal.writer import Journal
 from proxy.plan import Plan
 from proxy.references import References
 from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
-from proxy.tokens import count_prompt, encoding_for_model
+from proxy.tokens import encoding_for_model
 from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
@@ -239,8 +239,7 @@ class Pipeline:
 
     async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
         if options.mode == ContextMode.OFF:
-            tokens = count_prompt(token_counts(request.path))
-            return WorkingContext(list(request.messages), tokens, summaries=0, written=0)
+            return WorkingContext(list(request.messages), request.path.tokens, summaries=0, written=0)
         if options.preserve_recent is not None:
             request = replace(request, preserve_recent=options.preserve_recent)
         prepared = await self.compactor.prepare(request)

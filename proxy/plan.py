@@ -13,8 +13,7 @@ from proxy.compaction.compactor import WorkingContext
 from proxy.compaction.spans import Allowance
 from proxy.config import ModelEntry
 from proxy.conversation import ContextReport
-from proxy.history.messages import Reconciled, token_counts
-from proxy.tokens import count_prompt
+from proxy.history.messages import Reconciled
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class Plan:
             session_id=self.reconciled.session.id,
             prompt_tokens=self.sent_tokens,
             budget=self.budget.input_budget,
-            history_tokens=count_prompt(token_counts(self.reconciled.path)) + self.budget.definitions,
+            history_tokens=self.reconciled.path.tokens + self.budget.definitions,
             summaries=self.prepared.summaries,
             recalled=self.prepared.recalled,
         )

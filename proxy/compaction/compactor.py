@@ -33,7 +33,7 @@ from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
 from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
-from proxy.history.messages import StoredMessage, system_messages, token_counts
+from proxy.history.messages import StoredMessage, token_counts
 from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
@@ -146,8 +146,8 @@ class Compactor:
         return Allowance(self._config.max_summarizer_calls, self._config.summarizer_deadline_s)
 
     async def prepare(self, request: CompactionRequest) -> WorkingContext:
-        everything = count_prompt(token_counts(request.path))
-        floor = count_prompt(token_counts(system_messages(request.path)))
+        everything = request.path.tokens
+        floor = count_prompt(token_counts(request.path.system))
         if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
@@ -197,8 +197,8 @@ class Compactor:
     async def view(self, request: CompactionRequest) -> ContextView:
         """The working context `prepare` would build from what is stored now, with the same pins and stubs,
         without a summarizer call, a write or a wait."""
-        everything = count_prompt(token_counts(request.path))
-        floor = count_prompt(token_counts(system_messages(request.path)))
+        everything = request.path.tokens
+        floor = count_prompt(token_counts(request.path.system))
         if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             return ContextView((), {}, everything)
         state = await self._paths.read(request)

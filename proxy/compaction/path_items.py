@@ -19,7 +19,7 @@ from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
 from proxy.config import TOOL_RESULTS, ContextConfig
-from proxy.history.messages import StoredMessage, token_counts
+from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.sharing import shared_prefix
@@ -83,7 +83,7 @@ class PathReader:
         pinned = await self._pinned(request)
         stubbing = TOOL_RESULTS in (request.strategies or self._config.strategies)
         key = (request.tenant, request.session_id, request.encoding, stubbing)
-        path = list(request.path)
+        path = request.path  # never changed once built
         last = self._last.pop(key, None)
         if last is not None:
             self._tokens -= last.tokens
@@ -105,7 +105,7 @@ class PathReader:
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
         cuts = Cuts.of(items, None if last is None else last.cuts)
-        tokens = sum(token_counts(path))
+        tokens = path.tokens
         if tokens <= self._max_tokens:
             self._last[key] = _Read(path, pinned, items, stubs, costs, cuts, tokens)
             self._tokens += tokens

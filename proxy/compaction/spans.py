@@ -27,7 +27,7 @@ from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.tokens import count_message, rough_size
@@ -49,7 +49,7 @@ class CompactionRequest:
     session_id: str
     messages: Sequence[Message]
     """The client's messages, sent verbatim wherever the working context keeps an original."""
-    path: Sequence[StoredMessage]
+    path: StoredPath
     """The same messages as stored: path[i] is messages[i], with its token count."""
     entry: ModelEntry
     encoding: str
@@ -65,7 +65,7 @@ class CompactionRequest:
     def for_session(
         cls,
         tenant: str,
-        path: Sequence[StoredMessage],
+        path: StoredPath,
         settings: Mapping[str, Any],
         *,
         session_id: str,

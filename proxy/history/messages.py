@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.history import chain
+from proxy.tokens import count_prompt
 from proxy.vocabulary import SYSTEM_ROLES
 
 
@@ -61,11 +63,26 @@ class SessionInfo:
     updated_at: float
 
 
+class StoredPath(list[StoredMessage]):
+    """A request's messages as stored, in order: never changed once built, so what each stage of the request asks
+    of it is worked out once (a long path is walked once, not once per stage)."""
+
+    @functools.cached_property
+    def tokens(self) -> int:
+        """Its prompt total (`count_prompt`): what it costs sent whole."""
+        return count_prompt(token_counts(self))
+
+    @functools.cached_property
+    def system(self) -> list[StoredMessage]:
+        """Its system (and developer) messages (`system_messages`)."""
+        return system_messages(self)
+
+
 @dataclass(frozen=True)
 class Reconciled:
     session: Session
     """After the update: its head is the request's last message."""
-    path: list[StoredMessage]
+    path: StoredPath
     """The request's messages in order, as stored, with token counts."""
     stored_before: int
     """How many of them were already stored (the reused prefix)."""
@@ -83,8 +100,7 @@ class Reconciled:
         """Which form of each system message this request sent (node id → `chain.body_digest`): nodes of system
         messages are shared by every prompt sent at that place, so a session's view needs this to show its
         own."""
-        forms = system_messages(self.path)
-        return {stored.id: chain.body_digest(chain.canonical_json(stored.message)) for stored in forms}
+        return {stored.id: chain.body_digest(chain.canonical_json(stored.message)) for stored in self.path.system}
 
 
 _TOKENS = operator.attrgetter("tokens")

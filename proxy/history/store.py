@@ -33,7 +33,7 @@ from proxy import tokens
 from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
-from proxy.history.messages import Reconciled, Session, StoredMessage
+from proxy.history.messages import Reconciled, Session, StoredMessage, StoredPath
 from proxy.history.queries import (
     KNOWN_SQL,
     UPSERT_SESSION_SQL,
@@ -249,7 +249,7 @@ class History(HistoryReads):
         """Write what `locate` found new, and move the session's head to the request's last message."""
         tenant, session_id = located.tenant, located.session_id
         now = self.clock()
-        path = list(map(_STORED, located.entries))
+        path = StoredPath(map(_STORED, located.entries))
         session_row = (tenant, session_id, path[-1].id, model, located.anchor_id, now, now)
 
         def write(connection: Connection) -> Session:

@@ -16,7 +16,7 @@ from proxy.compaction.path_items import PathReader, pinned_groups, pinned_positi
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import tool_stub, tool_stubs
 from proxy.config import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.pins import Pins
 
 ENTRY = ModelEntry(name="chat", model="openai/fake-model")
@@ -130,7 +130,9 @@ def test_a_read_carried_over_from_the_last_equals_a_fresh_read(seed: int, reques
                 pins.ids = frozenset(rng.sample([s.id for s in path], min(2, len(path))))
             if change != "same":
                 path = [*path, *(new() for _ in range(rng.randint(1, 4)))]
-            request = CompactionRequest("t", "s", [s.message for s in path], path, ENTRY, "cl100k_base", 10_000, 4)
+            request = CompactionRequest(
+                "t", "s", [s.message for s in path], StoredPath(path), ENTRY, "cl100k_base", 10_000, 4
+            )
             carried = await reader.read(request)
             fresh = await PathReader(config, pins).read(request)
             assert carried.items == fresh.items
@@ -147,7 +149,9 @@ def test_the_remembered_reads_hold_at_most_their_tokens() -> None:
     async def run() -> None:
         for session in range(20):
             path = [stored({"role": "user", "content": f"q{n}"}, session * 100 + n) for n in range(5)]
-            request = CompactionRequest("t", f"s{session}", [s.message for s in path], path, ENTRY, "cl100k_base", 9, 4)
+            request = CompactionRequest(
+                "t", f"s{session}", [s.message for s in path], StoredPath(path), ENTRY, "cl100k_base", 9, 4
+            )
             await reader.read(request)
             assert reader._tokens == sum(read.tokens for read in reader._last.values()) <= 1_000
 

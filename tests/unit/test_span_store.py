@@ -16,7 +16,7 @@ from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSumma
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
 from proxy.config import ContextConfig, ModelEntry, UpstreamConfig
 from proxy.errors import ContextTooLarge
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import count_message
@@ -190,7 +190,7 @@ def request(
         tenant=TENANT,
         session_id=session,
         messages=[dict(m.message) for m in path],
-        path=path,
+        path=StoredPath(path),
         entry=ENTRY,
         encoding=ENCODING,
         budget=budget,
