@@ -19,7 +19,7 @@ from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
 from proxy.config import TOOL_RESULTS, ContextConfig
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.sharing import shared_prefix
@@ -50,7 +50,7 @@ class PathState:
 class _Read:
     """A session's last read: its path, pins, items and stubs (texts, and what each stubbed message costs)."""
 
-    path: list[StoredMessage]
+    path: StoredPath
     pinned: frozenset[int]
     items: list[Item]
     stubs: dict[int, str]
@@ -83,7 +83,7 @@ class PathReader:
         pinned = await self._pinned(request)
         stubbing = TOOL_RESULTS in (request.strategies or self._config.strategies)
         key = (request.tenant, request.session_id, request.encoding, stubbing)
-        path = request.path  # never changed once built
+        path = request.path
         last = self._last.pop(key, None)
         if last is not None:
             self._tokens -= last.tokens

@@ -63,9 +63,9 @@ class SessionInfo:
     updated_at: float
 
 
-class StoredPath(list[StoredMessage]):
-    """A request's messages as stored, in order: never changed once built, so what each stage of the request asks
-    of it is worked out once (a long path is walked once, not once per stage)."""
+class StoredPath(tuple[StoredMessage, ...]):
+    """A request's messages as stored, in order. A tuple: it cannot change once built, so what each stage of the
+    request asks of it is worked out once (a long path is walked once, not once per stage)."""
 
     @functools.cached_property
     def tokens(self) -> int:

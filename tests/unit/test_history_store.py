@@ -141,7 +141,7 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         session = await history.session("t", "s")
         assert session == before.session
         stored = await history.path("t", "s")
-        assert stored == before.path
+        assert stored == list(before.path)
         again = await history.reconcile("t", "s", conversation(2), MODEL, ENCODING)
         assert again.stored_before == 5
         assert counter.calls == 0
