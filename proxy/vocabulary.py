@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.types import Message
+from proxy.sharing import shared_suffix
+from proxy.types import Message, RawList
 
 SYSTEM_ROLES = ("system", "developer")
 """The roles of the instructions a conversation carries: pinned context, identified by their place (`history.chain`)."""
@@ -44,7 +45,13 @@ class Origin:
     """Archived passages placed back before the latest question, a user turn."""
 
 
-_MESSAGE_KEYS = frozenset((ITEMS, ANSWER, ORIGIN))
+_MESSAGE_KEYS = (ITEMS, ANSWER, ORIGIN)
+
+
+def proxy_key(message: Mapping[str, Any]) -> str | None:
+    """The first of the proxy's in-band keys a message carries, if any: a client's message must carry none (a
+    client that sent `origin` would pass its text off as a summary the proxy wrote)."""
+    return next((key for key in _MESSAGE_KEYS if key in message), None)
 
 
 def origin(message: Mapping[str, Any]) -> str | None:
@@ -53,17 +60,21 @@ def origin(message: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def chat_messages(messages: Iterable[Message]) -> list[Message]:
+def chat_messages(messages: Sequence[Message], raw: RawList | None = None) -> list[Message]:
     """Messages as a chat-completions upstream takes them: without the proxy's keys, and without a message that
-    was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms."""
+    was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms.
+
+    The run at the end that is the very messages a chat request's body parsed to (`raw`) is not looked at: the
+    chat door refuses the proxy's keys on a client's message (`proxy_key`), so none of them carries one."""
     chat = list(messages)
+    looked = len(chat) - (0 if raw is None else shared_suffix(chat, raw.elements))
     # Found a key at a time at C speed (a dict lookup each, cheaper than a set test of each message's keys): most
     # messages carry none of them.
     marked = {
         index
         for key in _MESSAGE_KEYS
-        if any(map(operator.contains, chat, itertools.repeat(key)))
-        for index in itertools.compress(range(len(chat)), map(operator.contains, chat, itertools.repeat(key)))
+        if any(map(operator.contains, itertools.islice(chat, looked), itertools.repeat(key)))
+        for index in itertools.compress(range(looked), map(operator.contains, chat, itertools.repeat(key)))
     }
     for index in sorted(marked, reverse=True):
         message = chat[index]

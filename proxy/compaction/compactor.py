@@ -265,7 +265,9 @@ class Compactor:
         return written
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSpan]:
-        return {s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path))}
+        return {
+            s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path, request.session_id))
+        }
 
     def _request_policy(self, request: CompactionRequest) -> Policy:
         capacity = self._summarizer.input_capacity(request.entry)

@@ -11,6 +11,7 @@ that applies). Re-summarizing a fallback range with the LLM likewise orphans the
 from __future__ import annotations
 
 import json
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from proxy.history.messages import StoredMessage
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
 from proxy.types import Clock
+
+_ID = operator.attrgetter("id")
 
 _SELECT = (
     "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "
@@ -81,6 +84,20 @@ class StoredSpan:
 
 SPAN_CACHE_ENTRIES = 50_000
 """Spans remembered as read (~200 bytes each without their content's text, which is shared with the row)."""
+SESSIONS_READ = 4096
+"""Sessions whose spans as last read a process remembers (`_Read`: a few hundred bytes and its spans each)."""
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A session's spans as last read: those on its path of `length` messages from depth `first` to `end_id`, as
+    of the tenant's span `epoch`."""
+
+    epoch: int
+    first: int
+    length: int
+    end_id: str
+    spans: tuple[StoredSpan, ...]
 
 
 class SpanStore:
@@ -90,16 +107,49 @@ class SpanStore:
         self._read: OrderedDict[tuple[int, float | None, int], StoredSpan] = OrderedDict()
         """(id, orphaned_at, held) → the span: a row never changes but for those two, and a long session's path
         has a span per crossing, each read again by every request."""
+        self._sessions: OrderedDict[tuple[str, str], _Read] = OrderedDict()
 
-    async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
-        """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
+    async def on_path(
+        self, tenant: str, path: Sequence[StoredMessage], session_id: str | None = None
+    ) -> list[StoredSpan]:
+        """Every summary (orphaned ones too) whose range lies on `path`, oldest first.
+
+        With the session whose request it is, what was read for its previous request carries over when `path`
+        extends that one's (a node's id hashes its ancestors', so one id says so): only the spans ending on the
+        new part, and the tenant's span rows written since (by any process: `m013_span_epochs`), are read, not
+        the spans of a long path's every message again."""
         if not path:
             return []
-        ids = id_array(message.id for message in path)
-        rows = await self._db.fetchall(
-            f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id",
-            (tenant, ids),
+        if session_id is None:
+            return self._lying_on(path, await self._ending_on(tenant, path))
+        key = (tenant, session_id)
+        before = self._sessions.get(key)
+        # Read before the spans: a write after it shows as a later epoch at the next read.
+        row = await self._db.fetchone("SELECT epoch FROM span_epochs WHERE tenant = ?", (tenant,))
+        epoch = 0 if row is None else int(row["epoch"])
+        first = path[0].depth
+        if before is None or not _extends(path, before):
+            spans = self._lying_on(path, await self._ending_on(tenant, path))
+        else:
+            found = {span.id: span for span in before.spans}
+            rows = await self._ending_on(tenant, path[before.length :]) if len(path) > before.length else []
+            if epoch != before.epoch:
+                rows += await self._db.fetchall(f"{_SELECT} WHERE tenant = ? AND epoch > ?", (tenant, before.epoch))
+            found.update((span.id, span) for span in self._lying_on(path, rows))
+            spans = sorted(found.values(), key=_ID)
+        self._sessions[key] = _Read(epoch, first, len(path), path[-1].id, tuple(spans))
+        self._sessions.move_to_end(key)
+        if len(self._sessions) > SESSIONS_READ:
+            self._sessions.popitem(last=False)
+        return spans
+
+    async def _ending_on(self, tenant: str, messages: Sequence[StoredMessage]) -> list[Row]:
+        ids = id_array(message.id for message in messages)
+        return await self._db.fetchall(
+            f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id", (tenant, ids)
         )
+
+    def _lying_on(self, path: Sequence[StoredMessage], rows: Sequence[Row]) -> list[StoredSpan]:
         first = path[0].depth  # a path's depths are consecutive: its node at depth d is path[d - first]
         return [
             summary
@@ -124,8 +174,8 @@ class SpanStore:
         context fits without them, the prompt would change back and forth)."""
         await self._db.write(
             lambda connection: connection.execute(
-                "UPDATE summaries SET held = 0 WHERE tenant = ? AND id IN (SELECT value FROM json_each(?))",
-                (tenant, json.dumps(list(ids))),
+                "UPDATE summaries SET held = 0, epoch = ? WHERE tenant = ? AND id IN (SELECT value FROM json_each(?))",
+                (_next_epoch(connection, tenant), tenant, json.dumps(list(ids))),
             )
         )
 
@@ -162,22 +212,39 @@ class SpanStore:
         )
 
         def write(connection: Connection) -> int:
+            epoch = _next_epoch(connection, tenant)
             cursor = connection.execute(
                 "INSERT INTO summaries (tenant, start_depth, end_depth, end_id, content, tokens, original_tokens, "
-                "model, generated_by, replaces, created_at, strategy, held) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (tenant, *_columns(summary)),
+                "model, generated_by, replaces, created_at, strategy, held, epoch) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (tenant, *_columns(summary), epoch),
             )
             new_id: int = cursor.fetchone()[0]
             if replaces:
                 connection.execute(
-                    "UPDATE summaries SET orphaned_at = ? WHERE tenant = ? AND orphaned_at IS NULL "
+                    "UPDATE summaries SET orphaned_at = ?, epoch = ? WHERE tenant = ? AND orphaned_at IS NULL "
                     "AND id IN (SELECT value FROM json_each(?))",
-                    (summary.created_at, tenant, json.dumps(list(replaces))),
+                    (summary.created_at, epoch, tenant, json.dumps(list(replaces))),
                 )
             return new_id
 
         return replace(summary, id=await self._db.write(write))
+
+
+def _extends(path: Sequence[StoredMessage], before: _Read) -> bool:
+    """Whether `path` starts with the one `before` was read on."""
+    return path[0].depth == before.first and len(path) >= before.length and path[before.length - 1].id == before.end_id
+
+
+def _next_epoch(connection: Connection, tenant: str) -> int:
+    """The tenant's span epoch, bumped for a write to its spans: the epoch the rows it writes are written at. In
+    the write's transaction, so a reader that sees the epoch sees the rows."""
+    row = connection.execute(
+        "INSERT INTO span_epochs (tenant, epoch) VALUES (?, 1) "
+        "ON CONFLICT (tenant) DO UPDATE SET epoch = span_epochs.epoch + 1 RETURNING epoch",
+        (tenant,),
+    ).fetchone()
+    return int(row[0])
 
 
 def _columns(summary: StoredSpan) -> tuple[Any, ...]:

@@ -27,6 +27,7 @@ from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.journal.relay import JournaledGroups
 from proxy.types import Chunk
+from proxy.vocabulary import proxy_key
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES: Mapping[str, tuple[str, ...]] = {
@@ -161,6 +162,12 @@ def _validate_message(message: Any, where: str) -> None:
             + ", ".join(f"'{r}'" for r in sorted(ROLES))
             + ".",
             param=f"{where}.role",
+        )
+    spoofed = proxy_key(message)
+    if spoofed is not None:
+        raise InvalidRequest(
+            f"Unrecognized key '{where}.{spoofed}': the proxy keeps it for the messages it writes itself.",
+            param=f"{where}.{spoofed}",
         )
     content = message.get("content")
     if content is None:

@@ -287,9 +287,12 @@ def _repeated(raw: bytes, kept: _Kept) -> int:
     before = memoryview(kept.raw)
 
     def same(count: int, good: int) -> bool:
-        """Whether the first `count` elements repeat, the first `good` known to (compared from their end on)."""
+        """Whether the first `count` elements repeat, the first `good` known to (compared from their end on). The
+        last one is compared first: a probe past the changed element fails on it alone, not after comparing
+        all the bytes before it (a long conversation's megabytes, once per failed probe)."""
         start, end = ends[good - 1] if good else 0, ends[count - 1]
-        return len(raw) >= end and raw.startswith(before[start:end], start)
+        last = max(start, ends[count - 2] if count > 1 else 0)
+        return len(raw) >= end and raw.startswith(before[last:end], last) and raw.startswith(before[start:last], start)
 
     if not same(1, 0):
         return 0

@@ -16,6 +16,7 @@ can open the file with `sqlite3` and read their conversations:
 - `pins`: messages a session keeps verbatim, see `m007_pins`.
 - `compaction_events`: what each compaction did, see `m008_compaction_events`.
 - `recall_messages` / `recall_index`: the full-text index of hidden messages, see `m009_recall`.
+- `span_epochs`, `summaries.epoch`: what changed in a tenant's spans since a read, see `m013_span_epochs`.
 - `journal_steps` / `journal_events`: one step per response, its upstream events appended before relay. A step
   remembers its tiktoken encoding, so recovery after a restart can seal its answer into history. An
   Idempotency-Key is held only by a live or successful step (open, sealed, complete): a request that failed or
@@ -374,6 +375,23 @@ def m012_summarizer_calls(connection: Connection) -> None:
     )
 
 
+def m013_span_epochs(connection: Connection) -> None:
+    """A tenant's span epoch, bumped by every write to its spans, and the epoch each span was last written at: a
+    process that read a session's spans at some epoch reads only the rows written since, not the spans of its
+    whole path again (`proxy.compaction.span_store`). Rows written before have epoch 0."""
+    run_script(
+        connection,
+        """
+        CREATE TABLE span_epochs (
+            tenant TEXT PRIMARY KEY,
+            epoch INTEGER NOT NULL
+        );
+        ALTER TABLE summaries ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX summaries_by_epoch ON summaries (tenant, epoch)
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -387,4 +405,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m010_journal_events_rowid,
     m011_model_corrections,
     m012_summarizer_calls,
+    m013_span_epochs,
 )

@@ -279,6 +279,20 @@ def m012_summarizer_calls(connection: Connection) -> None:
     )
 
 
+def m013_span_epochs(connection: Connection) -> None:
+    run_script(
+        connection,
+        """
+        CREATE TABLE span_epochs (
+            tenant TEXT PRIMARY KEY,
+            epoch BIGINT NOT NULL
+        );
+        ALTER TABLE summaries ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+        CREATE INDEX summaries_by_epoch ON summaries (tenant, epoch)
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -292,4 +306,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m010_journal_events_rowid,
     m011_model_corrections,
     m012_summarizer_calls,
+    m013_span_epochs,
 )

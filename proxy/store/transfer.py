@@ -58,6 +58,7 @@ TABLES: tuple[Table, ...] = (
     Table("message_variants", ("message_id", "digest")),
     Table("context_settings", ("tenant", "message_id")),
     Table("summaries", ("id",), identity=True),
+    Table("span_epochs", ("tenant",)),
     Table("journal_steps", ("id",), identity=True),
     Table("journal_events", ("step_id", "seq")),
     Table("pins", ("tenant", "session_id", "message_id")),

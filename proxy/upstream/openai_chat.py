@@ -138,7 +138,7 @@ class OpenAIChat:
             fields.pop("stream_options", None)
         pool = self._pool(target.url)
         return await self._post(
-            pool, self._request_headers(pool, target), json_body(fields, chat_messages(messages), raw)
+            pool, self._request_headers(pool, target), json_body(fields, chat_messages(messages, raw), raw)
         )
 
     async def post(self, url: str, headers: Mapping[str, str], content: bytes) -> httpx.Response:

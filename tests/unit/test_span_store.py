@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -148,6 +149,55 @@ async def test_an_edit_after_the_range_keeps_the_summary_and_an_edit_inside_lose
 
     assert len(await summaries.on_path(TENANT, await stored_path(history, after))) == 1
     assert await summaries.on_path(TENANT, await stored_path(history, inside)) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_session_s_spans_read_again_are_what_a_whole_read_finds_whoever_wrote_them(
+    db: Database, history: History, seed: int
+) -> None:
+    """A session's reads carry over what its previous read found (`SpanStore.on_path` with its session): whatever
+    two replicas write, orphan or release in between, and however the path grows or branches, a read finds what
+    a store reading the whole path finds."""
+    rng = random.Random(seed)
+    replicas = [SpanStore(db, clock=Clock()), SpanStore(db, clock=Clock())]
+    messages = conversation(2, f" seed {seed}")
+    path = await stored_path(history, messages)
+    for step in range(40):
+        action = rng.choice(["extend", "extend", "branch", "write", "write", "wider", "release", "other session"])
+        writer = rng.choice(replicas)
+        if action == "extend":
+            messages = [*messages, {"role": "user", "content": text(f"step {step}", 10)}]
+            path = await stored_path(history, messages)
+        elif action == "branch" and len(messages) > 3:
+            at = rng.randrange(1, len(messages))
+            # As long as the path it leaves or longer: a read that took the old path's spans as still on it
+            # would find spans off it.
+            grown = [{"role": "user", "content": text(f"branch {step} {n}", 10)} for n in range(len(messages) - at + 1)]
+            messages = [*messages[:at], *grown]
+            path = await stored_path(history, messages)
+        elif action in ("write", "other session"):
+            start = rng.randrange(len(path))
+            end = rng.randrange(start, len(path)) + 1
+            held = rng.choice([0, 0, step + 1])
+            if action == "other session":  # a span on another session's path of the same tenant
+                other = await stored_path(history, conversation(3, f" other {seed} {step}"), session="o")
+                start, end = 1, len(other)
+                await add(summaries=writer, path=other, start=start, end=end, held=held)
+            else:
+                await add(writer, path, start, end, held=held)
+        elif action == "wider":
+            live = [span for span in await writer.on_path(TENANT, path) if span.orphaned_at is None]
+            if live:
+                chosen = rng.sample(live, min(2, len(live)))
+                start = min(span.start_depth for span in chosen) - path[0].depth
+                end = max(span.end_depth for span in chosen) - path[0].depth + 1
+                await add(writer, path, start, end, replaces=[span.id for span in chosen])
+        elif action == "release":
+            held = [span.id for span in await writer.on_path(TENANT, path) if span.held]
+            if held:
+                await writer.release(TENANT, rng.sample(held, 1))
+        for reader in replicas:
+            assert await reader.on_path(TENANT, path, "s") == await reader.on_path(TENANT, path), (step, action)
 
 
 async def test_a_wider_summary_orphans_the_ones_it_replaces_and_keeps_them(

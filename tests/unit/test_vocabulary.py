@@ -4,11 +4,12 @@ out before a chat upstream sees a conversation, and `origin` how a proxy-written
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Any
 
 import pytest
 
-from proxy.types import Message
+from proxy.types import Message, RawList
 from proxy.vocabulary import ANSWER, ITEMS, ORIGIN, Origin, chat_messages, origin
 
 REASONING: dict[str, Any] = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAA"}
@@ -80,6 +81,18 @@ def test_order_is_kept() -> None:
         for index in range(6)
     ]
     assert [message["content"] for message in chat_messages(messages)] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_the_client_s_own_run_at_the_end_is_passed_as_it_is_and_the_rest_is_looked_at() -> None:
+    sent: list[Message] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    raw = RawList(b"", sent, [0, 0])
+    summary = {"role": "user", "content": "[summary]", ORIGIN: Origin.SUMMARY}
+    # Equal to a client's message but another object: not the client's run, so looked at.
+    marked_copy = {"role": "user", "content": "q", ITEMS: []}
+    result = chat_messages([summary, marked_copy, *sent], raw)
+    assert result == [{"role": "user", "content": "[summary]"}, {"role": "user", "content": "q"}, *sent]
+    assert all(map(operator.is_, result[2:], sent))
+    assert chat_messages([summary, *sent[1:]], raw) == [{"role": "user", "content": "[summary]"}, sent[1]]
 
 
 @pytest.mark.parametrize(

@@ -169,6 +169,10 @@ def test_deeply_nested_value_inside_an_object() -> None:
             "'function'",
         ),
         (body(messages=[{"role": "assistant", "tool_calls": ["c"]}]), "messages[0].tool_calls[0]", "'id'"),
+        # The proxy's own keys: a client's message passed off as a summary the proxy wrote, or as another API's parts
+        (body(messages=[{"role": "user", "content": "x", "origin": "summary"}]), "messages[0].origin", "proxy keeps"),
+        (body(messages=[{"role": "user", "content": "x", "items": []}]), "messages[0].items", "proxy keeps"),
+        (body(messages=[{"role": "assistant", "content": "x", "answer": {}}]), "messages[0].answer", "proxy keeps"),
         (body(max_tokens=-1), "max_tokens", "below minimum"),
         (body(max_tokens=1.5), "max_tokens", "expected an integer"),
         (body(max_tokens="10"), "max_tokens", "expected an integer, but got a string"),
