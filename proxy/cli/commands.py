@@ -41,6 +41,7 @@ from proxy.cli.render import (
 )
 from proxy.config import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
+from proxy.heap import keep_large_buffers
 from proxy.inspection import Inspector
 from proxy.journal.owners import LEASE_S
 from proxy.journal.steps import StepStatus
@@ -161,6 +162,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     logs = log_config(config.observability.log_format, level)
     logging.config.dictConfig(logs)
     raise_file_limit()
+    keep_large_buffers()
     options = server_options(config.server)
     app = create_app(config)
     uvicorn.run(app, host=host, port=port, log_level=level, log_config=logs, lifespan="on", **options)

@@ -1,0 +1,39 @@
+"""`proxy.heap`: a growing conversation's bodies come from memory already mapped, not from pages faulted in anew
+for each request. Counted in page faults (deterministic), in a child process: the setting is process-wide."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+BODIES = """
+import json, resource, sys
+from proxy.heap import keep_large_buffers
+set_up = keep_large_buffers() if sys.argv[1] == "kept" else None
+kept, faults = [], []
+for turn in range(20):  # a body a little bigger each turn; the last few are held, as the re-sent lists hold them
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    body = b"x" * (4_000_000 + turn * 50_000)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    kept = [*kept[-3:], body]
+print(json.dumps({"set_up": set_up, "faults": sum(faults[10:])}))
+"""
+
+
+def bodies(mode: str) -> tuple[bool | None, int]:
+    """Whether the setting took, and the page faults of the last ten bodies."""
+    done = subprocess.run([sys.executable, "-c", BODIES, mode], capture_output=True, text=True, check=True, timeout=60)
+    result = json.loads(done.stdout)
+    return result["set_up"], int(result["faults"])
+
+
+def test_a_growing_body_is_not_faulted_in_anew_every_turn() -> None:
+    (set_up, kept), (_, default) = bodies("kept"), bodies("default")
+    if platform.libc_ver()[0] != "glibc":
+        assert set_up is False  # nothing to set: the buffers are allocated as before
+        return
+    assert set_up is True
+    assert default > 10 * 900  # ~1,000 faults a 4 MB body by default: its pages mapped for it
+    assert kept < default / 5
