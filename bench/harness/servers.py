@@ -187,7 +187,7 @@ def serve_fake(
 
     from tests.support.fake_upstream import FakeUpstream, Reply
 
-    fake = FakeUpstream(context_window=BIG_WINDOW)
+    fake = FakeUpstream(context_window=BIG_WINDOW, keep_requests=False)
     if answer is not None:
         hostile = hostile_answer(*answer)
         short = Reply(content="a short answer")

@@ -545,9 +545,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 class FakeUpstream(LoopbackServer):
     """A chat-completions server on 127.0.0.1; attributes are read per request, so tests may change them."""
 
-    def __init__(self, context_window: int = DEFAULT_CONTEXT_WINDOW, chunk_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, context_window: int = DEFAULT_CONTEXT_WINDOW, chunk_delay_s: float = 0.0, *, keep_requests: bool = True
+    ) -> None:
         self.context_window = context_window
         self.chunk_delay_s = chunk_delay_s
+        self.keep_requests = keep_requests
+        """Whether `requests` records what was received: a bench's fake, which nobody asks, keeps nothing (it would
+        hold every body of a long run: gigabytes at 5,000 messages)."""
         self.responder: ReplyFn | None = None
         self.strict_roles = False
         """Reject role orders a strict chat template rejects (`role_order_error`)."""
@@ -638,7 +643,8 @@ class FakeUpstream(LoopbackServer):
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {"_unparsed": raw.decode("utf-8", "replace")}
         with self._lock:
             peer = (request.client.host, request.client.port) if request.client is not None else None
-            self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items()), peer=peer))
+            if self.keep_requests:
+                self.requests.append(ReceivedRequest(body=body, headers=dict(request.headers.items()), peer=peer))
 
         stream = body.get("stream") is True
         fault = self._take_fault(stream, body)
