@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.history import chain
-from proxy.history.messages import StoredMessage
+from proxy.history.messages import PathTotals, StoredMessage, system_messages
 from proxy.sharing import shared_prefix
 from proxy.types import Message
 from proxy.vocabulary import SYSTEM_ROLES
@@ -30,6 +30,8 @@ DERIVED_CANDIDATES = 32
 """How many of a tenant's most recent paths a request without `X-Session-Id` is compared with."""
 
 _WEIGHT = operator.attrgetter("weight")
+_STORED = operator.attrgetter("stored")
+_TOKENS = operator.attrgetter("stored.tokens")
 
 PathKey = tuple[str, str, str]
 """(tenant, session id, encoding)."""
@@ -116,6 +118,8 @@ class RecentPaths:
         self._weights: dict[PathKey, int] = {}
         self._anchors: dict[PathKey, tuple[str, int | None]] = {}
         """A derived session's anchor, by its cached path, and its position there (None: not on it)."""
+        self._totals: dict[PathKey, PathTotals] = {}
+        """Each cached path's totals (carried over a shared prefix, as the weights are)."""
 
     @property
     def bytes(self) -> int:
@@ -155,11 +159,15 @@ class RecentPaths:
         derived: bool,
         anchor: str | None = None,
         sent: Sequence[Message] = (),
-    ) -> None:
+    ) -> PathTotals:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
-        `sent`: the request's messages the first entries were made from, which the cache then holds."""
-        running = _running_weights(entries, self._paths.get(key, []), self._running.get(key, []))
+        `sent`: the request's messages the first entries were made from, which the cache then holds. Returns
+        the path's totals, worked out past what it shares with the path cached before."""
+        before = self._paths.get(key, [])
+        shared = shared_prefix(entries, before)
+        running = _running_weights(entries, shared, self._running.get(key, []))
+        totals = _totals(entries, before, shared, self._totals.get(key))
         anchored = self._anchors.get(key)
         self._drop(key)
         sent = sent[: len(entries)]
@@ -167,11 +175,12 @@ class RecentPaths:
         # parts) is not shared with it.
         weight = (running[-1] if running else 0) + (running[len(sent) - 1] if sent else 0)
         if weight > self._max_bytes:
-            return
+            return totals
         self._paths[key] = entries
         self._sent[key] = sent
         self._running[key] = running
         self._weights[key] = weight
+        self._totals[key] = totals
         tenant, session_id, encoding = key
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
@@ -184,6 +193,7 @@ class RecentPaths:
         self._bytes += weight
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._paths)))
+        return totals
 
     def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:
         """Append an answer to a cached path whose conversation ends at its parent.
@@ -231,6 +241,7 @@ class RecentPaths:
             return
         self._bytes -= self._weights.pop(key)
         self._running.pop(key, None)
+        self._totals.pop(key, None)
         self._sent.pop(key, None)
         self._anchors.pop(key, None)
         tenant, session_id, encoding = key
@@ -241,13 +252,25 @@ class RecentPaths:
                 del self._by_tenant[(tenant, encoding)]
 
 
-def _running_weights(entries: list[CachedMessage], before: list[CachedMessage], running: list[int]) -> list[int]:
-    """The entries' weights summed up to each, those of the entries `before` had as the same objects as then."""
-    shared = shared_prefix(entries, before)
+def _running_weights(entries: list[CachedMessage], shared: int, running: list[int]) -> list[int]:
+    """The entries' weights summed up to each, those of the `shared` first as they were summed before (`running`)."""
     sums = running[:shared]
     total = sums[-1] if sums else 0
     sums.extend(map(total.__add__, itertools.accumulate(map(_WEIGHT, entries[shared:]))))
     return sums
+
+
+def _totals(
+    entries: list[CachedMessage], before: list[CachedMessage], shared: int, totals: PathTotals | None
+) -> PathTotals:
+    """The totals of `entries`, whose `shared` first entries are `before`'s, from `before`'s `totals`: only what
+    differs is walked."""
+    if totals is None or not shared:
+        return PathTotals(sum(map(_TOKENS, entries)), tuple(system_messages(list(map(_STORED, entries)))))
+    tokens = totals.tokens - sum(map(_TOKENS, before[shared:])) + sum(map(_TOKENS, entries[shared:]))
+    end = entries[0].stored.depth + shared  # a path's depths are consecutive
+    kept = tuple(stored for stored in totals.system if stored.depth < end)
+    return PathTotals(tokens, kept + tuple(system_messages(list(map(_STORED, entries[shared:])))))
 
 
 def _match(

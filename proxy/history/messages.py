@@ -63,9 +63,28 @@ class SessionInfo:
     updated_at: float
 
 
+@dataclass(frozen=True)
+class PathTotals:
+    """What a path's stages ask of it as a whole, known without walking it: the recent paths carry it from the
+    path before over what the two share (`RecentPaths.put`)."""
+
+    tokens: int
+    """Its messages' counts summed (`StoredPath.tokens` less the reply priming)."""
+    system: tuple[StoredMessage, ...]
+    """Its system (and developer) messages."""
+
+
 class StoredPath(tuple[StoredMessage, ...]):
     """A request's messages as stored, in order. A tuple: it cannot change once built, so what each stage of the
-    request asks of it is worked out once (a long path is walked once, not once per stage)."""
+    request asks of it is worked out once (a long path is walked once, not once per stage), or not at all when
+    its totals are known (`totalled`)."""
+
+    @classmethod
+    def totalled(cls, messages: Iterable[StoredMessage], totals: PathTotals) -> StoredPath:
+        """The path of `messages`, whose totals are `totals`: its cached properties hold them from the start."""
+        path = cls(messages)
+        path.__dict__.update(tokens=count_prompt((totals.tokens,)), system=list(totals.system))
+        return path
 
     @functools.cached_property
     def tokens(self) -> int:

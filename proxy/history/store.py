@@ -249,8 +249,7 @@ class History(HistoryReads):
         """Write what `locate` found new, and move the session's head to the request's last message."""
         tenant, session_id = located.tenant, located.session_id
         now = self.clock()
-        path = StoredPath(map(_STORED, located.entries))
-        session_row = (tenant, session_id, path[-1].id, model, located.anchor_id, now, now)
+        session_row = (tenant, session_id, located.entries[-1].stored.id, model, located.anchor_id, now, now)
 
         def write(connection: Connection) -> Session:
             variants = located.variants
@@ -284,13 +283,14 @@ class History(HistoryReads):
         bulk = len(located.new_messages) + len(located.variants) > BULK_ROWS or written > OFF_LOOP_CHARS
         session = await self._db.write(write, atomic=atomic, bulk=bulk)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
-        self.recent.put(
+        totals = self.recent.put(
             (tenant, session_id, located.encoding),
             located.entries,
             derived=located.derived,
             anchor=session.anchor_id,
             sent=located.messages,
         )
+        path = StoredPath.totalled(map(_STORED, located.entries), totals)
         end = chain.conversation_end(path)
         return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)
 

@@ -284,6 +284,28 @@ async def test_a_rewritten_system_prompt_is_a_variant_of_the_same_node(db: Datab
     assert await count(db, "message_variants") == 1
 
 
+async def test_a_path_s_totals_are_those_of_its_messages_however_the_requests_change(history: History) -> None:
+    """A request's path carries its totals from the session's path before (`PathTotals`): they are what walking
+    the path gives, as the conversation grows, has its system prompt rewritten, gets a developer message,
+    branches and is cut back."""
+    from proxy.history.messages import StoredPath
+
+    grown = [*drifting(1), {"role": "user", "content": "more"}, {"role": "assistant", "content": "yes"}]
+    requests = [
+        drifting(1),
+        grown,
+        [*grown, {"role": "developer", "content": "be terse"}, {"role": "user", "content": "go"}],
+        [drifting(2)[0], *grown[1:]],  # the system prompt rewritten: a variant at the first message
+        [*grown[:3], {"role": "user", "content": "another branch"}],
+        grown[:2],
+    ]
+    for messages in requests:
+        path = (await history.reconcile("t", "s", messages, MODEL, ENCODING)).path
+        fresh = StoredPath(list(path))
+        assert path.tokens == fresh.tokens
+        assert path.system == fresh.system
+
+
 async def test_a_turn_re_sent_with_only_its_blocks_changed_keeps_its_count(
     db: Database, history: History, counter: Counter
 ) -> None:
@@ -474,15 +496,18 @@ async def test_a_changed_message_after_shared_objects_is_a_branch(history: Histo
 
 
 def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_changes() -> None:
-    """The weights summed over the shared part of the path before are carried: the total is what summing the
-    whole path again gives, whether the path grows, is cut back, branches or holds other objects."""
+    """The weights and totals (tokens, system messages) over the shared part of the path before are carried: they
+    are what walking the whole path again gives, whether the path grows, is cut back, branches or holds other
+    objects."""
     from proxy.history.caches import CachedMessage
     from proxy.history.messages import StoredMessage
 
     def entry(depth: int, text: str) -> CachedMessage:
-        message = {"role": "user", "content": text}
+        role = "system" if depth % 3 == 0 else "user"
+        message = {"role": role, "content": text}
+        tokens = depth * 7 + ord(text)
         return CachedMessage(
-            StoredMessage(f"{text}@{depth}", None, depth, "user", message, 1, 0.0), message, {}, depth + ord(text)
+            StoredMessage(f"{text}@{depth}", None, depth, role, message, tokens, 0.0), message, {}, depth + ord(text)
         )
 
     recent = RecentPaths()
@@ -499,8 +524,11 @@ def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_chan
     ]
     for entries in steps:
         sent = [item.private for item in entries[:3]]
-        recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
+        totals = recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
         assert recent.bytes == sum(item.weight for item in entries) + sum(item.weight for item in entries[:3])
+        # The totals carried are those of the whole path
+        assert totals.tokens == sum(item.stored.tokens for item in entries)
+        assert totals.system == tuple(item.stored for item in entries if item.stored.role == "system")
         on_path = any(item.stored.id == anchor for item in entries)
         matched = recent.match("t", ENCODING, None, [item.private for item in entries])
         assert matched.anchored == on_path
