@@ -171,7 +171,7 @@ class Compactor:
                 # (it is writing them), then writes what is still missing itself.
                 shallow = replace(policy, compact_to=policy.trigger_ratio)
                 fitting = build(
-                    state.items, [s.span() for s in stored.values()], shallow, compacting=True, cuts=state.cuts
+                    state.items, [s.span for s in stored.values()], shallow, compacting=True, cuts=state.cuts
                 )
                 if isinstance(fitting, ContextLayout):
                     result = fitting
@@ -203,7 +203,7 @@ class Compactor:
             return ContextView((), {}, everything)
         state = await self._paths.read(request)
         stored = await self._in_force(request)
-        result = build(state.items, [s.span() for s in stored.values()], self._request_policy(request), cuts=state.cuts)
+        result = build(state.items, [s.span for s in stored.values()], self._request_policy(request), cuts=state.cuts)
         if not isinstance(result, ContextLayout):
             waiting = tuple(s for s in stored.values() if not s.held and s.strategy != TOOL_RESULTS)
             return ContextView(waiting, {}, everything, compacts=True)
@@ -221,7 +221,7 @@ class Compactor:
         policy = replace(
             self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO, strategies=(SUMMARIZE,)
         )
-        result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True, cuts=state.cuts)
+        result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
         if not isinstance(result, NeedsSummary):
             return None
         render = functools.partial(self._read, request, state)
@@ -254,7 +254,7 @@ class Compactor:
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
         written = 0
         while written < MAX_ROUNDS:
-            result = build(state.items, [s.span() for s in stored.values()], policy, compacting=True, cuts=state.cuts)
+            result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
             if not isinstance(result, NeedsSummary):
                 break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:

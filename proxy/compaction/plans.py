@@ -65,7 +65,7 @@ class Plans:
         if last is not None and last.answers(items, stored, policy, compacting):
             self._last.move_to_end(session)
             return last.result
-        result = build(items, [span.span() for span in stored], policy, compacting=compacting, cuts=state.cuts)
+        result = build(items, [span.span for span in stored], policy, compacting=compacting, cuts=state.cuts)
         self._last[session] = _Plan(items, stored, policy, compacting, result)
         self._last.move_to_end(session)
         while len(self._last) > self._sessions:

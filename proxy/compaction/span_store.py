@@ -10,6 +10,7 @@ that applies). Re-summarizing a fallback range with the LLM likewise orphans the
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import time
@@ -54,7 +55,9 @@ class StoredSpan:
     held: int = 0
     """Written ahead of need, by the pre-compaction run with this number (`Span.held`); 0: when it was needed."""
 
+    @functools.cached_property
     def span(self) -> Span:
+        """The span the builder plans with: made once per row read (every compacting request plans with all)."""
         return Span(
             id=self.id,
             start=self.start_depth,

@@ -197,7 +197,7 @@ class SpanWriter:
             for summary in await self._summaries.on_path(request.tenant, request.path, request.session_id)
             if summary.orphaned_at is None
             and summary.id not in stored
-            and summary.span().is_mask == mask
+            and summary.span.is_mask == mask
             and (summary.start_depth, summary.end_id) == (request.path[need.start].depth, request.path[need.end - 1].id)
         ]
         if written_since:  # another request wrote it after this one read the summaries

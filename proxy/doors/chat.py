@@ -11,6 +11,7 @@ through untouched, because the upstream is the authority on its own parameters. 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -147,7 +148,9 @@ def _checked(messages: Sequence[Any], first: int) -> Conversion:
     """Chat messages are the canonical form: each is only checked."""
     for offset, message in enumerate(messages):
         _validate_message(message, f"messages[{first + offset}]")
-    return Conversion(list(messages), list(range(first, first + len(messages))), list(range(len(messages) + 1)))
+    return Conversion(
+        list(messages), array("q", range(first, first + len(messages))), array("q", range(len(messages) + 1))
+    )
 
 
 def _validate_message(message: Any, where: str) -> None:

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 Scan = Callable[[str, int], tuple[Any, int]]
 """A JSON scanner's `scan_once`: the value starting at an index, and the index after it."""
+
+
+def offsets() -> array[int]:
+    """Where a list's elements end: machine integers, so that a long list's are copied and freed as one block
+    (a list of ints is an object per element, each touched by every copy)."""
+    return array("q")
 
 
 @dataclass
@@ -29,7 +36,7 @@ class Scanned:
     """Where the list's `[` is; -1: the key holds no list."""
     head: dict[str, Any] = field(default_factory=dict)
     """The members before the list."""
-    ends: list[int] = field(default_factory=list)
+    ends: array[int] = field(default_factory=offsets)
     """Where each element ends."""
     reused: int = 0
     """How many elements were taken from the body seen before."""
@@ -43,7 +50,7 @@ class Resume:
     head: dict[str, Any]
     start: int
     elements: list[Any]
-    ends: list[int]
+    ends: array[int]
     count: int
     offset: int
 
@@ -83,7 +90,7 @@ def _members(
                 return None
             idx = _skip(text, idx + 1)
             if name == key and text[idx : idx + 1] == "[":
-                scanned.start, scanned.head, scanned.ends, scanned.reused = offset + idx, dict(body), [], 0
+                scanned.start, scanned.head, scanned.ends, scanned.reused = offset + idx, dict(body), offsets(), 0
                 elements: list[Any] = []
                 idx = _skip(text, idx + 1)
                 if text[idx : idx + 1] == "]":
@@ -110,7 +117,7 @@ def _members(
         idx = _skip(text, idx + 1)
 
 
-def _rest_of_list(text: str, idx: int, scan: Scan, elements: list[Any], ends: list[int], offset: int) -> int:
+def _rest_of_list(text: str, idx: int, scan: Scan, elements: list[Any], ends: array[int], offset: int) -> int:
     """The list's elements after the one ending at `idx`, appended; the index after its `]` (-1: malformed)."""
     while True:
         idx = _skip(text, idx)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
-from proxy.doors.list_scan import Resume, Scanned, scan_body
+from proxy.doors.list_scan import Resume, Scanned, offsets, scan_body
 from proxy.errors import InvalidRequest
 from proxy.types import Message, RawList
 
@@ -39,19 +40,19 @@ class Conversion:
     """A list's elements as chat messages."""
 
     messages: list[Message]
-    origins: list[int]
+    origins: array[int]
     """The element each message came from (errors name it)."""
-    closed: list[int]
+    closed: array[int]
     """For each j in 0..len(elements): how many messages the first j elements became, when none of them waits
-    for a later element (a Responses run of output items going on past j); else -1."""
+    for a later element (a Responses run of output items going on past j); else -1. (Both machine integers, as
+    `list_scan.offsets` are: a long list's are copied as one block.)"""
 
     @staticmethod
     def each(messages: Sequence[Sequence[Message]], first: int) -> Conversion:
         """The conversion of elements that each became their own messages (`messages[i]` from element
         `first + i`)."""
         flat: list[Message] = []
-        origins: list[int] = []
-        closed = [0]
+        origins, closed = array("q"), array("q", [0])
         for offset, converted in enumerate(messages):
             flat.extend(converted)
             origins.extend([first + offset] * len(converted))
@@ -79,9 +80,9 @@ class _Kept:
     """The body's members before the list."""
     start: int
     """Where the list's `[` is in the body's text."""
-    ends: list[int]
+    ends: array[int]
     """Where each element ends in the body's text."""
-    byte_ends: list[int]
+    byte_ends: array[int]
     """... and in `raw`: where a new body is compared with it."""
     elements: list[Any]
     conversion: Conversion
@@ -161,7 +162,7 @@ class Listed:
             conversion = Conversion(
                 before.messages[:base] + tail.messages,
                 before.origins[:base] + tail.origins,
-                before.closed[:reused] + [base + count if count >= 0 else -1 for count in tail.closed],
+                before.closed[:reused] + array("q", [base + count if count >= 0 else -1 for count in tail.closed]),
             )
             checked = base if kept.checked else 0
         if check is not None:
@@ -306,12 +307,12 @@ def _repeated(raw: bytes, kept: _Kept) -> int:
     return good
 
 
-def _byte_ends(scan: _Scan) -> list[int]:
+def _byte_ends(scan: _Scan) -> array[int]:
     """Where each element ends in the body's bytes (`Scanned.ends` are in its text): the reused ones' as kept,
     the others by encoding what is new (nothing to encode when it is ASCII: the same)."""
     scanned, kept = scan.scanned, scan.kept
     reused = scanned.reused
-    byte_ends = kept.byte_ends[:reused] if kept is not None and reused else []
+    byte_ends = kept.byte_ends[:reused] if kept is not None and reused else offsets()
     ascii = len(scan.text) == len(scan.raw) - scan.byte_offset
     char, byte = (scanned.ends[reused - 1], byte_ends[-1]) if byte_ends else (scan.offset, scan.byte_offset)
     for end in scanned.ends[reused:]:

@@ -64,7 +64,7 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
             items = [Item(i.role, i.tokens, i.tool_call_ids, i.tool_call_id, i.pinned, i.stub_tokens) for i in items]
         cuts = Cuts.of(items, cuts)  # carried over the session's growth, as `PathReader` does
         state = PathState(items, {}, cuts.points)
-        fresh = build(items, [span.span() for span in spans], policy, compacting=compacting)
+        fresh = build(items, [span.span for span in spans], policy, compacting=compacting)
         assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
         assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
 

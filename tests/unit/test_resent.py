@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -160,8 +161,7 @@ def test_a_run_waiting_for_later_elements_is_converted_again_whole() -> None:
 
     def runs(elements: Sequence[Any], first: int) -> Conversion:
         messages: list[dict[str, Any]] = []
-        origins: list[int] = []
-        closed = [0]
+        origins, closed = array("q"), array("q", [0])
         for offset, element in enumerate(elements):
             if element["kind"] == "out" and messages and messages[-1]["role"] == "assistant":
                 messages[-1] = {**messages[-1], "parts": [*messages[-1]["parts"], element["text"]]}

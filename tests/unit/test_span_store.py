@@ -127,9 +127,9 @@ async def test_a_summary_is_found_on_its_path_as_the_span_it_covers(history: His
     [found] = await summaries.on_path(TENANT, path)
 
     assert found == written
-    assert found.span().start == 1
-    assert found.span().end == 5
-    assert found.span().tokens == 20
+    assert found.span.start == 1
+    assert found.span.end == 5
+    assert found.span.tokens == 20
     assert found.orphaned_at is None
     assert found.as_json()["range"] == [1, 5]
     assert found.as_json()["ratio"] == 0.05

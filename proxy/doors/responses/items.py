@@ -23,6 +23,7 @@ that echoes an answer back as items lands on the node the answer was stored as.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,8 +56,7 @@ def input_conversion(items: Sequence[Any], first: int) -> Conversion:
     """The input items from index `first` on as chat messages; a run of output items is one assistant message,
     which a later item may still join (`Conversion.closed`)."""
     messages: list[Message] = []
-    origins: list[int] = []
-    closed = [0]
+    origins, closed = array("q"), array("q", [0])
     run: list[Mapping[str, Any]] = []
     for index, item in enumerate(items, first):
         where = f"input[{index}]"
