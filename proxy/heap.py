@@ -15,8 +15,10 @@ import ctypes
 
 LARGE_BUFFER_BYTES = 32 * 1024 * 1024
 """The mmap threshold set: glibc's largest (its heaps are 64 MiB). A body larger still is mapped for itself."""
-KEPT_FREE_BYTES = 2 * LARGE_BUFFER_BYTES
-"""How much freed memory the heap keeps at its top before giving it back (the trim threshold)."""
+KEPT_FREE_BYTES = 8 * 1024 * 1024
+"""How much freed memory the heap keeps at its top before giving it back (the trim threshold): a body or two. The
+memory it keeps shows in the process's RSS (64 MiB kept grew a 1,000-turn Claude Code session's by 1.39× → 1.54×
+of its 20th turn's; 4 to 16 MiB cost the same CPU in a 400-turn one)."""
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
