@@ -60,14 +60,14 @@ def origin(message: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def chat_messages(messages: Sequence[Message], raw: RawList | None = None) -> list[Message]:
+def chat_messages(messages: Sequence[Message], verbatim: int = 0) -> list[Message]:
     """Messages as a chat-completions upstream takes them: without the proxy's keys, and without a message that
     was only another API's items (a reasoning item, a hosted tool's call) and says nothing in chat terms.
 
-    The run at the end that is the very messages a chat request's body parsed to (`raw`) is not looked at: the
-    chat door refuses the proxy's keys on a client's message (`proxy_key`), so none of them carries one."""
+    The last `verbatim` messages are not looked at: the run of a chat request's own messages at the end
+    (`json_body.client_run`), on which the chat door refused the proxy's keys (`proxy_key`)."""
     chat = list(messages)
-    looked = len(chat) - (0 if raw is None else shared_suffix(chat, raw.elements))
+    looked = len(chat) - verbatim
     # Found a key at a time at C speed (a dict lookup each, cheaper than a set test of each message's keys): most
     # messages carry none of them.
     marked = {

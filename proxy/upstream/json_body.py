@@ -22,9 +22,14 @@ from proxy.types import Message, RawList
 MESSAGES = "messages"
 
 
-def json_body(fields: Mapping[str, Any], messages: Sequence[Message], raw: RawList | None) -> bytes:
-    """`fields` with `messages` under "messages", as compact UTF-8 JSON."""
-    shared = 0 if raw is None else shared_suffix(messages, raw.elements)
+def client_run(messages: Sequence[Message], raw: RawList | None) -> int:
+    """How many of `messages` at the end are `raw`'s last elements, the very objects: the client's own run."""
+    return 0 if raw is None else shared_suffix(messages, raw.elements)
+
+
+def json_body(fields: Mapping[str, Any], messages: Sequence[Message], raw: RawList | None, shared: int) -> bytes:
+    """`fields` with `messages` under "messages", as compact UTF-8 JSON; `shared`: their `client_run` (found once
+    for the stripping of the proxy's keys and this)."""
     if raw is None or shared < 2:
         return json_bytes({**fields, MESSAGES: messages})
     # The run's first element is encoded; each one after it is its bytes from the end of the one before, its

@@ -30,7 +30,7 @@ from proxy.errors import AnswerTooLarge, UpstreamError
 from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
-from proxy.upstream.json_body import json_body
+from proxy.upstream.json_body import client_run, json_body
 from proxy.upstream.native_client import error_text
 from proxy.upstream.redaction import CUT_MARK
 from proxy.vocabulary import chat_messages
@@ -137,9 +137,10 @@ class OpenAIChat:
         if not stream:
             fields.pop("stream_options", None)
         pool = self._pool(target.url)
-        return await self._post(
-            pool, self._request_headers(pool, target), json_body(fields, chat_messages(messages, raw), raw)
-        )
+        # The client's own run keeps its place and objects when the proxy's keys are stripped before it.
+        run = client_run(messages, raw)
+        body = json_body(fields, chat_messages(messages, run), raw, run)
+        return await self._post(pool, self._request_headers(pool, target), body)
 
     async def post(self, url: str, headers: Mapping[str, str], content: bytes) -> httpx.Response:
         """POST a rendered body on the pooled client of `url`, retried as LiteLLM retries; a refusal raised as

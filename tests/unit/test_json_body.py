@@ -12,7 +12,7 @@ from proxy.config import RequestLimits
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.resent import ResentLists
 from proxy.types import RawList
-from proxy.upstream.json_body import json_body
+from proxy.upstream.json_body import client_run, json_body
 
 FIELDS = {"model": "m", "stream": True, "temperature": 0.5}
 
@@ -41,7 +41,7 @@ def parsed(turns: int) -> tuple[list[dict[str, Any]], RawList]:
 @pytest.mark.parametrize("fields", [FIELDS, {}])
 def test_a_re_sent_conversation_is_written_with_the_clients_bytes(fields: dict[str, Any]) -> None:
     messages, raw = parsed(6)
-    body = json_body(fields, messages, raw)
+    body = json_body(fields, messages, raw, client_run(messages, raw))
     assert json.loads(body) == {**fields, "messages": messages}
     assert b'\n         "content": "q5' in body  # the client's indentation: its bytes, not encoded again
 
@@ -62,6 +62,7 @@ def test_the_body_is_the_json_of_what_is_sent_whatever_it_shares(shape: str) -> 
         "no raw": messages,
         "empty": [],
     }[shape]
-    body = json_body(FIELDS, sent, None if shape == "no raw" else raw)
+    given = None if shape == "no raw" else raw
+    body = json_body(FIELDS, sent, given, client_run(sent, given))
     assert json.loads(body) == {**FIELDS, "messages": sent}
     assert (b'\n         "content"' in body) == (shape == "compacted")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.types import Message, RawList
+from proxy.upstream.json_body import client_run
 from proxy.vocabulary import ANSWER, ITEMS, ORIGIN, Origin, chat_messages, origin
 
 REASONING: dict[str, Any] = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAA"}
@@ -89,10 +90,15 @@ def test_the_client_s_own_run_at_the_end_is_passed_as_it_is_and_the_rest_is_look
     summary = {"role": "user", "content": "[summary]", ORIGIN: Origin.SUMMARY}
     # Equal to a client's message but another object: not the client's run, so looked at.
     marked_copy = {"role": "user", "content": "q", ITEMS: []}
-    result = chat_messages([summary, marked_copy, *sent], raw)
+    messages = [summary, marked_copy, *sent]
+    run = client_run(messages, raw)
+    assert run == 2
+    result = chat_messages(messages, run)
     assert result == [{"role": "user", "content": "[summary]"}, {"role": "user", "content": "q"}, *sent]
     assert all(map(operator.is_, result[2:], sent))
-    assert chat_messages([summary, *sent[1:]], raw) == [{"role": "user", "content": "[summary]"}, sent[1]]
+    assert client_run(result, raw) == run  # the run keeps its place at the end: one count serves the body too
+    shorter = [summary, *sent[1:]]
+    assert chat_messages(shorter, client_run(shorter, raw)) == [{"role": "user", "content": "[summary]"}, sent[1]]
 
 
 @pytest.mark.parametrize(
