@@ -13,8 +13,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.sharing import shared_suffix
-from proxy.types import Message, RawList
+from proxy.types import Message
 
 SYSTEM_ROLES = ("system", "developer")
 """The roles of the instructions a conversation carries: pinned context, identified by their place (`history.chain`)."""
