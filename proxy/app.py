@@ -212,7 +212,7 @@ async def _pins(request: Request, caller: Caller) -> Response:
     raw = await request_body(
         request, services.config, min(MAX_PINS_BODY_BYTES, services.config.request_limits.max_body_bytes)
     )
-    ids = checked_ids((await parse_off_loop(raw, parse_json_object)).get("message_ids"))
+    ids = checked_ids((await parse_off_loop(raw.body.tobytes(), parse_json_object)).get("message_ids"))
     if request.method == "POST":
         return JSONResponse(await services.inspector.pin(caller.tenant, session_id, ids))
     return JSONResponse(await services.inspector.unpin(caller.tenant, session_id, ids))

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.pieces import Pieces
+
 JSONObject = dict[str, Any]
 Message = dict[str, Any]
 """One chat message: role, content, and name / tool_calls / tool_call_id where present."""
@@ -41,7 +43,7 @@ class RawList:
     instead of encoding them again (`proxy.upstream.json_body`): equal bytes, since nothing changes a request's
     messages in place."""
 
-    raw: bytes = field(repr=False)
+    raw: Pieces = field(repr=False)
     elements: Sequence[Any] = field(repr=False)
     ends: Sequence[int] = field(repr=False)
 

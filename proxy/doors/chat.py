@@ -27,6 +27,7 @@ from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_re
 from proxy.errors import InvalidRequest, json_type, openai_error
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.journal.relay import JournaledGroups
+from proxy.pieces import Received
 from proxy.types import Chunk
 from proxy.vocabulary import proxy_key
 
@@ -60,7 +61,7 @@ class ChatCompletions(Door[bool]):
     path: ClassVar[str] = "/v1/chat/completions"
     prefix: ClassVar[str] = "/v1/chat"
 
-    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[bool]:
+    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[bool]:
         conversation = parse_chat_request(raw, limits, self.resent.of(tenant))
         options = conversation.params.get("stream_options") or {}
         asked = bool(options.get("include_usage"))
@@ -108,7 +109,7 @@ async def _replay_events(answer: Replayed, usage: bool) -> AsyncIterator[bytes]:
 
 
 def parse_chat_request(
-    raw: bytes, limits: RequestLimits = DEFAULT_LIMITS, resent: TenantLists | None = None
+    raw: Received | bytes, limits: RequestLimits = DEFAULT_LIMITS, resent: TenantLists | None = None
 ) -> Conversation:
     """A chat completion request as the canonical conversation; 400 naming the field for anything invalid
     (413 for a message over `limits.max_message_chars`). `resent`: the door's last requests, whose messages

@@ -33,6 +33,7 @@ from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, openai_error
 from proxy.observability.requests import observe_model
+from proxy.pieces import Received
 from proxy.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Door(Generic[R]):
         self.resent = ResentLists()
         """Its last requests, so that what a client re-sends is parsed and converted once (`proxy.doors.resent`)."""
 
-    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
+    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
         """The body as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure
         but for the door's kept requests (`resent`, the tenant's): it runs off the event loop for big bodies."""
         raise NotImplementedError
@@ -156,7 +157,7 @@ class Doors:
         door = self.by_name[name]
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         limits = self.config.request_limits
-        raw = await request_body(request, self.config)
+        raw = await request_body(request, self.config, earlier=door.resent.earlier(caller.tenant))
         parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits, caller.tenant))
         answer, parsed = await door.answer(caller, parsed, request)
         return door.render(answer, parsed)

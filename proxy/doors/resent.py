@@ -3,9 +3,10 @@
 Every chat client re-sends its whole conversation on every turn, so the text of a request's message list
 (`messages`, `input`) mostly repeats that of a request a moment before. A door keeps its last requests
 (`ResentLists`): their bytes, where each element of the list ended, the parsed elements and the chat messages
-they became. A request whose bytes begin as one of them does, up to the end of an element, takes those elements
-and their messages as they were; only the rest is decoded, parsed (`proxy.doors.list_scan`), checked against the
-limits and converted. Sound because equal bytes parse to equal values, the per-element limits and checks look at nothing
+they became. Its body is read against them (`proxy.pieces`: how many bytes it shares with which); a request
+whose bytes begin as one of them does, up to the end of an element, takes those elements and their messages as
+they were; only the rest is decoded, parsed (`proxy.doors.list_scan`), checked against the limits and
+converted. Sound because equal bytes parse to equal values, the per-element limits and checks look at nothing
 else, and a door converts an element without looking past it (where a message waits for later elements, as a
 Responses run of output items does, the reuse stops before it: `Conversion.closed`). The checks across elements
 (calls and their outputs) look past what a kept request that passed them began with (`Check`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
 from proxy.doors.list_scan import Resume, Scanned, offsets, scan_body
 from proxy.errors import InvalidRequest
+from proxy.pieces import Pieces, Reading, Received
 from proxy.types import Message, RawList
 
 RECENT_LISTS = 4
@@ -72,7 +75,7 @@ refuses. Given how many leading messages are those a list that passed them began
 class _Kept:
     """A request as a door kept it."""
 
-    raw: bytes
+    raw: Pieces
     tenant: str
     key: str
     limits: RequestLimits
@@ -97,7 +100,7 @@ class _Scan:
     """What `ResentLists.parse` read of a body: its bytes, the text scanned (from `offset`, byte `byte_offset`
     on), the scan, and the kept request it resumed."""
 
-    raw: bytes
+    raw: Pieces
     text: str
     offset: int
     byte_offset: int
@@ -190,9 +193,11 @@ class Listed:
         return conversion
 
 
-def parse_listed(raw: bytes, key: str, limits: RequestLimits, resent: TenantLists | None) -> Listed:
+def parse_listed(raw: Received | bytes, key: str, limits: RequestLimits, resent: TenantLists | None) -> Listed:
     """The body with its list under `key`: after what a kept request had when the door keeps them (`resent`)."""
-    return Listed(parse_json_object(raw), key, limits) if resent is None else resent.parse(raw, key, limits)
+    if resent is None:
+        return Listed(parse_json_object(raw if isinstance(raw, bytes) else raw.body.tobytes()), key, limits)
+    return resent.parse(raw, key, limits)
 
 
 class ResentLists:
@@ -211,15 +216,22 @@ class ResentLists:
         quickly it is answered, whether that tenant sent the same conversation.)"""
         return TenantLists(self, tenant)
 
-    def parse(self, raw: bytes, key: str, limits: RequestLimits, tenant: str) -> Listed:
+    def earlier(self, tenant: str) -> list[Pieces]:
+        """The bodies of the tenant's kept requests, the most recent first: what its next body is read against."""
+        with self._lock:
+            return [kept.raw for kept in reversed(self._kept) if kept.tenant == tenant]
+
+    def parse(self, raw: Received, key: str, limits: RequestLimits, tenant: str) -> Listed:
         """The body as a JSON object, as `parse_json_object` gives it (and refuses it), with its list under `key`
-        scanned element by element after what the tenant's best-matching kept request already had."""
-        kept, reused = self._longest(raw, tenant, key, limits)
+        scanned element by element after what the kept request it was read against already had: the elements
+        whose bytes it repeats, up to the end of the last."""
+        kept = self._resumed(raw, tenant, key, limits)
+        reused = 0 if kept is None else bisect_right(kept.byte_ends, raw.shared)
         scan = None
         with contextlib.suppress(InvalidRequest, ValueError, RecursionError, StopIteration):
-            scan = _scanned(raw, key, kept if reused else None, reused)
+            scan = _scanned(raw.body, key, kept if reused else None, reused)
         if scan is None:  # not a well-formed object: the whole parse, for the error it has always given
-            return Listed(parse_json_object(raw), key, limits)
+            return Listed(parse_json_object(raw.body.tobytes()), key, limits)
         if scan.scanned.start < 0:
             return Listed(scan.scanned.body, key, limits)
         return Listed(scan.scanned.body, key, limits, self.of(tenant), scan)
@@ -233,21 +245,15 @@ class ResentLists:
             while len(self._kept) > self._max_lists or (total > self._max_bytes and self._kept):
                 total -= len(self._kept.pop(0).raw)
 
-    def _longest(self, raw: bytes, tenant: str, key: str, limits: RequestLimits) -> tuple[_Kept | None, int]:
-        """The tenant's kept request whose body `raw` repeats through the most elements, and how many."""
+    def _resumed(self, raw: Received, tenant: str, key: str, limits: RequestLimits) -> _Kept | None:
+        """The kept request `raw` was read against, when it is the tenant's and its list was parsed alike."""
+        if raw.base is None:
+            return None
         with self._lock:
-            candidates = self._kept[::-1]
-        best: _Kept | None = None
-        most = 0
-        for kept in candidates:
-            if kept.tenant != tenant or kept.key != key or kept.limits != limits or not kept.ends:
-                continue
-            count = _repeated(raw, kept)
-            if count > most:
-                best, most = kept, count
-            if count and count >= len(kept.ends) - 2:
-                break  # the request this one extends: no other can give much more
-        return best, most
+            kept = next((kept for kept in self._kept if kept.raw is raw.base), None)
+        if kept is None or kept.tenant != tenant or kept.key != key or kept.limits != limits:
+            return None
+        return kept
 
 
 @dataclass(frozen=True)
@@ -257,11 +263,20 @@ class TenantLists:
     lists: ResentLists
     tenant: str
 
-    def parse(self, raw: bytes, key: str, limits: RequestLimits) -> Listed:
+    def earlier(self) -> list[Pieces]:
+        return self.lists.earlier(self.tenant)
+
+    def parse(self, raw: Received | bytes, key: str, limits: RequestLimits) -> Listed:
+        """`raw` as `ResentLists.parse` parses it; bytes not read against the kept bodies (as a test gives them)
+        are compared with them first."""
+        if isinstance(raw, bytes):
+            reading = Reading(self.earlier())
+            reading.add(raw)
+            raw = reading.received()
         return self.lists.parse(raw, key, limits, self.tenant)
 
 
-def _scanned(raw: bytes, key: str, kept: _Kept | None, reused: int) -> _Scan | None:
+def _scanned(raw: Pieces, key: str, kept: _Kept | None, reused: int) -> _Scan | None:
     """The body scanned: only its bytes after the `reused` elements it repeats of `kept` are decoded and
     scanned, and checked for what JSON can spell but the proxy cannot pass on (`checked_object`); the rest is as
     kept."""
@@ -270,7 +285,7 @@ def _scanned(raw: bytes, key: str, kept: _Kept | None, reused: int) -> _Scan | N
     if kept is not None:
         offset, byte_offset = kept.ends[reused - 1], kept.byte_ends[reused - 1]
         resume = Resume(kept.head, kept.start, kept.elements, kept.ends, reused, offset)
-    text = decoded(raw[byte_offset:] if byte_offset else raw)
+    text = decoded(raw.tobytes(byte_offset))
     non_finite: list[str] = []
     scan = json_decoder(text, non_finite).scan_once  # type: ignore[attr-defined]
     scanned = scan_body(text, key, scan, resume)
@@ -278,33 +293,6 @@ def _scanned(raw: bytes, key: str, kept: _Kept | None, reused: int) -> _Scan | N
         return None
     checked_object(scanned.body, text, non_finite)
     return _Scan(raw, text, offset, byte_offset, scanned, kept)
-
-
-def _repeated(raw: bytes, kept: _Kept) -> int:
-    """How many of `kept`'s elements `raw` repeats: the most k with the same bytes up to the end of the k-th
-    (compared in place: ~0.05 ms a MB). Probed from the top down first (a client's next request differs from its
-    last in its last elements only: Claude Code moves its cache breakpoint), then by bisection."""
-    ends = kept.byte_ends
-    before = memoryview(kept.raw)
-
-    def same(count: int, good: int) -> bool:
-        """Whether the first `count` elements repeat, the first `good` known to (compared from their end on). The
-        last one is compared first: a probe past the changed element fails on it alone, not after comparing
-        all the bytes before it (a long conversation's megabytes, once per failed probe)."""
-        start, end = ends[good - 1] if good else 0, ends[count - 1]
-        last = max(start, ends[count - 2] if count > 1 else 0)
-        return len(raw) >= end and raw.startswith(before[last:end], last) and raw.startswith(before[start:last], start)
-
-    if not same(1, 0):
-        return 0
-    good, bad, step, galloping = 1, len(ends) + 1, 1, True
-    while bad - good > 1:
-        probe = max(good + 1, bad - step) if galloping else (good + bad) // 2
-        if same(probe, good):
-            good, galloping = probe, False
-        else:
-            bad, step = probe, step * 2
-    return good
 
 
 def _byte_ends(scan: _Scan) -> array[int]:

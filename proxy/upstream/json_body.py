@@ -40,7 +40,7 @@ def json_body(fields: Mapping[str, Any], messages: Sequence[Message], raw: RawLi
     pieces: list[bytes | memoryview] = [head, b',"messages":[' if len(head) > 1 else b'"messages":[']
     if own:
         pieces += [json_bytes(list(messages[:own]))[1:-1], b","]
-    pieces += [json_bytes(raw.elements[first]), memoryview(raw.raw)[raw.ends[first] : raw.ends[-1]], b"]}"]
+    pieces += [json_bytes(raw.elements[first]), *raw.raw.views(raw.ends[first], raw.ends[-1]), b"]}"]
     return b"".join(pieces)
 
 

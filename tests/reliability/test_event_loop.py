@@ -23,6 +23,7 @@ import pytest
 
 from proxy import tokens
 from proxy.doors import chat as chat_door
+from proxy.pieces import Received
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error, read_only, row_counts, sse_events, step_statuses
 from tests.support.fake_upstream import FakeUpstream, Fault, Reply
@@ -116,8 +117,8 @@ def test_a_big_body_is_parsed_off_the_event_loop(
 ) -> None:
     parse = chat_door.parse_chat_request
 
-    def held(raw: bytes, *args: Any) -> Any:
-        if len(raw) >= BIG:
+    def held(raw: Received, *args: Any) -> Any:
+        if raw.fresh >= BIG:
             gate.hold()
         return parse(raw, *args)
 

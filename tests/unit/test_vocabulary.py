@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from proxy.pieces import Pieces
 from proxy.types import Message, RawList
 from proxy.upstream.json_body import client_run
 from proxy.vocabulary import ANSWER, ITEMS, ORIGIN, Origin, chat_messages, origin
@@ -86,7 +87,7 @@ def test_order_is_kept() -> None:
 
 def test_the_client_s_own_run_at_the_end_is_passed_as_it_is_and_the_rest_is_looked_at() -> None:
     sent: list[Message] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    raw = RawList(b"", sent, [0, 0])
+    raw = RawList(Pieces.of(b""), sent, [0, 0])
     summary = {"role": "user", "content": "[summary]", ORIGIN: Origin.SUMMARY}
     # Equal to a client's message but another object: not the client's run, so looked at.
     marked_copy = {"role": "user", "content": "q", ITEMS: []}

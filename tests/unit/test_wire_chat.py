@@ -264,10 +264,20 @@ def test_request_is_frozen() -> None:
 # --- read_body ---------------------------------------------------------------------------------------------
 
 
+async def read(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
+    return (await read_body(chunks, content_length, max_bytes)).body.tobytes()
+
+
 async def test_read_body_joins_the_chunks() -> None:
-    assert await read_body(chunks_of(b"ab", b"", b"cd"), "4", max_bytes=4) == b"abcd"
-    assert await read_body(chunks_of(b"ab", b"cd"), None, max_bytes=4) == b"abcd"
-    assert await read_body(chunks_of(), None, max_bytes=4) == b""
+    assert await read(chunks_of(b"ab", b"", b"cd"), "4", max_bytes=4) == b"abcd"
+    assert await read(chunks_of(b"ab", b"cd"), None, max_bytes=4) == b"abcd"
+    assert await read(chunks_of(), None, max_bytes=4) == b""
+
+
+async def test_read_body_shares_what_it_repeats_of_an_earlier_body() -> None:
+    first = await read_body(chunks_of(b"[1,2,", b"3]"), None, max_bytes=100)
+    second = await read_body(chunks_of(b"[1,", b"2,3", b",4]"), None, max_bytes=100, earlier=[first.body])
+    assert (second.body.tobytes(), second.base, second.shared, second.fresh) == (b"[1,2,3,4]", first.body, 6, 3)
 
 
 async def test_declared_length_over_the_limit_is_refused_before_reading() -> None:
@@ -306,13 +316,13 @@ async def test_understated_content_length_does_not_bypass_the_limit() -> None:
 
 
 async def test_non_numeric_content_length_falls_back_to_counting() -> None:
-    assert await read_body(chunks_of(b"abc"), "lots", max_bytes=2048) == b"abc"
+    assert await read(chunks_of(b"abc"), "lots", max_bytes=2048) == b"abc"
     with pytest.raises(PayloadTooLarge):
         await read_body(chunks_of(b"x" * 2049), "-1", max_bytes=2048)
 
 
 async def test_body_exactly_at_the_limit_is_accepted() -> None:
-    assert len(await read_body(chunks_of(b"x" * 2048), "2048", max_bytes=2048)) == 2048
+    assert len(await read(chunks_of(b"x" * 2048), "2048", max_bytes=2048)) == 2048
 
 
 # --- context_options ---------------------------------------------------------------------------------------

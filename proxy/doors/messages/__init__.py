@@ -34,6 +34,7 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_error, completed_message
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.observability.requests import observe_model
+from proxy.pieces import Received
 from proxy.types import Chunk
 from proxy.vocabulary import RESPONSE
 
@@ -50,7 +51,7 @@ class Messages(Door[None]):
     native_headers: ClassVar[tuple[str, ...]] = (BETA_HEADER,)
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 
-    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[None]:
+    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[None]:
         return DoorRequest(parse_messages_request(raw, limits, self.resent.of(tenant)), None)
 
     def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
@@ -72,7 +73,7 @@ class Messages(Door[None]):
     async def count_tokens(self, request: Request, caller: Caller) -> Response:
         """`POST /v1/messages/count_tokens`: what the proxy would send (see the module docstring)."""
         limits = self.config.request_limits
-        raw = await request_body(request, self.config)
+        raw = await request_body(request, self.config, earlier=self.resent.earlier(caller.tenant))
         conversation = await parse_off_loop(
             raw, lambda raw: parse_messages_request(raw, limits, self.resent.of(caller.tenant), counting=True)
         )

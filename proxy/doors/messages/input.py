@@ -34,6 +34,7 @@ from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
+from proxy.pieces import Received
 from proxy.references import TOKEN_PREFIX
 from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS
@@ -46,7 +47,7 @@ _NOT_NATIVE = frozenset({"model", "messages", "system", "stream"})
 
 
 def parse_messages_request(
-    raw: bytes, limits: RequestLimits, resent: TenantLists | None = None, *, counting: bool = False
+    raw: Received | bytes, limits: RequestLimits, resent: TenantLists | None = None, *, counting: bool = False
 ) -> Conversation:
     """An Anthropic Messages request as the canonical conversation; a 400 naming the field for anything invalid.
     `resent`: the door's last requests, whose messages this one need not convert again; `counting`: a

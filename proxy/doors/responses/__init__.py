@@ -39,6 +39,7 @@ from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, Sto
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.errors import InvalidRequest, JSONBody, openai_error
 from proxy.numbers import parse_integer
+from proxy.pieces import Received
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
 from proxy.vocabulary import RESPONSE
@@ -72,7 +73,7 @@ class Responses(Door[Echo]):
         super().__init__(config, pipeline)
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
-    def parse(self, raw: bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
+    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
         return _door_request(parse_responses_request(raw, limits, self.resent.of(tenant)))
 
     def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
@@ -155,7 +156,7 @@ class Responses(Door[Echo]):
         the client sends in its place from now on. The proxy keeps every message and compacts by itself, so it
         stores what is new and answers at once (`proxy.doors.responses.compaction`)."""
         limits = self.config.request_limits
-        raw = await request_body(request, self.config)
+        raw = await request_body(request, self.config, earlier=self.resent.earlier(caller.tenant))
         parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits, caller.tenant))
         conversation = replace(parsed.conversation, compaction=True, stream=False)
         answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)

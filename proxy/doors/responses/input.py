@@ -19,6 +19,7 @@ from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
 from proxy.doors.responses.items import check_answered, check_pairs, input_conversion, input_messages
 from proxy.errors import InvalidRequest, json_type
+from proxy.pieces import Received
 from proxy.types import Message, NativeRequest
 from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
@@ -65,7 +66,9 @@ class ResponsesRequest:
     """False: a socket warm-up (`generate: false`), answered without a model call."""
 
 
-def parse_responses_request(raw: bytes, limits: RequestLimits, resent: TenantLists | None = None) -> ResponsesRequest:
+def parse_responses_request(
+    raw: Received | bytes, limits: RequestLimits, resent: TenantLists | None = None
+) -> ResponsesRequest:
     """A Responses request as the canonical conversation; a 400 naming the field for anything invalid. `resent`:
     the door's last requests, whose input items this one need not convert again."""
     listed = parse_listed(raw, "input", limits, resent)
