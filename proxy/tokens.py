@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
+import orjson
 import tiktoken
 
 DEFAULT_ENCODING = "cl100k_base"
@@ -148,12 +149,15 @@ def count_definitions(params: Mapping[str, Any], encoding: str = DEFAULT_ENCODIN
     schema = response_format.get("json_schema") if isinstance(response_format, Mapping) else None
     if not functions and not isinstance(schema, Mapping):
         return 0
-    text = json.dumps([functions, schema], ensure_ascii=False, sort_keys=True, default=str)
+    try:
+        text: bytes | str = orjson.dumps([functions, schema], option=orjson.OPT_SORT_KEYS, default=str)
+    except TypeError:  # an integer past 64 bits
+        text = json.dumps([functions, schema], ensure_ascii=False, sort_keys=True, default=str)
     return _definitions_tokens(text, encoding, bool(tools))
 
 
 @lru_cache(maxsize=64)
-def _definitions_tokens(text: str, encoding: str, listed: bool) -> int:
+def _definitions_tokens(text: bytes | str, encoding: str, listed: bool) -> int:
     """`count_definitions` of `text` (`[functions, schema]` as JSON); `listed`: the request has a tool list."""
     functions, schema = json.loads(text)
     total = TOOLS_OVERHEAD if listed else 0

@@ -71,6 +71,13 @@ def test_tool_definitions_count_as_their_name_description_and_schema() -> None:
     assert count_definitions({"tools": "not a list"}) == 0
 
 
+def test_a_schema_with_an_integer_past_64_bits_is_counted_too() -> None:
+    environment.prepare()
+    schema: dict[str, object] = {"type": "integer", "maximum": 2**70}
+    expected = TOOLS_OVERHEAD + TOKENS_PER_TOOL + whole("Count") + whole(json.dumps(schema, sort_keys=True))
+    assert count_definitions({"tools": [function("Count", "", schema)]}) == expected
+
+
 def test_a_structured_output_schema_counts_like_a_tool() -> None:
     environment.prepare()
     schema = {"type": "object", "properties": {"answer": {"type": "string", "description": "the answer " * 20}}}
