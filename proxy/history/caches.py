@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.history import chain
-from proxy.history.messages import PathTotals, StoredMessage, system_messages
+from proxy.history.messages import PathTotals, StoredMessage, StoredPath, system_messages
 from proxy.sharing import shared_prefix
 from proxy.types import Message
 from proxy.vocabulary import SYSTEM_ROLES
@@ -83,6 +83,10 @@ class PathMatch:
     """The request extends the cached path entirely (it is that session's next turn)."""
     anchored: bool = False
     """The matched entries hold the cached session's anchor (a derived session's: `Session.anchor_id`)."""
+    base: list[CachedMessage] | None = None
+    """The cached path matched: its first `reused` entries are the very first objects of `entries` (so that
+    caching the request's path after it needs no identity pass over them: `RecentPaths.put`)."""
+    reused: int = 0
 
 
 NO_MATCH = PathMatch(None, [], {}, whole=False)
@@ -120,6 +124,8 @@ class RecentPaths:
         """A derived session's anchor, by its cached path, and its position there (None: not on it)."""
         self._totals: dict[PathKey, PathTotals] = {}
         """Each cached path's totals (carried over a shared prefix, as the weights are)."""
+        self._stored: dict[PathKey, StoredPath] = {}
+        """Each cached path as a `StoredPath` (its shared prefix is the next one's, copied as one block)."""
 
     @property
     def bytes(self) -> int:
@@ -159,15 +165,20 @@ class RecentPaths:
         derived: bool,
         anchor: str | None = None,
         sent: Sequence[Message] = (),
-    ) -> PathTotals:
+        matched: PathMatch = NO_MATCH,
+    ) -> StoredPath:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
-        `sent`: the request's messages the first entries were made from, which the cache then holds. Returns
-        the path's totals, worked out past what it shares with the path cached before."""
+        `sent`: the request's messages the first entries were made from, which the cache then holds;
+        `matched`: what `match` found them to start with. Returns the path, its totals worked out past what it
+        shares with the path cached before."""
         before = self._paths.get(key, [])
-        shared = shared_prefix(entries, before)
+        shared = matched.reused if matched.base is before else shared_prefix(entries, before)
         running = _running_weights(entries, shared, self._running.get(key, []))
         totals = _totals(entries, before, shared, self._totals.get(key))
+        previous = self._stored.get(key)
+        head = previous[:shared] if previous is not None else tuple(map(_STORED, entries[:shared]))
+        path = StoredPath.totalled(head + tuple(map(_STORED, entries[shared:])), totals)
         anchored = self._anchors.get(key)
         self._drop(key)
         sent = sent[: len(entries)]
@@ -175,12 +186,13 @@ class RecentPaths:
         # parts) is not shared with it.
         weight = (running[-1] if running else 0) + (running[len(sent) - 1] if sent else 0)
         if weight > self._max_bytes:
-            return totals
+            return path
         self._paths[key] = entries
         self._sent[key] = sent
         self._running[key] = running
         self._weights[key] = weight
         self._totals[key] = totals
+        self._stored[key] = path
         tenant, session_id, encoding = key
         if derived:
             self._by_tenant.setdefault((tenant, encoding), OrderedDict())[session_id] = None
@@ -193,7 +205,7 @@ class RecentPaths:
         self._bytes += weight
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._paths)))
-        return totals
+        return path
 
     def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:
         """Append an answer to a cached path whose conversation ends at its parent.
@@ -242,6 +254,7 @@ class RecentPaths:
         self._bytes -= self._weights.pop(key)
         self._running.pop(key, None)
         self._totals.pop(key, None)
+        self._stored.pop(key, None)
         self._sent.pop(key, None)
         self._anchors.pop(key, None)
         tenant, session_id, encoding = key
@@ -284,6 +297,7 @@ def _match(
     shared = shared_prefix(messages, sent)
     matched = entries[:shared]
     variants: dict[int, Message] = {}
+    reused = shared  # leading entries that are the cached ones, neither a variant nor replaced
     for position in range(shared, min(len(messages), len(entries))):
         message, entry = messages[position], entries[position]
         if message != entry.private:
@@ -294,8 +308,10 @@ def _match(
                 variants[position] = normal
         if entry.stored.message != entry.private:
             entry = replace(entry, stored=replace(entry.stored, message=json_copy(entry.private)))
+        if reused == position and entry is entries[position] and position not in variants:
+            reused += 1
         matched.append(entry)
-    return PathMatch(session_id, matched, variants, whole=len(matched) == len(entries))
+    return PathMatch(session_id, matched, variants, whole=len(matched) == len(entries), base=entries, reused=reused)
 
 
 def json_copy(value: Any) -> Any:

@@ -32,8 +32,16 @@ from typing import Any
 from proxy import tokens
 from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, SessionLocks, json_copy
-from proxy.history.messages import Reconciled, Session, StoredMessage, StoredPath
+from proxy.history.caches import (
+    ENTRY_OVERHEAD,
+    NO_MATCH,
+    CachedMessage,
+    PathMatch,
+    RecentPaths,
+    SessionLocks,
+    json_copy,
+)
+from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
     KNOWN_SQL,
     UPSERT_SESSION_SQL,
@@ -97,6 +105,8 @@ class Located:
     """(message id, digest, body, created_at) of forms not stored yet."""
     messages: Sequence[Message] = ()
     """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`)."""
+    matched: PathMatch = NO_MATCH
+    """The cached entries `entries` start with (`RecentPaths.match`)."""
 
 
 class History(HistoryReads):
@@ -182,6 +192,7 @@ class History(HistoryReads):
             new_tokens,
             variants,
             messages,
+            found,
         )
 
     def _extend(
@@ -283,14 +294,14 @@ class History(HistoryReads):
         bulk = len(located.new_messages) + len(located.variants) > BULK_ROWS or written > OFF_LOOP_CHARS
         session = await self._db.write(write, atomic=atomic, bulk=bulk)
         # Only what is committed enters the cache: a cached node is one the next request may build on.
-        totals = self.recent.put(
+        path = self.recent.put(
             (tenant, session_id, located.encoding),
             located.entries,
             derived=located.derived,
             anchor=session.anchor_id,
             sent=located.messages,
+            matched=located.matched,
         )
-        path = StoredPath.totalled(map(_STORED, located.entries), totals)
         end = chain.conversation_end(path)
         return Reconciled(session, path, located.stored_before, located.entries[end].settings, end)
 

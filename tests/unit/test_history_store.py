@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ import pytest
 
 from proxy import tokens
 from proxy.errors import InvalidRequest
-from proxy.history.caches import RecentPaths
+from proxy.history.caches import CachedMessage, RecentPaths
+from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.vocabulary import ITEMS
@@ -495,40 +497,70 @@ async def test_a_changed_message_after_shared_objects_is_a_branch(history: Histo
     assert [stored.message for stored in branch.path] == edited
 
 
+def cached_entry(depth: int, text: str) -> CachedMessage:
+    role = "system" if depth % 3 == 0 else "user"
+    message = {"role": role, "content": text}
+    tokens = depth * 7 + ord(text)
+    return CachedMessage(
+        StoredMessage(f"{text}@{depth}", None, depth, role, message, tokens, 0.0), message, {}, depth + ord(text)
+    )
+
+
+def assert_walked(stored: StoredPath, entries: list[CachedMessage]) -> None:
+    """`stored` is the path of `entries` with the totals a walk over all of them gives."""
+    walked = StoredPath(entry.stored for entry in entries)
+    assert stored == walked
+    assert (stored.tokens, stored.system) == (walked.tokens, walked.system)
+
+
+def test_a_path_cached_after_a_match_carries_what_the_match_found_it_shares() -> None:
+    """What `match` found the request to start with is the cached path's own entries up to `reused`: the path
+    cached after it is the request's, whether it grows, branches, or differs where the match stopped."""
+    recent = RecentPaths()
+    key = ("t", "s", ENCODING)
+    first = [cached_entry(depth, "a") for depth in range(6)]
+    recent.put(key, first, derived=False, sent=[entry.private for entry in first])
+    rewritten = {"role": "system", "content": "rewritten"}  # the same node, sent in another form
+    variant = CachedMessage(replace(first[3].stored, message=rewritten), rewritten, {}, 1)
+    requests = [
+        [*first, cached_entry(6, "a")],  # grows
+        [*first[:4], cached_entry(4, "b")],  # branches
+        [*first[:2], cached_entry(2, "c"), *first[3:]],  # differs in the middle
+        [*first[:3], variant, *first[4:]],  # a variant in the middle, the same objects after it
+    ]
+    for request in requests:
+        messages = [entry.private for entry in request]
+        found = recent.match("t", ENCODING, "s", messages)
+        # As `History.locate` makes them: a variant's entry is the form sent.
+        entries = [request[i] if i in found.variants else entry for i, entry in enumerate(found.entries)]
+        entries += request[len(entries) :]
+        assert_walked(recent.put(key, entries, derived=False, sent=messages, matched=found), request)
+        recent.put(key, first, derived=False, sent=[entry.private for entry in first])
+
+
 def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_changes() -> None:
     """The weights and totals (tokens, system messages) over the shared part of the path before are carried: they
     are what walking the whole path again gives, whether the path grows, is cut back, branches or holds other
     objects."""
-    from proxy.history.caches import CachedMessage
-    from proxy.history.messages import StoredMessage
-
-    def entry(depth: int, text: str) -> CachedMessage:
-        role = "system" if depth % 3 == 0 else "user"
-        message = {"role": role, "content": text}
-        tokens = depth * 7 + ord(text)
-        return CachedMessage(
-            StoredMessage(f"{text}@{depth}", None, depth, role, message, tokens, 0.0), message, {}, depth + ord(text)
-        )
 
     recent = RecentPaths()
     key = ("t", "s", ENCODING)
-    path = [entry(depth, "a") for depth in range(6)]
+    path = [cached_entry(depth, "a") for depth in range(6)]
     anchor = path[2].stored.id
     steps = [
         path,
-        [*path, entry(6, "a"), entry(7, "a")],  # grows
+        [*path, cached_entry(6, "a"), cached_entry(7, "a")],  # grows
         path[:4],  # cut back
-        [*path[:3], entry(3, "b"), entry(4, "b")],  # branches after the anchor
-        [entry(depth, "a") for depth in range(5)],  # equal entries, other objects
-        [entry(0, "c"), entry(1, "c")],  # the anchor is not on it
+        [*path[:3], cached_entry(3, "b"), cached_entry(4, "b")],  # branches after the anchor
+        [cached_entry(depth, "a") for depth in range(5)],  # equal entries, other objects
+        [cached_entry(0, "c"), cached_entry(1, "c")],  # the anchor is not on it
     ]
     for entries in steps:
         sent = [item.private for item in entries[:3]]
-        totals = recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
+        stored = recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
         assert recent.bytes == sum(item.weight for item in entries) + sum(item.weight for item in entries[:3])
-        # The totals carried are those of the whole path
-        assert totals.tokens == sum(item.stored.tokens for item in entries)
-        assert totals.system == tuple(item.stored for item in entries if item.stored.role == "system")
+        # The path and totals carried are those of the whole path
+        assert_walked(stored, entries)
         on_path = any(item.stored.id == anchor for item in entries)
         matched = recent.match("t", ENCODING, None, [item.private for item in entries])
         assert matched.anchored == on_path
