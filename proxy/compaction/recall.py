@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -26,7 +26,7 @@ from proxy.compaction.recall_terms import Term, match_expression, term_pattern, 
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
-from proxy.store.connection import Connection
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
 from proxy.tokens import content_text, count_message, count_text, rough_size
 from proxy.vocabulary import ORIGIN, Origin
@@ -55,16 +55,20 @@ _INSERT_DOCUMENT = {
 }
 _RANK = {
     # bm25 is negative and so is the rank below: lower is better on both, as `_rank` reads it.
-    "sqlite": "SELECT d.message_id AS message_id, bm25(recall_index) AS score "
+    "sqlite": "SELECT d.message_id AS message_id, m.depth AS depth, bm25(recall_index) AS score "
     "FROM recall_index JOIN recall_messages AS d ON d.id = recall_index.rowid "
-    "WHERE recall_index MATCH ? AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
-    "ORDER BY score, d.id LIMIT ?",
-    "postgresql": "SELECT d.message_id AS message_id, -ts_rank(i.document, q.query) AS score "
-    "FROM recall_index AS i JOIN recall_messages AS d ON d.id = i.id, to_tsquery('simple', ?) AS q(query) "
-    "WHERE i.document @@ q.query AND d.tenant = ? AND d.message_id IN (SELECT value FROM json_each(?)) "
-    "ORDER BY score, d.id LIMIT ?",
+    "JOIN messages AS m ON m.id = d.message_id "
+    "WHERE recall_index MATCH ? AND d.tenant = ?{among} ORDER BY score, d.id LIMIT ?",
+    "postgresql": "SELECT d.message_id AS message_id, m.depth AS depth, -ts_rank(i.document, q.query) AS score "
+    "FROM recall_index AS i JOIN recall_messages AS d ON d.id = i.id JOIN messages AS m ON m.id = d.message_id, "
+    "to_tsquery('simple', ?) AS q(query) "
+    "WHERE i.document @@ q.query AND d.tenant = ?{among} ORDER BY score, d.id LIMIT ?",
 }
-"""Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL."""
+"""Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL; `among`
+restricts them to the ids of a JSON array (`_AMONG`) or not at all."""
+_AMONG = " AND d.message_id IN (SELECT value FROM json_each(?))"
+RANKED_FIRST = 8 * MAX_CANDIDATES
+"""Matches of the whole tenant ranked before the hidden ones are picked from them (`Recall._rank`)."""
 
 
 @dataclass(frozen=True)
@@ -110,26 +114,26 @@ class Recall:
         """
         if limit_tokens <= 0 or not query:
             return []
-        positions = sorted({i for i in hidden if 0 <= i < len(path)})
-        if not positions:
-            return []
         terms = await compute(len(query) + len(visible_text), unseen_terms, query, visible_text)
         if not terms:
             return []
-        at = {path[i].id: i for i in positions}
+        among = {i for i in hidden if 0 <= i < len(path)}
+        if not among:
+            return []
+        positions = sorted(among)
         await self._index(tenant, [path[i] for i in positions])
         expression = match_expression(terms) if self._db.dialect == "sqlite" else tsquery(terms)
-        ranked = await self._rank(tenant, list(at), expression)
+        ranked = await self._rank(tenant, path, among, positions, expression)
         chosen: list[tuple[int, Passage]] = []
         used = count_message(recall_message([]), encoding)
-        for rank, message_id in enumerate(ranked):
+        for rank, position in enumerate(ranked):
             if len(chosen) == MAX_PASSAGES:
                 break
-            stored = path[at[message_id]]
-            room = limit_tokens - used - count_text(_label(at[message_id], stored.role), encoding)
+            stored = path[position]
+            room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
             if room <= 0:
                 break
-            passage = await self._passage(at[message_id], stored, terms, room, encoding)
+            passage = await self._passage(position, stored, terms, room, encoding)
             if passage is not None:
                 chosen.append((rank, passage))
                 used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
@@ -189,19 +193,45 @@ class Recall:
         while len(self._indexed) > INDEXED_IDS:
             self._indexed.popitem(last=False)
 
-    async def _rank(self, tenant: str, message_ids: list[str], expression: str) -> list[str]:
-        """The matching messages' ids, best first, without the noise far below the best."""
+    async def _rank(
+        self,
+        tenant: str,
+        path: Sequence[StoredMessage],
+        among: Set[int],
+        positions: Sequence[int],
+        expression: str,
+    ) -> list[int]:
+        """The matching positions among `among` (`positions`, in order), best first, without the noise far below
+        the best. The tenant's best `RANKED_FIRST` matches are asked for first, without sending every hidden id:
+        when they hold `MAX_CANDIDATES` hidden ones, or are all the matches there are, those are the hidden
+        ones' best (any better one would rank among them); else the hidden ids are sent."""
+        first = path[0].depth if path else 0
+
+        def hidden(rows: Sequence[Row]) -> list[tuple[int, float]]:
+            return [
+                (position, float(row["score"]))
+                for row in rows
+                if (position := row["depth"] - first) in among and path[position].id == row["message_id"]
+            ]
+
+        statement = _RANK[self._db.dialect]
         try:
-            rows = await self._db.fetchall(
-                _RANK[self._db.dialect], (expression, tenant, id_array(message_ids), MAX_CANDIDATES)
-            )
+            rows = await self._db.fetchall(statement.format(among=""), (expression, tenant, RANKED_FIRST))
+            found = hidden(rows)
+            if len(found) < MAX_CANDIDATES and len(rows) == RANKED_FIRST:
+                ids = id_array(path[position].id for position in positions)
+                rows = await self._db.fetchall(
+                    statement.format(among=_AMONG), (expression, tenant, ids, MAX_CANDIDATES)
+                )
+                found = hidden(rows)
         except self._db.errors as exc:
             log.warning("recall: the index refused the query %r: %s", expression[:200], exc)
             return []
-        if not rows:
+        if not found:
             return []
-        best = float(rows[0]["score"])  # bm25 is negative: lower is better
-        return [row["message_id"] for row in rows if float(row["score"]) <= best * MIN_RELATIVE_SCORE]
+        found = found[:MAX_CANDIDATES]
+        best = found[0][1]  # bm25 is negative: lower is better
+        return [position for position, score in found if score <= best * MIN_RELATIVE_SCORE]
 
     async def _passage(
         self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str

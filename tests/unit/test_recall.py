@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from proxy.compaction import recall as recall_module
 from proxy.compaction.recall import (
     MAX_PASSAGE_CHARS,
     RECALL_HEADER,
@@ -284,3 +285,43 @@ async def test_a_term_only_in_tool_call_arguments_is_found(history: History, rec
     passages = await recall.passages("t", path, [1, 2, 3], "", "which `kubectl` command did you run?", 500, ENCODING)
     assert [p.position for p in passages] == [2]
     assert "kubectl rollout" in passages[0].text
+
+
+@pytest.mark.parametrize(("ranked_first", "candidates", "sends_ids"), [(1, 32, True), (2, 2, True), (15, 2, False)])
+async def test_the_hidden_messages_best_matches_are_found_however_many_are_ranked_first(
+    db: Database,
+    history: History,
+    ranked_first: int,
+    candidates: int,
+    sends_ids: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tenant's best matches are asked for first and the hidden ones picked from them; when they may not hold
+    the hidden ones' best, the hidden ids are sent. Either way the passages are those of ranking every match,
+    also when another session's matches outrank every hidden one."""
+    noisy = [{"role": "system", "content": "be brief"}]
+    noisy += [{"role": "user", "content": f"{FACT} {FACT} {FACT} noise {turn}"} for turn in range(12)]
+    other = (await history.reconcile("t", "other", noisy, MODEL, ENCODING)).path
+    await Recall(db).passages("t", other, list(range(len(other))), "", QUESTION, 5000, ENCODING)  # indexed
+    messages = [{"role": "system", "content": "be brief"}]
+    for turn in range(10):
+        messages.append({"role": "user", "content": f"question {turn}: {FILLER}. {FACT if turn % 3 == 0 else ''}"})
+        messages.append({"role": "assistant", "content": f"answer {turn}: {FACT if turn % 4 == 1 else FILLER}."})
+    path = await stored(history, messages)
+    hidden = [position for position in range(1, 15) if position != user_position(3)]
+    monkeypatch.setattr(recall_module, "MAX_CANDIDATES", candidates)
+    monkeypatch.setattr(recall_module, "RANKED_FIRST", 10_000)  # every match at once
+    every = await Recall(db).passages("t", path, hidden, "", QUESTION, 5000, ENCODING)
+    monkeypatch.setattr(recall_module, "RANKED_FIRST", ranked_first)
+    statements: list[str] = []
+    fetchall = db.fetchall
+
+    async def counted(sql: str, params: Sequence[Any] = ()) -> Any:
+        statements.append(sql)
+        return await fetchall(sql, params)
+
+    monkeypatch.setattr(db, "fetchall", counted)
+    assert await Recall(db).passages("t", path, hidden, "", QUESTION, 5000, ENCODING) == every
+    assert every
+    assert all(passage.position in hidden for passage in every)
+    assert any("ORDER BY score" in sql and "json_each" in sql for sql in statements) == sends_ids
