@@ -21,57 +21,71 @@ MAX_PIECES = 64
 that grows by one piece a request): comparing and slicing stay cheap, and old bodies are let go."""
 
 
+Span = tuple[bytes, int, int]
+"""The bytes `data[start:stop]`, not copied."""
+
+
 class Pieces:
-    """Bytes as a sequence of pieces. Immutable."""
+    """Bytes as a sequence of spans of other bytes. Immutable."""
 
-    __slots__ = ("_ends", "_pieces")
+    __slots__ = ("_ends", "_spans")
 
-    def __init__(self, pieces: Sequence[memoryview]) -> None:
-        self._pieces = tuple(piece for piece in pieces if len(piece))
-        self._ends = list(accumulate(len(piece) for piece in self._pieces))
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self._spans = tuple(span for span in spans if span[2] > span[1])
+        self._ends = list(accumulate(stop - start for _, start, stop in self._spans))
 
     @staticmethod
     def of(data: bytes) -> Pieces:
         """Bytes in one piece, shared with no earlier body."""
-        return Pieces([memoryview(data)])
+        return Pieces([(data, 0, len(data))])
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
     def tobytes(self, start: int = 0) -> bytes:
         """The bytes from `start` on, as one object (no copy when they are one whole piece)."""
-        views = self.views(start, len(self))
-        if len(views) == 1 and start == 0 and isinstance(views[0].obj, bytes) and len(views[0].obj) == len(self):
-            return views[0].obj
-        return b"".join(views)
+        spans = self.spans(start, len(self))
+        if len(spans) == 1 and spans[0][1] == 0 and spans[0][2] == len(spans[0][0]):
+            return spans[0][0]
+        return b"".join(_views(spans))
 
     def views(self, start: int, stop: int) -> list[memoryview]:
         """The bytes from `start` to `stop` as views of the pieces (no copy)."""
-        views: list[memoryview] = []
+        return _views(self.spans(start, stop))
+
+    def spans(self, start: int, stop: int) -> list[Span]:
+        """The bytes from `start` to `stop` as spans of the pieces."""
+        spans: list[Span] = []
         index = bisect_right(self._ends, start)
-        while start < stop and index < len(self._pieces):
-            begin = self._ends[index] - len(self._pieces[index])
-            piece = self._pieces[index]
-            views.append(piece[start - begin : min(stop, self._ends[index]) - begin])
+        while start < stop and index < len(self._spans):
+            data, first, last = self._spans[index]
+            begin = self._ends[index] - (last - first)
+            spans.append((data, first + start - begin, first + min(stop, self._ends[index]) - begin))
             start = self._ends[index]
             index += 1
-        return views
-
-    def matched(self, chunk: bytes, offset: int) -> int:
-        """How many of `chunk`'s first bytes equal these bytes from `offset` on (compared at C speed)."""
-        done = 0
-        for view in self.views(offset, offset + len(chunk)):
-            if not chunk.startswith(view, done):
-                return done + _first_difference(chunk, done, view)
-            done += len(view)
-        return done
+        return spans
 
     def extended(self, shared: int, rest: bytes) -> Pieces:
         """A new body: the first `shared` of these bytes, then `rest`."""
-        pieces = [*self.views(0, shared), memoryview(rest)]
-        if len(pieces) > MAX_PIECES:
-            pieces = [memoryview(b"".join(pieces))]
-        return Pieces(pieces)
+        spans = [*self.spans(0, shared), (rest, 0, len(rest))]
+        if len(spans) > MAX_PIECES:
+            joined = b"".join(_views(spans))
+            spans = [(joined, 0, len(joined))]
+        return Pieces(spans)
+
+
+def _views(spans: Iterable[Span]) -> list[memoryview]:
+    return [memoryview(data)[start:stop] for data, start, stop in spans]
+
+
+def _matched(chunk: bytes, spans: Sequence[Span]) -> int:
+    """How many of `chunk`'s first bytes equal those of `spans` (compared at C speed)."""
+    done = 0
+    for view in _views(spans):
+        if not chunk.startswith(view, done):
+            return done + _first_difference(chunk, done, view)
+        done += len(view)
+    return done
 
 
 def _first_difference(chunk: bytes, start: int, view: memoryview) -> int:
@@ -85,6 +99,14 @@ def _first_difference(chunk: bytes, start: int, view: memoryview) -> int:
         else:
             differs = middle
     return same
+
+
+def _same_memory(one: Sequence[Span], other: Sequence[Span]) -> bool:
+    """Whether two runs of spans are the very same bytes in memory (a body and the one it extends, where it
+    took them from it): compared once, not once for each."""
+    return len(one) == len(other) and all(
+        a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(one, other, strict=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -119,7 +141,15 @@ class Reading:
 
     def add(self, chunk: bytes) -> None:
         if self._alive:
-            counts = [(body.matched(chunk, self._size), body) for body in self._alive]
+            compared: list[tuple[list[Span], int]] = []
+            counts: list[tuple[int, Pieces]] = []
+            for body in self._alive:
+                spans = body.spans(self._size, self._size + len(chunk))
+                count = next((done for seen, done in compared if _same_memory(seen, spans)), None)
+                if count is None:
+                    count = _matched(chunk, spans)
+                    compared.append((spans, count))
+                counts.append((count, body))
             whole = [body for count, body in counts if count == len(chunk)]
             if whole:
                 self._alive = whole
