@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate, pairwise
 
-from proxy.compaction.groups import cut_points, kept_positions, recent_block
+from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import (
     DEFAULT_ACKNOWLEDGEMENT_TOKENS,
     DEFAULT_COMPACT_TO,
@@ -98,21 +98,21 @@ def build(
     policy: Policy,
     *,
     compacting: bool = False,
-    cuts: Sequence[bool] | None = None,
+    cuts: Cuts | None = None,
 ) -> BuildResult:
     """The working context for `items`, or the span that must be written first, or why it cannot fit.
 
     `compacting` is True on the calls that follow a `NeedsSummary` within one request (and from the start at a
     crossing): the compaction then goes on until the total reaches the `compact_to` level (or nothing more can
     be compacted), rather than stopping as soon as it fits again, so that one compaction is one big step,
-    however many rounds it takes. `cuts`: `cut_points(items)`, when the caller has them.
+    however many rounds it takes. `cuts`: `Cuts.of(items)`, when the caller has them.
     """
     count = len(items)
     budget = max(0, policy.budget)
-    cuts = cut_points(items) if cuts is None else cuts
-    prefix = list(accumulate(map(_TOKENS, items), initial=0))
-    recent = recent_block(items, policy, cuts, prefix)
-    kept = kept_positions(items, cuts, recent)
+    cuts = Cuts.of(items) if cuts is None else cuts
+    points, prefix = cuts.points, cuts.prefix
+    recent = recent_block(items, policy, points, prefix)
+    kept = kept_positions(cuts, recent)
     kept_tokens = sum(items[position].tokens for position in kept)
     fixed = kept_tokens + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS
     if fixed > budget:
@@ -129,7 +129,7 @@ def build(
         held = any(span.held for span in spans)
         return ContextLayout(parts=tuple(range(count)), tokens=everything, held_back=held, floor=floor)
 
-    arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
+    arrange = functools.partial(_arrange, items, policy, recent, kept, points, fixed)
     # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the
     # prompt changes at the crossing, as it would have without pre-compaction (invariant 6). At the crossing
     # every held batch joins at once and compaction goes on to the target: the prompt changes there anyway,
@@ -149,7 +149,7 @@ def build(
         items=items,
         spans=active,
         policy=policy,
-        cuts=cuts,
+        cuts=points,
         recent=recent,
         layout=layout,
         neighbours=_neighbours(items, layout, recent),

@@ -7,6 +7,7 @@ whole groups and back to the latest user turn while it fits (pure).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,17 +27,25 @@ def cut_points(items: Sequence[Item]) -> list[bool]:
 
 @dataclass(frozen=True)
 class Cuts:
-    """A path's cut points, and what extending them needs: which position last made each call id."""
+    """A path's cut points and what else the builder reads of its items alone, carried to a path that extends
+    it: only the new items are read (a long session's path is walked once, not on every request)."""
 
     items: Sequence[Item]
     points: list[bool]
     caller: dict[str, int]
+    """Which position last made each call id."""
+    prefix: list[int]
+    """`prefix[p]`: the tokens of the items before position p."""
+    system: list[int]
+    """The positions of system (and developer) messages, in order."""
+    pinned: list[int]
+    """The positions the session pinned, in order."""
 
     @staticmethod
     def of(items: Sequence[Item], previous: Cuts | None = None) -> Cuts:
         """The cut points of `items`; from `previous` when `items` extends its items (the same objects, then
         more): only the new items are read, and a late answer to an earlier call closes its group there too."""
-        start, caller, points = 0, {}, []
+        start, caller, points, prefix, system, pinned = 0, {}, [], [0], [], []
         if (
             previous is not None
             and len(items) >= len(previous.items) > 0
@@ -45,6 +54,7 @@ class Cuts:
             if len(items) == len(previous.items):
                 return previous
             start, caller, points = len(previous.items), dict(previous.caller), previous.points[:-1]
+            prefix, system, pinned = list(previous.prefix), list(previous.system), list(previous.pinned)
         last_answer: dict[int, int] = {}
         for position in range(start, len(items)):
             item = items[position]
@@ -53,6 +63,11 @@ class Cuts:
             for call_id in item.tool_call_ids:
                 caller[call_id] = position
             points.append(item.role != "tool")
+            prefix.append(prefix[-1] + item.tokens)
+            if item.role in PINNED_ROLES:
+                system.append(position)
+            if item.pinned:
+                pinned.append(position)
         points.append(True)
         points[0] = True
         # A group closes at its last answer: every position after its call up to that answer is inside it.
@@ -62,7 +77,7 @@ class Cuts:
             if begin <= answer:
                 points[begin : answer + 1] = [False] * (answer + 1 - begin)
             reach = max(reach, answer)
-        return Cuts(items, points, caller)
+        return Cuts(items, points, caller, prefix, system, pinned)
 
 
 def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:
@@ -82,12 +97,12 @@ def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | 
     return whole
 
 
-def kept_positions(items: Sequence[Item], cuts: Sequence[bool], recent: int) -> frozenset[int]:
+def kept_positions(cuts: Cuts, recent: int) -> frozenset[int]:
     """Positions older than the recent block sent verbatim where they stand: system messages, and the messages
     the session pinned, each with its whole tool group (a pinned call keeps its results, and the reverse)."""
-    kept = {position for position in range(recent) if items[position].role in PINNED_ROLES}
-    pinned = [position for position in range(recent) if items[position].pinned and position not in kept]
-    return frozenset(kept | with_tool_groups(cuts, pinned, recent))
+    kept = set(cuts.system[: bisect_left(cuts.system, recent)])
+    pinned = [position for position in cuts.pinned[: bisect_left(cuts.pinned, recent)] if position not in kept]
+    return frozenset(kept | with_tool_groups(cuts.points, pinned, recent))
 
 
 def recent_start(items: Sequence[Item], preserve_recent: int, cuts: Sequence[bool]) -> int:

@@ -42,8 +42,8 @@ class PathState:
 
     items: list[Item]
     stubs: Mapping[int, str]
-    cuts: list[bool]
-    """`cut_points(items)`."""
+    cuts: Cuts
+    """`Cuts.of(items)`."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class PathReader:
             self._tokens += tokens
             while self._tokens > self._max_tokens:
                 self._tokens -= self._last.popitem(last=False)[1].tokens
-        return PathState(items, stubs, cuts.points)
+        return PathState(items, stubs, cuts)
 
     def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:
         key = (stored.id, stored.tokens, pinned, stub_tokens)

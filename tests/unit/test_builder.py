@@ -582,21 +582,30 @@ def test_cut_points_are_those_of_the_definition(shape: list[tuple[str, int]]) ->
 
 
 @given(
-    st.lists(st.tuples(st.sampled_from(["user", "calls", "tool", "assistant"]), st.integers(0, 3)), max_size=30),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["user", "calls", "tool", "assistant", "system"]),
+            st.integers(0, 3),
+            st.integers(0, 50),
+            st.booleans(),
+        ),
+        max_size=30,
+    ),
     st.lists(st.integers(1, 6), max_size=5),
 )
 def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
-    shape: list[tuple[str, int]], growth: list[int]
+    shape: list[tuple[str, int, int, bool]], growth: list[int]
 ) -> None:
     """A later request's answer may close a group an earlier one opened (an agent's call answered in the
-    next request): the carried cut points close it too."""
+    next request): the carried cut points close it too. What else is carried (token sums, where the system and
+    pinned messages are) is that of the whole path too."""
     items = [
-        Item("assistant", 5, tool_call_ids=(f"c{n}",))
+        Item("assistant", tokens, tool_call_ids=(f"c{n}",), pinned=pinned)
         if kind == "calls"
-        else Item("tool", 5, tool_call_id=f"c{n}")
+        else Item("tool", tokens, tool_call_id=f"c{n}", pinned=pinned)
         if kind == "tool"
-        else Item(kind, 5)
-        for kind, n in shape
+        else Item(kind, tokens, pinned=pinned)
+        for kind, n, tokens, pinned in shape
     ]
     cuts = None
     end = 0
@@ -604,6 +613,9 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         end = min(len(items), end + step)
         cuts = Cuts.of(items[:end], cuts)
         assert cuts.points == cuts_by_definition(items[:end])
+        assert cuts.prefix == [sum(item.tokens for item in items[:p]) for p in range(end + 1)]
+        assert cuts.system == [p for p in range(end) if items[p].role == "system"]
+        assert cuts.pinned == [p for p in range(end) if items[p].pinned]
 
 
 def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None:

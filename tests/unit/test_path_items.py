@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compaction.groups import cut_points
+from proxy.compaction.groups import Cuts
 from proxy.compaction.path_items import PathReader, pinned_groups, pinned_positions
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import tool_stub, tool_stubs
@@ -137,7 +137,7 @@ def test_a_read_carried_over_from_the_last_equals_a_fresh_read(seed: int, reques
             fresh = await PathReader(config, pins).read(request)
             assert carried.items == fresh.items
             assert dict(carried.stubs) == dict(fresh.stubs)
-            assert carried.cuts == fresh.cuts == cut_points(fresh.items)
+            assert carried.cuts == fresh.cuts == Cuts.of(fresh.items)
 
     asyncio.run(run())
 

@@ -63,7 +63,7 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
         elif change == "copy":  # equal items, not the cached objects: asked again, not remembered
             items = [Item(i.role, i.tokens, i.tool_call_ids, i.tool_call_id, i.pinned, i.stub_tokens) for i in items]
         cuts = Cuts.of(items, cuts)  # carried over the session's growth, as `PathReader` does
-        state = PathState(items, {}, cuts.points)
+        state = PathState(items, {}, cuts)
         fresh = build(items, [span.span for span in spans], policy, compacting=compacting)
         assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
         assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
@@ -74,7 +74,7 @@ def test_only_the_same_question_is_answered_from_memory() -> None:
     plans = Plans(sessions=1)
     items = session_items(rng, 40)
     policy = Policy(budget=800)
-    state = PathState(items, {}, Cuts.of(items).points)
+    state = PathState(items, {}, Cuts.of(items))
     first = plans.build(SESSION, state, [], policy)
     same = PathState(list(items), {}, state.cuts)
     assert plans.build(SESSION, same, [], policy) is first  # the same items, in a new list
