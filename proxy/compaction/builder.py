@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate, pairwise
@@ -129,7 +130,7 @@ def build(
         held = any(span.held for span in spans)
         return ContextLayout(parts=tuple(range(count)), tokens=everything, held_back=held, floor=floor)
 
-    arrange = functools.partial(_arrange, items, policy, recent, kept, points, fixed)
+    arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
     # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the
     # prompt changes at the crossing, as it would have without pre-compaction (invariant 6). At the crossing
     # every held batch joins at once and compaction goes on to the target: the prompt changes there anyway,
@@ -169,17 +170,17 @@ def _arrange(
     policy: Policy,
     recent: int,
     kept: frozenset[int],
-    cuts: Sequence[bool],
+    cuts: Cuts,
     fixed: int,
     spans: Sequence[Span],
 ) -> tuple[ContextLayout, Layout, frozenset[int]]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
-    stubbed = stubbed_positions(items, spans, recent, kept)
+    stubbed = stubbed_positions(cuts.stubbable, spans, recent, kept)
     costs = list(map(_TOKENS, items))
     for position in stubbed:  # a stubbed position has a stub cost (`stubbed_positions`)
         costs[position] = items[position].stub_tokens or 0
     shown = list(accumulate(costs, initial=0))
-    layout = _layout(items, usable_spans(items, spans, recent, cuts, kept), recent, shown, cuts, kept)
+    layout = _layout(items, usable_spans(items, spans, recent, cuts.points, kept), recent, shown, cuts.points, kept)
     parts = _parts(layout, recent, len(items))
     acknowledged = acknowledgements(items, parts)
     total = (
@@ -193,20 +194,18 @@ def _arrange(
 
 
 def stubbed_positions(
-    items: Sequence[Item], spans: Sequence[Span], recent: int, kept: frozenset[int]
+    stubbable: Sequence[int], spans: Sequence[Span], recent: int, kept: frozenset[int]
 ) -> frozenset[int]:
     """Tool outputs that a `tool-results` mask covers, older than the recent block, not kept, whose stub costs
-    less than the output: sent as their stub wherever they are shown verbatim.
+    less than the output (`stubbable`, `Cuts.stubbable`): sent as their stub wherever they are shown verbatim.
 
     Every mask a session ever wrote stays on its path (one per crossing, each from the start), so the masks are
     merged into disjoint ranges first and each position is looked at once: linear in the path, not quadratic."""
     stubbed: set[int] = set()
     reached = 0
     for start, end in sorted((span.start, span.end) for span in spans if span.is_mask):
-        for position in range(max(reached, start, 0), min(end, recent)):
-            stub = items[position].stub_tokens
-            if stub is not None and stub < items[position].tokens and position not in kept:
-                stubbed.add(position)
+        low, high = bisect_left(stubbable, max(reached, start, 0)), bisect_left(stubbable, min(end, recent))
+        stubbed.update(position for position in stubbable[low:high] if position not in kept)
         reached = max(reached, end)
     return frozenset(stubbed)
 

@@ -56,9 +56,16 @@ class ToolResults:
     def _boundary(view: View) -> int:
         """The first position of the last `keep_turns` model turns (each assistant message starts one), or of
         the recent block if that comes first."""
-        turns = [p for p, item in enumerate(view.items) if item.role == "assistant"]
-        keep = view.policy.keep_turns
-        return min(view.recent, turns[-keep]) if len(turns) >= keep else 0
+        keep, items = view.policy.keep_turns, view.items
+        if keep < 1:  # every turn's outputs may be stubbed, from the first turn's on
+            return min(view.recent, next((p for p, item in enumerate(items) if item.role == "assistant"), 0))
+        # Looked for from the end: a long path's older turns are not walked.
+        for position in range(len(items) - 1, -1, -1):
+            if items[position].role == "assistant":
+                keep -= 1
+                if not keep:
+                    return min(view.recent, position)
+        return 0
 
     @staticmethod
     def _saving(view: View, boundary: int) -> int:

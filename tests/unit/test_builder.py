@@ -588,13 +588,14 @@ def test_cut_points_are_those_of_the_definition(shape: list[tuple[str, int]]) ->
             st.integers(0, 3),
             st.integers(0, 50),
             st.booleans(),
+            st.none() | st.integers(0, 60),
         ),
         max_size=30,
     ),
     st.lists(st.integers(1, 6), max_size=5),
 )
 def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
-    shape: list[tuple[str, int, int, bool]], growth: list[int]
+    shape: list[tuple[str, int, int, bool, int | None]], growth: list[int]
 ) -> None:
     """A later request's answer may close a group an earlier one opened (an agent's call answered in the
     next request): the carried cut points close it too. What else is carried (token sums, where the system and
@@ -602,10 +603,10 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
     items = [
         Item("assistant", tokens, tool_call_ids=(f"c{n}",), pinned=pinned)
         if kind == "calls"
-        else Item("tool", tokens, tool_call_id=f"c{n}", pinned=pinned)
+        else Item("tool", tokens, tool_call_id=f"c{n}", pinned=pinned, stub_tokens=stub)
         if kind == "tool"
         else Item(kind, tokens, pinned=pinned)
-        for kind, n, tokens, pinned in shape
+        for kind, n, tokens, pinned, stub in shape
     ]
     cuts = None
     end = 0
@@ -616,6 +617,8 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         assert cuts.prefix == [sum(item.tokens for item in items[:p]) for p in range(end + 1)]
         assert cuts.system == [p for p in range(end) if items[p].role == "system"]
         assert cuts.pinned == [p for p in range(end) if items[p].pinned]
+        stub_costs = [items[p].stub_tokens for p in range(end)]
+        assert cuts.stubbable == [p for p, stub in enumerate(stub_costs) if stub is not None and stub < items[p].tokens]
 
 
 def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None:
