@@ -39,7 +39,6 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
-import operator
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
@@ -89,8 +88,6 @@ __all__ = [
     "build",
     "usable_spans",
 ]
-
-_TOKENS = operator.attrgetter("tokens")
 
 
 def build(
@@ -176,10 +173,7 @@ def _arrange(
 ) -> tuple[ContextLayout, Layout, frozenset[int]]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
     stubbed = stubbed_positions(cuts.stubbable, spans, recent, kept)
-    costs = list(map(_TOKENS, items))
-    for position in stubbed:  # a stubbed position has a stub cost (`stubbed_positions`)
-        costs[position] = items[position].stub_tokens or 0
-    shown = list(accumulate(costs, initial=0))
+    shown = _Shown(items, cuts.prefix, stubbed)
     layout = _layout(items, usable_spans(items, spans, recent, cuts.points, kept), recent, shown, cuts.points, kept)
     parts = _parts(layout, recent, len(items))
     acknowledged = acknowledgements(items, parts)
@@ -191,6 +185,20 @@ def _arrange(
     shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
     context = ContextLayout(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
     return context, layout, stubbed
+
+
+class _Shown:
+    """`shown[p]`: the tokens the items before position p cost as sent, the stubbed ones as their stub: the
+    path's token sums less what the stubs before p save (looked up, not a list over the whole path)."""
+
+    def __init__(self, items: Sequence[Item], prefix: Sequence[int], stubbed: frozenset[int]) -> None:
+        self._prefix = prefix
+        self._stubbed = sorted(stubbed)  # a stubbed position has a stub cost (`stubbed_positions`)
+        saved = (items[position].tokens - (items[position].stub_tokens or 0) for position in self._stubbed)
+        self._saved = list(accumulate(saved, initial=0))
+
+    def __getitem__(self, position: int) -> int:
+        return self._prefix[position] - self._saved[bisect_left(self._stubbed, position)]
 
 
 def stubbed_positions(
@@ -288,7 +296,7 @@ def _layout(
     items: Sequence[Item],
     spans: Sequence[Span],
     recent: int,
-    prefix: Sequence[int],
+    shown: _Shown,
     cuts: Sequence[bool],
     kept: frozenset[int],
 ) -> Layout:
@@ -301,13 +309,13 @@ def _layout(
             layout.append(position)
             position += 1
         elif span is not None:
-            layout.append(Block(span.start, span.end, prefix[span.end] - prefix[span.start], span))
+            layout.append(Block(span.start, span.end, shown[span.end] - shown[span.start], span))
             position = span.end
         else:
             end = position + 1
             while end < recent and not cuts[end] and end not in kept:
                 end += 1
-            layout.append(Block(position, end, prefix[end] - prefix[position]))
+            layout.append(Block(position, end, shown[end] - shown[position]))
             position = end
     return layout
 
