@@ -152,6 +152,7 @@ def build(
         layout=layout,
         neighbours=_neighbours(items, layout, recent),
         stubbed=stubbed,
+        stubbable=cuts.stubbable,
         needed=total - target,
     )
     need = next_span(view)

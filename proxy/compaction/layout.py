@@ -209,6 +209,8 @@ class View:
     layout: Layout
     neighbours: Neighbours
     stubbed: frozenset[int]
+    stubbable: Sequence[int]
+    """Tool outputs whose stub is cheaper than the output, in order (`groups.Cuts.stubbable`)."""
     needed: float
     """Tokens to save to reach the target (`compact_to` of the budget)."""
 

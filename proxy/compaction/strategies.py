@@ -21,6 +21,7 @@ large enough to reach `compact_to` of the budget in one step (invariant 6).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,19 +70,19 @@ class ToolResults:
 
     @staticmethod
     def _saving(view: View, boundary: int) -> int:
-        summarized = {p for entry in view.layout if isinstance(entry, Block) and entry.uses_summary
-                      for p in range(entry.start, entry.end)}  # fmt: skip
+        """What stubbing the tool outputs before `boundary` saves: those whose stub is cheaper (`View.stubbable`),
+        not pinned, not stubbed yet, and not inside a block sent as its summary."""
+        summarized = [
+            (entry.start, entry.end) for entry in view.layout if isinstance(entry, Block) and entry.uses_summary
+        ]
+        starts = [start for start, _ in summarized]  # the layout is in path order
         saving = 0
-        for position in range(boundary):
+        for position in view.stubbable[: bisect_left(view.stubbable, boundary)]:
             item = view.items[position]
-            if (
-                item.stub_tokens is not None
-                and item.stub_tokens < item.tokens
-                and not item.pinned
-                and position not in view.stubbed
-                and position not in summarized
-            ):
-                saving += item.tokens - item.stub_tokens
+            at = bisect_right(starts, position) - 1
+            if item.pinned or position in view.stubbed or (at >= 0 and position < summarized[at][1]):
+                continue
+            saving += item.tokens - (item.stub_tokens or 0)
         return saving
 
 

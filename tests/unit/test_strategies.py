@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.compaction import builder, strategies
 from proxy.compaction.builder import (
     ContextLayout,
     Item,
@@ -18,7 +20,8 @@ from proxy.compaction.builder import (
     build,
 )
 from proxy.compaction.groups import cut_points, recent_block
-from proxy.compaction.layout import BuildResult
+from proxy.compaction.layout import Block, BuildResult, View
+from proxy.compaction.strategies import ToolResults
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
@@ -315,3 +318,42 @@ def test_tool_pairs_stay_whole_under_every_strategy_set(strategies: tuple[str, .
             where[position] = part
     for call, answer in tool_pairs(items):
         assert where[call] == where[answer] or (where[call] == call and where[answer] == answer)
+
+
+def saving_by_definition(view: View, boundary: int) -> int:
+    """What stubbing the outputs before `boundary` saves, walked position by position."""
+    summarized = {
+        position
+        for entry in view.layout
+        if isinstance(entry, Block) and entry.uses_summary
+        for position in range(entry.start, entry.end)
+    }
+    return sum(
+        item.tokens - item.stub_tokens
+        for position, item in enumerate(view.items[:boundary])
+        if item.stub_tokens is not None
+        and item.stub_tokens < item.tokens
+        and not item.pinned
+        and position not in view.stubbed
+        and position not in summarized
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=agent_sessions(), policy=strategy_policies)
+def test_property_what_tool_results_would_save_is_what_walking_the_path_gives(
+    items: list[Item], policy: Policy
+) -> None:
+    """`tool-results` looks only at the carried tool outputs whose stub is cheaper, and at the summarized blocks by
+    their bounds: the same as walking every position, in every view a compaction passes through."""
+    views: list[View] = []
+
+    def recorded(view: View) -> NeedsSummary | None:
+        views.append(view)
+        return strategies.next_span(view)
+
+    with mock.patch.object(builder, "next_span", recorded):
+        Loop(policy).run(items)
+    for view in views:
+        for boundary in {0, view.recent // 2, view.recent, len(view.items)}:
+            assert ToolResults._saving(view, boundary) == saving_by_definition(view, boundary)
