@@ -21,18 +21,18 @@ MAX_PIECES = 64
 that grows by one piece a request): comparing and slicing stay cheap, and old bodies are let go."""
 
 
-Span = tuple[bytes, int, int]
+Run = tuple[bytes, int, int]
 """The bytes `data[start:stop]`, not copied."""
 
 
 class Pieces:
-    """Bytes as a sequence of spans of other bytes. Immutable."""
+    """Bytes as a sequence of runs of other bytes. Immutable."""
 
-    __slots__ = ("_ends", "_spans")
+    __slots__ = ("_ends", "_runs")
 
-    def __init__(self, spans: Sequence[Span]) -> None:
-        self._spans = tuple(span for span in spans if span[2] > span[1])
-        self._ends = list(accumulate(stop - start for _, start, stop in self._spans))
+    def __init__(self, runs: Sequence[Run]) -> None:
+        self._runs = tuple(run for run in runs if run[2] > run[1])
+        self._ends = list(accumulate(stop - start for _, start, stop in self._runs))
 
     @staticmethod
     def of(data: bytes) -> Pieces:
@@ -44,44 +44,44 @@ class Pieces:
 
     def tobytes(self, start: int = 0) -> bytes:
         """The bytes from `start` on, as one object (no copy when they are one whole piece)."""
-        spans = self.spans(start, len(self))
-        if len(spans) == 1 and spans[0][1] == 0 and spans[0][2] == len(spans[0][0]):
-            return spans[0][0]
-        return b"".join(_views(spans))
+        runs = self.runs(start, len(self))
+        if len(runs) == 1 and runs[0][1] == 0 and runs[0][2] == len(runs[0][0]):
+            return runs[0][0]
+        return b"".join(_views(runs))
 
     def views(self, start: int, stop: int) -> list[memoryview]:
         """The bytes from `start` to `stop` as views of the pieces (no copy)."""
-        return _views(self.spans(start, stop))
+        return _views(self.runs(start, stop))
 
-    def spans(self, start: int, stop: int) -> list[Span]:
-        """The bytes from `start` to `stop` as spans of the pieces."""
-        spans: list[Span] = []
+    def runs(self, start: int, stop: int) -> list[Run]:
+        """The bytes from `start` to `stop` as runs of the pieces' bytes."""
+        runs: list[Run] = []
         index = bisect_right(self._ends, start)
-        while start < stop and index < len(self._spans):
-            data, first, last = self._spans[index]
+        while start < stop and index < len(self._runs):
+            data, first, last = self._runs[index]
             begin = self._ends[index] - (last - first)
-            spans.append((data, first + start - begin, first + min(stop, self._ends[index]) - begin))
+            runs.append((data, first + start - begin, first + min(stop, self._ends[index]) - begin))
             start = self._ends[index]
             index += 1
-        return spans
+        return runs
 
     def extended(self, shared: int, rest: bytes) -> Pieces:
         """A new body: the first `shared` of these bytes, then `rest`."""
-        spans = [*self.spans(0, shared), (rest, 0, len(rest))]
-        if len(spans) > MAX_PIECES:
-            joined = b"".join(_views(spans))
-            spans = [(joined, 0, len(joined))]
-        return Pieces(spans)
+        runs = [*self.runs(0, shared), (rest, 0, len(rest))]
+        if len(runs) > MAX_PIECES:
+            joined = b"".join(_views(runs))
+            runs = [(joined, 0, len(joined))]
+        return Pieces(runs)
 
 
-def _views(spans: Iterable[Span]) -> list[memoryview]:
-    return [memoryview(data)[start:stop] for data, start, stop in spans]
+def _views(runs: Iterable[Run]) -> list[memoryview]:
+    return [memoryview(data)[start:stop] for data, start, stop in runs]
 
 
-def _matched(chunk: bytes, spans: Sequence[Span]) -> int:
-    """How many of `chunk`'s first bytes equal those of `spans` (compared at C speed)."""
+def _matched(chunk: bytes, runs: Sequence[Run]) -> int:
+    """How many of `chunk`'s first bytes equal those of `runs` (compared at C speed)."""
     done = 0
-    for view in _views(spans):
+    for view in _views(runs):
         if not chunk.startswith(view, done):
             return done + _first_difference(chunk, done, view)
         done += len(view)
@@ -101,8 +101,8 @@ def _first_difference(chunk: bytes, start: int, view: memoryview) -> int:
     return same
 
 
-def _same_memory(one: Sequence[Span], other: Sequence[Span]) -> bool:
-    """Whether two runs of spans are the very same bytes in memory (a body and the one it extends, where it
+def _same_memory(one: Sequence[Run], other: Sequence[Run]) -> bool:
+    """Whether two sequences of runs are the very same bytes in memory (a body and the one it extends, where it
     took them from it): compared once, not once for each."""
     return len(one) == len(other) and all(
         a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(one, other, strict=True)
@@ -141,14 +141,14 @@ class Reading:
 
     def add(self, chunk: bytes) -> None:
         if self._alive:
-            compared: list[tuple[list[Span], int]] = []
+            compared: list[tuple[list[Run], int]] = []
             counts: list[tuple[int, Pieces]] = []
             for body in self._alive:
-                spans = body.spans(self._size, self._size + len(chunk))
-                count = next((done for seen, done in compared if _same_memory(seen, spans)), None)
+                runs = body.runs(self._size, self._size + len(chunk))
+                count = next((done for seen, done in compared if _same_memory(seen, runs)), None)
                 if count is None:
-                    count = _matched(chunk, spans)
-                    compared.append((spans, count))
+                    count = _matched(chunk, runs)
+                    compared.append((runs, count))
                 counts.append((count, body))
             whole = [body for count, body in counts if count == len(chunk)]
             if whole:
