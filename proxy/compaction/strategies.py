@@ -55,12 +55,9 @@ class ToolResults:
 
     @staticmethod
     def _boundary(view: View) -> int:
-        """The first position of the last `keep_turns` model turns (each assistant message starts one), or of
-        the recent block if that comes first."""
+        """The first position of the last `keep_turns` (at least 1) model turns (each assistant message starts
+        one), or of the recent block if that comes first; looked for from the end, not over the whole path."""
         keep, items = view.policy.keep_turns, view.items
-        if keep < 1:  # every turn's outputs may be stubbed, from the first turn's on
-            return min(view.recent, next((p for p, item in enumerate(items) if item.role == "assistant"), 0))
-        # Looked for from the end: a long path's older turns are not walked.
         for position in range(len(items) - 1, -1, -1):
             if items[position].role == "assistant":
                 keep -= 1
