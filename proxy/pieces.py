@@ -65,8 +65,22 @@ class Pieces:
             index += 1
         return runs
 
+    def same_memory(self, other: Pieces) -> int:
+        """How many first bytes these and `other` hold in the very same memory (a body and the one it extends,
+        where it took them from it): what need not be compared twice."""
+        done = 0
+        for (data, start, stop), (other_data, other_start, other_stop) in zip(self._runs, other._runs, strict=False):
+            if data is not other_data or start != other_start:
+                break
+            done += min(stop, other_stop) - start
+            if stop != other_stop:
+                break
+        return done
+
     def extended(self, shared: int, rest: bytes) -> Pieces:
         """A new body: the first `shared` of these bytes, then `rest`."""
+        if shared == len(self) and not rest:
+            return self
         runs = [*self.runs(0, shared), (rest, 0, len(rest))]
         if len(runs) > MAX_PIECES:
             joined = b"".join(_views(runs))
@@ -101,14 +115,6 @@ def _first_difference(chunk: bytes, start: int, view: memoryview) -> int:
     return same
 
 
-def _same_memory(one: Sequence[Run], other: Sequence[Run]) -> bool:
-    """Whether two sequences of runs are the very same bytes in memory (a body and the one it extends, where it
-    took them from it): compared once, not once for each."""
-    return len(one) == len(other) and all(
-        a[0] is b[0] and a[1] == b[1] and a[2] == b[2] for a, b in zip(one, other, strict=True)
-    )
-
-
 @dataclass(frozen=True)
 class Received:
     """A body as read: its bytes, and the earlier body (`base`) whose first `shared` bytes it begins with (the
@@ -130,32 +136,36 @@ class Received:
 
 class Reading:
     """A body as its chunks arrive, each compared with the `earlier` bodies still equal to it so far; `received`
-    is the body, sharing the longest run of bytes any of them began with."""
+    is the body, sharing the longest run of bytes any of them began with.
+
+    A session's bodies hold their shared prefix in the same memory, so a chunk is compared with the first body
+    still equal (the leader) and only with another where that one's bytes are not the leader's own."""
 
     def __init__(self, earlier: Iterable[Pieces]) -> None:
-        self._alive = [body for body in earlier if len(body)]
+        self._alive = _led([body for body in earlier if len(body)])
         self._base: Pieces | None = None
         self._shared = 0
         self._size = 0
         self._rest: list[bytes | memoryview] = []
 
     def add(self, chunk: bytes) -> None:
+        if not chunk:
+            return
         if self._alive:
-            compared: list[tuple[list[Run], int]] = []
-            counts: list[tuple[int, Pieces]] = []
-            for body in self._alive:
-                runs = body.runs(self._size, self._size + len(chunk))
-                count = next((done for seen, done in compared if _same_memory(seen, runs)), None)
-                if count is None:
-                    count = _matched(chunk, runs)
-                    compared.append((runs, count))
-                counts.append((count, body))
-            whole = [body for count, body in counts if count == len(chunk)]
+            stop = self._size + len(chunk)
+            counts: list[int] = []
+            for body, common in self._alive:
+                if stop <= common:  # the leader's own bytes: its count
+                    counts.append(counts[0])
+                else:
+                    counts.append(_matched(chunk, body.runs(self._size, stop)))
+            whole = [body for (body, _), count in zip(self._alive, counts, strict=True) if count == len(chunk)]
             if whole:
-                self._alive = whole
-                self._size += len(chunk)
+                self._alive = self._alive if len(whole) == len(self._alive) else _led(whole)
+                self._size = stop
                 return
-            count, self._base = max(counts, key=lambda pair: pair[0])
+            best = max(range(len(counts)), key=counts.__getitem__)  # the first of the longest
+            self._base, count = self._alive[best][0], counts[best]
             self._shared = self._size + count
             self._alive = []
             self._rest.append(memoryview(chunk)[count:])
@@ -165,7 +175,13 @@ class Reading:
 
     def received(self) -> Received:
         if self._alive:  # the body is the first bytes of an earlier one (or all of it)
-            self._base, self._shared = self._alive[0], self._size
+            self._base, self._shared = self._alive[0][0], self._size
         if self._base is None:
             return Received.of(b"".join(self._rest))
         return Received(self._base.extended(self._shared, b"".join(self._rest)), self._base, self._shared)
+
+
+def _led(bodies: Sequence[Pieces]) -> list[tuple[Pieces, int]]:
+    """The bodies, each with how many first bytes it holds in the same memory as the first (the leader, which
+    is always compared)."""
+    return [(body, index and bodies[0].same_memory(body)) for index, body in enumerate(bodies)]

@@ -63,3 +63,14 @@ def test_a_session_of_many_requests_keeps_its_pieces_bounded() -> None:
         body = received.body
         assert len(body.views(0, len(body))) <= MAX_PIECES
     assert body.tobytes() == b"[" + b"".join(b"%d," % turn for turn in range(3 * MAX_PIECES))
+
+
+def test_bodies_hold_the_same_memory_up_to_where_their_runs_part() -> None:
+    one, two = b"a" * 100, b"b" * 10
+    other = bytes(bytearray(one))
+    body = Pieces([(one, 0, 100), (two, 0, 10)])
+    assert body.same_memory(Pieces([(one, 0, 100), (two, 0, 4)])) == 104
+    assert body.same_memory(Pieces([(one, 0, 50), (two, 0, 10)])) == 50  # equal bytes after, other memory
+    assert body.same_memory(Pieces([(other, 0, 100), (two, 0, 10)])) == 0  # equal bytes, other memory
+    assert body.same_memory(Pieces([(one, 1, 100)])) == 0
+    assert body.same_memory(body) == len(body)
