@@ -39,7 +39,7 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate, pairwise
@@ -151,7 +151,7 @@ def build(
         recent=recent,
         layout=layout,
         neighbours=_neighbours(items, layout, recent),
-        stubbed=stubbed,
+        stubbed=stubbed.positions(),
         stubbable=cuts.stubbable,
         needed=total - target,
     )
@@ -171,11 +171,10 @@ def _arrange(
     cuts: Cuts,
     fixed: int,
     spans: Sequence[Span],
-) -> tuple[ContextLayout, Layout, frozenset[int]]:
+) -> tuple[ContextLayout, Layout, Stubbed]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
-    stubbed = stubbed_positions(cuts.stubbable, spans, recent, kept)
-    shown = _Shown(items, cuts.prefix, stubbed)
-    layout = _layout(items, usable_spans(items, spans, recent, cuts.points, kept), recent, shown, cuts.points, kept)
+    stubbed = Stubbed(cuts, spans, recent, kept)
+    layout = _layout(items, usable_spans(items, spans, recent, cuts.points, kept), recent, cuts, stubbed, kept)
     parts = _parts(layout, recent, len(items))
     acknowledged = acknowledgements(items, parts)
     total = (
@@ -188,35 +187,60 @@ def _arrange(
     return context, layout, stubbed
 
 
-class _Shown:
-    """`shown[p]`: the tokens the items before position p cost as sent, the stubbed ones as their stub: the
-    path's token sums less what the stubs before p save (looked up, not a list over the whole path)."""
-
-    def __init__(self, items: Sequence[Item], prefix: Sequence[int], stubbed: frozenset[int]) -> None:
-        self._prefix = prefix
-        self._stubbed = sorted(stubbed)  # a stubbed position has a stub cost (`stubbed_positions`)
-        saved = (items[position].tokens - (items[position].stub_tokens or 0) for position in self._stubbed)
-        self._saved = list(accumulate(saved, initial=0))
-
-    def __getitem__(self, position: int) -> int:
-        return self._prefix[position] - self._saved[bisect_left(self._stubbed, position)]
-
-
-def stubbed_positions(
-    stubbable: Sequence[int], spans: Sequence[Span], recent: int, kept: frozenset[int]
-) -> frozenset[int]:
-    """Tool outputs that a `tool-results` mask covers, older than the recent block, not kept, whose stub costs
-    less than the output (`stubbable`, `Cuts.stubbable`): sent as their stub wherever they are shown verbatim.
+class Stubbed:
+    """The tool outputs that `tool-results` masks send as their stub: stubbable (`Cuts.stubbable`), older than the
+    recent block, not kept, and inside a mask. Looked up, not listed: a long session's masks cover every tool
+    output it ever made, of which the context shows a few, and blocks ask only what their range saves.
 
     Every mask a session ever wrote stays on its path (one per crossing, each from the start), so the masks are
-    merged into disjoint ranges first and each position is looked at once: linear in the path, not quadratic."""
-    stubbed: set[int] = set()
-    reached = 0
-    for start, end in sorted((span.start, span.end) for span in spans if span.is_mask):
-        low, high = bisect_left(stubbable, max(reached, start, 0)), bisect_left(stubbable, min(end, recent))
-        stubbed.update(position for position in stubbable[low:high] if position not in kept)
-        reached = max(reached, end)
-    return frozenset(stubbed)
+    merged into disjoint ranges first."""
+
+    def __init__(self, cuts: Cuts, spans: Sequence[Span], recent: int, kept: frozenset[int]) -> None:
+        self._stubbable, self._savings = cuts.stubbable, cuts.savings
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in sorted((max(span.start, 0), min(span.end, recent)) for span in spans if span.is_mask):
+            if start >= end:
+                continue
+            if self._ends and start <= self._ends[-1]:
+                self._ends[-1] = max(self._ends[-1], end)
+            else:
+                self._starts.append(start)
+                self._ends.append(end)
+        self._kept = sorted(position for position in kept if self._masked(position))
+
+    def __contains__(self, position: object) -> bool:
+        return isinstance(position, int) and self._masked(position) and position not in self._kept
+
+    def saved(self, start: int, end: int) -> int:
+        """What the stubs among positions [start, end) save."""
+        total = 0
+        index = max(0, bisect_right(self._starts, start) - 1)
+        while index < len(self._starts) and self._starts[index] < end:
+            total += self._saving(max(start, self._starts[index]), min(end, self._ends[index]))
+            index += 1
+        for position in self._kept[bisect_left(self._kept, start) : bisect_left(self._kept, end)]:
+            total -= self._saving(position, position + 1)
+        return total
+
+    def positions(self) -> frozenset[int]:
+        """All of them, listed (for the strategies, which look at every stubbable output when they compact)."""
+        listed = set()
+        for start, end in zip(self._starts, self._ends, strict=True):
+            listed.update(self._stubbable[bisect_left(self._stubbable, start) : bisect_left(self._stubbable, end)])
+        return frozenset(listed.difference(self._kept))
+
+    def _masked(self, position: int) -> bool:
+        index = bisect_right(self._starts, position) - 1
+        if index < 0 or position >= self._ends[index]:
+            return False
+        found = bisect_left(self._stubbable, position)
+        return found < len(self._stubbable) and self._stubbable[found] == position
+
+    def _saving(self, start: int, end: int) -> int:
+        if start >= end:
+            return 0
+        return self._savings[bisect_left(self._stubbable, end)] - self._savings[bisect_left(self._stubbable, start)]
 
 
 def _too_large(items: Sequence[Item], kept: frozenset[int], needed: int, budget: int) -> RecentTooLarge:
@@ -297,10 +321,13 @@ def _layout(
     items: Sequence[Item],
     spans: Sequence[Span],
     recent: int,
-    shown: _Shown,
-    cuts: Sequence[bool],
+    cuts: Cuts,
+    stubbed: Stubbed,
     kept: frozenset[int],
 ) -> Layout:
+    def cost(start: int, end: int) -> int:  # as sent: the stubbed outputs at their stub's cost
+        return cuts.prefix[end] - cuts.prefix[start] - stubbed.saved(start, end)
+
     span_at = {span.start: span for span in spans}
     layout: Layout = []
     position = 0
@@ -310,13 +337,13 @@ def _layout(
             layout.append(position)
             position += 1
         elif span is not None:
-            layout.append(Block(span.start, span.end, shown[span.end] - shown[span.start], span))
+            layout.append(Block(span.start, span.end, cost(span.start, span.end), span))
             position = span.end
         else:
             end = position + 1
-            while end < recent and not cuts[end] and end not in kept:
+            while end < recent and not cuts.points[end] and end not in kept:
                 end += 1
-            layout.append(Block(position, end, shown[end] - shown[position]))
+            layout.append(Block(position, end, cost(position, end)))
             position = end
     return layout
 

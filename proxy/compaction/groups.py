@@ -42,12 +42,14 @@ class Cuts:
     """The positions the session pinned, in order."""
     stubbable: list[int]
     """The positions of tool outputs whose stub costs less than the output, in order."""
+    savings: list[int]
+    """`savings[i]`: what stubbing the first i of `stubbable` saves (tokens less stub tokens)."""
 
     @staticmethod
     def of(items: Sequence[Item], previous: Cuts | None = None) -> Cuts:
         """The cut points of `items`; from `previous` when `items` extends its items (the same objects, then
         more): only the new items are read, and a late answer to an earlier call closes its group there too."""
-        start, caller, points, prefix, system, pinned, stubbable = 0, {}, [], [0], [], [], []
+        start, caller, points, prefix, system, pinned, stubbable, savings = 0, {}, [], [0], [], [], [], [0]
         if (
             previous is not None
             and len(items) >= len(previous.items) > 0
@@ -57,7 +59,7 @@ class Cuts:
                 return previous
             start, caller, points = len(previous.items), dict(previous.caller), previous.points[:-1]
             prefix, system, pinned = list(previous.prefix), list(previous.system), list(previous.pinned)
-            stubbable = list(previous.stubbable)
+            stubbable, savings = list(previous.stubbable), list(previous.savings)
         last_answer: dict[int, int] = {}
         for position in range(start, len(items)):
             item = items[position]
@@ -73,6 +75,7 @@ class Cuts:
                 pinned.append(position)
             if item.stub_tokens is not None and item.stub_tokens < item.tokens:
                 stubbable.append(position)
+                savings.append(savings[-1] + item.tokens - item.stub_tokens)
         points.append(True)
         points[0] = True
         # A group closes at its last answer: every position after its call up to that answer is inside it.
@@ -82,7 +85,7 @@ class Cuts:
             if begin <= answer:
                 points[begin : answer + 1] = [False] * (answer + 1 - begin)
             reach = max(reach, answer)
-        return Cuts(items, points, caller, prefix, system, pinned, stubbable)
+        return Cuts(items, points, caller, prefix, system, pinned, stubbable, savings)
 
 
 def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:

@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.builder import (
@@ -17,9 +17,11 @@ from proxy.compaction.builder import (
     Policy,
     RecentTooLarge,
     Span,
+    Stubbed,
     build,
 )
 from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
+from proxy.config import SUMMARIZE, TOOL_RESULTS
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS
@@ -619,6 +621,37 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         assert cuts.pinned == [p for p in range(end) if items[p].pinned]
         stub_costs = [items[p].stub_tokens for p in range(end)]
         assert cuts.stubbable == [p for p, stub in enumerate(stub_costs) if stub is not None and stub < items[p].tokens]
+        saving = [items[p].tokens - (items[p].stub_tokens or 0) for p in cuts.stubbable]
+        assert cuts.savings == [sum(saving[:i]) for i in range(len(saving) + 1)]
+
+
+@example(shape=[(9, 1)] * 12, spans=[(0, 10, True), (2, 3, True)], recent=12, kept={4})  # a mask inside a mask
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.none() | st.integers(0, 60)), max_size=30),
+    st.lists(st.tuples(st.integers(-2, 32), st.integers(0, 12), st.booleans()), max_size=6),
+    st.integers(0, 32),
+    st.sets(st.integers(0, 31), max_size=6),
+)
+def test_stubbed_outputs_and_their_savings_are_those_of_the_definition(
+    shape: list[tuple[int, int | None]], spans: list[tuple[int, int, bool]], recent: int, kept: set[int]
+) -> None:
+    """A stubbed output is stubbable, older than the recent block, not kept and inside a mask (masks overlap and
+    reach past the recent block); what a range saves is the sum over the stubbed outputs in it."""
+    items = [Item("tool", tokens, tool_call_id="c", stub_tokens=stub) for tokens, stub in shape]
+    cuts = Cuts.of(items)
+    given_spans = [
+        Span(n, start, start + length, 0, strategy=TOOL_RESULTS if mask else SUMMARIZE)
+        for n, (start, length, mask) in enumerate(spans)
+    ]
+    stubbed = Stubbed(cuts, given_spans, recent, frozenset(kept))
+    masked = {p for span in given_spans if span.is_mask for p in range(span.start, span.end)}
+    expected = {p for p in cuts.stubbable if p < recent and p not in kept and p in masked}
+    assert {p for p in range(len(items) + 2) if p in stubbed} == expected == stubbed.positions()
+    for start in range(len(items) + 1):
+        for end in range(start, len(items) + 1):
+            saved = sum(items[p].tokens - (items[p].stub_tokens or 0) for p in expected if start <= p < end)
+            assert stubbed.saved(start, end) == saved
 
 
 def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None:
