@@ -7,7 +7,6 @@ every turn, and its tool outputs are most of it.
 
 from __future__ import annotations
 
-import operator
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence, Set
@@ -24,8 +23,7 @@ from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
 from proxy.sharing import shared_prefix
 from proxy.tokens import count_message, rough_size
-
-_MESSAGE = operator.attrgetter("message")
+from proxy.types import Message
 
 ITEM_CACHE_ENTRIES = 100_000
 """Builder items remembered (~150 bytes each): a few long sessions' paths."""
@@ -196,8 +194,10 @@ def builder_item(stored: StoredMessage, *, pinned: bool = False, stub_tokens: in
 
 
 def _stubs_with_costs(path: Sequence[StoredMessage], wanted: set[int], encoding: str) -> dict[int, tuple[str, int]]:
-    messages = list(map(_MESSAGE, path))  # at C speed: each new tool output of a long path asks
+    def message_at(position: int) -> Message:  # only the new outputs' turns are read, not the whole path
+        return path[position].message
+
     return {
-        position: (stub, count_message(stubbed_message(messages[position], stub), encoding))
-        for position, stub in tool_stubs(messages, wanted)
+        position: (stub, count_message(stubbed_message(message_at(position), stub), encoding))
+        for position, stub in tool_stubs(message_at, wanted)
     }

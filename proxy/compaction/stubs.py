@@ -11,7 +11,7 @@ the stub too.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from proxy.compaction.summary_text import key_inputs
@@ -70,24 +70,26 @@ def _stubbed_item(item: Any, stub: str) -> Any:
     return item
 
 
-def tool_stubs(messages: Sequence[Mapping[str, Any]], wanted: Iterable[int]) -> Iterator[tuple[int, str]]:
-    """(position, stub) of each tool message at a wanted position, named after the call it answers: the nearest
-    call before it with its id (some local servers reuse ids), looked for backwards from it, so stubbing the
-    newest outputs of a long path reads only their turns."""
+def tool_stubs(message_at: Callable[[int], Mapping[str, Any]], wanted: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """(position, stub) of each tool message at a wanted position of a path (`message_at(position)`), named after
+    the call it answers: the nearest call before it with its id (some local servers reuse ids), looked for
+    backwards from it, so stubbing the newest outputs of a long path reads only their turns."""
     for position in sorted(wanted):
-        message = messages[position]
+        message = message_at(position)
         if message.get("role") != "tool":
             continue
-        name, arguments = _answered_call(messages, position, str(message.get("tool_call_id")))
+        name, arguments = _answered_call(message_at, position, str(message.get("tool_call_id")))
         yield position, tool_stub(content_text(message.get("content")), name, arguments)
 
 
-def _answered_call(messages: Sequence[Mapping[str, Any]], position: int, call_id: str) -> tuple[str | None, str | None]:
+def _answered_call(
+    message_at: Callable[[int], Mapping[str, Any]], position: int, call_id: str
+) -> tuple[str | None, str | None]:
     """(name, arguments) of the nearest call before `position` with id `call_id` (a message's last, when it
     repeats the id); (None, None) when there is none."""
     for earlier in range(position - 1, -1, -1):
         found: tuple[str | None, str | None] | None = None
-        for call in messages[earlier].get("tool_calls") or ():
+        for call in message_at(earlier).get("tool_calls") or ():
             if isinstance(call, Mapping) and str(call.get("id")) == call_id:
                 function = call.get("function")
                 function = function if isinstance(function, Mapping) else {}

@@ -82,7 +82,7 @@ def test_stubs_name_the_nearest_call_before_them(seed: int, size: int) -> None:
     rng = random.Random(seed)
     messages = [agent_message(rng, number) for number in range(size)]
     wanted = {position for position in range(size) if rng.random() < 0.7}
-    assert dict(tool_stubs(messages, wanted)) == {
+    assert dict(tool_stubs(messages.__getitem__, wanted)) == {
         position: stub for position, stub in forward_stubs(messages, wanted).items() if position in wanted
     }
 
