@@ -26,7 +26,7 @@ from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import Plans
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
-from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
+from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
 from proxy.compaction.summarizer import Summarizer
@@ -265,9 +265,7 @@ class Compactor:
         return written
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSpan]:
-        return {
-            s.id: s for s in in_force(await self._summaries.on_path(request.tenant, request.path, request.session_id))
-        }
+        return {s.id: s for s in await self._summaries.in_force_on(request.tenant, request.path, request.session_id)}
 
     def _request_policy(self, request: CompactionRequest) -> Policy:
         capacity = self._summarizer.input_capacity(request.entry)

@@ -15,7 +15,7 @@ import json
 import operator
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,8 +93,8 @@ SESSIONS_READ = 4096
 
 @dataclass(frozen=True)
 class _Read:
-    """A session's spans as last read: those on its path of `length` messages from depth `first` to `end_id`, as
-    of the tenant's span `epoch`."""
+    """A session's spans in force as last read: on its path of `length` messages from depth `first` to `end_id`,
+    as of the tenant's span `epoch`."""
 
     epoch: int
     first: int
@@ -112,35 +112,36 @@ class SpanStore:
         has a span per crossing, each read again by every request."""
         self._sessions: OrderedDict[tuple[str, str], _Read] = OrderedDict()
 
-    async def on_path(
-        self, tenant: str, path: Sequence[StoredMessage], session_id: str | None = None
-    ) -> list[StoredSpan]:
-        """Every summary (orphaned ones too) whose range lies on `path`, oldest first.
+    async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
+        """Every summary (orphaned ones too) whose range lies on `path`, oldest first."""
+        return self._lying_on(path, await self._ending_on(tenant, path)) if path else []
 
-        With the session whose request it is, what was read for its previous request carries over when `path`
-        extends that one's (a node's id hashes its ancestors', so one id says so): only the spans ending on the
-        new part, and the tenant's span rows written since (by any process: `m013_span_epochs`), are read, not
-        the spans of a long path's every message again."""
+    async def in_force_on(self, tenant: str, path: Sequence[StoredMessage], session_id: str) -> tuple[StoredSpan, ...]:
+        """The spans in force on `path` (`in_force`), for the session whose request it is.
+
+        What was in force for its previous request carries over when `path` extends that one's (a node's id
+        hashes its ancestors', so one id says so): only the spans ending on the new part, and the tenant's span
+        rows written since (by any process: `m013_span_epochs`), are read and joined with it, not the spans of a
+        long path's every message again."""
         if not path:
-            return []
-        if session_id is None:
-            return self._lying_on(path, await self._ending_on(tenant, path))
+            return ()
         key = (tenant, session_id)
         before = self._sessions.get(key)
         # Read before the spans: a write after it shows as a later epoch at the next read.
         row = await self._db.fetchone("SELECT epoch FROM span_epochs WHERE tenant = ?", (tenant,))
         epoch = 0 if row is None else int(row["epoch"])
-        first = path[0].depth
         if before is None or not _extends(path, before):
-            spans = self._lying_on(path, await self._ending_on(tenant, path))
+            spans = in_force(self._lying_on(path, await self._ending_on(tenant, path)))
         else:
-            found = {span.id: span for span in before.spans}
             rows = await self._ending_on(tenant, path[before.length :]) if len(path) > before.length else []
             if epoch != before.epoch:
                 rows += await self._db.fetchall(f"{_SELECT} WHERE tenant = ? AND epoch > ?", (tenant, before.epoch))
-            found.update((span.id, span) for span in self._lying_on(path, rows))
-            spans = sorted(found.values(), key=_ID)
-        self._sessions[key] = _Read(epoch, first, len(path), path[-1].id, tuple(spans))
+            spans = before.spans
+            if rows:
+                found = {span.id: span for span in spans}
+                found.update((span.id, span) for span in self._lying_on(path, rows))
+                spans = in_force(found.values())
+        self._sessions[key] = _Read(epoch, path[0].depth, len(path), path[-1].id, spans)
         self._sessions.move_to_end(key)
         if len(self._sessions) > SESSIONS_READ:
             self._sessions.popitem(last=False)
@@ -268,15 +269,31 @@ def _columns(summary: StoredSpan) -> tuple[Any, ...]:
     )
 
 
-def in_force(summaries: Sequence[StoredSpan]) -> list[StoredSpan]:
+def in_force(summaries: Iterable[StoredSpan]) -> tuple[StoredSpan, ...]:
     """One summary per range (the newest: an LLM rewrite of a fallback wins), and one mask per range, for the
-    builder to choose from."""
+    builder to choose from, in path order. Of the masks, none that another mask covers where it is in force
+    whenever this one is (not held, or both held): the builder stubs what the masks cover together, so it would
+    change nothing, and a long agent session writes a mask from the path's start at nearly every crossing.
+
+    A span out of force stays out as its path grows (what put it out stays on the path, and `held` only ever goes
+    to 0), so the spans in force for a longer path are those of what was in force and what is new."""
     newest: dict[tuple[int, str, bool], StoredSpan] = {}
     for summary in summaries:
         key = (summary.start_depth, summary.end_id, summary.strategy == TOOL_RESULTS)
         if key not in newest or summary.id > newest[key].id:
             newest[key] = summary
-    return sorted(newest.values(), key=lambda s: (s.start_depth, s.end_depth))
+    kept = [summary for summary in newest.values() if summary.strategy != TOOL_RESULTS]
+    reach = reach_unheld = -1  # the furthest end of the masks starting no later, and of those not held
+    masks = sorted(
+        (s for s in newest.values() if s.strategy == TOOL_RESULTS), key=lambda s: (s.start_depth, -s.end_depth)
+    )
+    for mask in masks:
+        if mask.end_depth > (reach if mask.held else reach_unheld):
+            kept.append(mask)
+        reach = max(reach, mask.end_depth)
+        if not mask.held:
+            reach_unheld = max(reach_unheld, mask.end_depth)
+    return tuple(sorted(kept, key=lambda s: (s.start_depth, s.end_depth)))
 
 
 def _summary(row: Row) -> StoredSpan:

@@ -194,7 +194,7 @@ class SpanWriter:
         mask = need.strategy == TOOL_RESULTS
         written_since = [
             summary
-            for summary in await self._summaries.on_path(request.tenant, request.path, request.session_id)
+            for summary in await self._summaries.in_force_on(request.tenant, request.path, request.session_id)
             if summary.orphaned_at is None
             and summary.id not in stored
             and summary.span.is_mask == mask

@@ -15,7 +15,7 @@ from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingCont
 from proxy.compaction.span_store import SpanStore, StoredSpan, in_force
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
-from proxy.config import ContextConfig, ModelEntry, UpstreamConfig
+from proxy.config import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry, UpstreamConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
@@ -155,9 +155,9 @@ async def test_an_edit_after_the_range_keeps_the_summary_and_an_edit_inside_lose
 async def test_a_session_s_spans_read_again_are_what_a_whole_read_finds_whoever_wrote_them(
     db: Database, history: History, seed: int
 ) -> None:
-    """A session's reads carry over what its previous read found (`SpanStore.on_path` with its session): whatever
-    two replicas write, orphan or release in between, and however the path grows or branches, a read finds what
-    a store reading the whole path finds."""
+    """A session's reads carry over what was in force for its previous one (`SpanStore.in_force_on`): whatever
+    two replicas write (summaries and masks, held or not), orphan or release in between, and however the path
+    grows or branches, a read finds what is in force among the spans of the whole path."""
     rng = random.Random(seed)
     replicas = [SpanStore(db, clock=Clock()), SpanStore(db, clock=Clock())]
     messages = conversation(2, f" seed {seed}")
@@ -179,10 +179,13 @@ async def test_a_session_s_spans_read_again_are_what_a_whole_read_finds_whoever_
             start = rng.randrange(len(path))
             end = rng.randrange(start, len(path)) + 1
             held = rng.choice([0, 0, step + 1])
+            strategy = rng.choice([SUMMARIZE, TOOL_RESULTS])
             if action == "other session":  # a span on another session's path of the same tenant
                 other = await stored_path(history, conversation(3, f" other {seed} {step}"), session="o")
                 start, end = 1, len(other)
-                await add(summaries=writer, path=other, start=start, end=end, held=held)
+                await add(summaries=writer, path=other, start=start, end=end, held=held, strategy=strategy)
+            elif strategy == TOOL_RESULTS:  # a mask from the path's start, as `tool-results` writes them
+                await add(writer, path, 0, end, held=held, strategy=strategy)
             else:
                 await add(writer, path, start, end, held=held)
         elif action == "wider":
@@ -197,7 +200,10 @@ async def test_a_session_s_spans_read_again_are_what_a_whole_read_finds_whoever_
             if held:
                 await writer.release(TENANT, rng.sample(held, 1))
         for reader in replicas:
-            assert await reader.on_path(TENANT, path, "s") == await reader.on_path(TENANT, path), (step, action)
+            assert await reader.in_force_on(TENANT, path, "s") == in_force(await reader.on_path(TENANT, path)), (
+                step,
+                action,
+            )
 
 
 async def test_a_wider_summary_orphans_the_ones_it_replaces_and_keeps_them(
@@ -228,6 +234,27 @@ async def test_an_llm_rewrite_of_a_fallback_range_is_the_one_in_force(history: H
 
     assert [s.id for s in chosen] == [rewrite.id, other.id]
     assert fallback.id not in {s.id for s in chosen}
+
+
+def span(id: int, start: int, end: int, strategy: str = TOOL_RESULTS, held: int = 0) -> StoredSpan:
+    return StoredSpan(id, start, end, f"m{end}", "", 1, 2, "m", "rule", (), None, 0.0, strategy=strategy, held=held)
+
+
+def test_a_mask_inside_another_in_force_whenever_it_is_is_not_in_force() -> None:
+    """The builder stubs what the masks cover together: a mask inside a wider one adds nothing, unless the wider
+    one is held back (written ahead) while it is not."""
+    widest, inside, held_wide, held_inside = (
+        span(1, 0, 30),
+        span(2, 0, 10),
+        span(3, 0, 50, held=4),
+        span(4, 5, 20, held=2),
+    )
+    summary = span(5, 0, 10, strategy=SUMMARIZE)
+    chosen = in_force([widest, inside, held_wide, held_inside, summary])
+    assert [s.id for s in chosen] == [summary.id, widest.id, held_wide.id]  # in path order
+    later = span(6, 0, 40)
+    assert [s.id for s in in_force([*chosen, later])] == [summary.id, later.id, held_wide.id]
+    assert [s.id for s in in_force([inside])] == [inside.id]
 
 
 # The compactor: the loop around the builder.
