@@ -322,13 +322,12 @@ class Compactor:
         shown = {part for part in context.parts if isinstance(part, int) and part not in context.stubbed}
         if latest is None or latest not in shown:
             return prepared
-        hidden = [position for position in range(len(request.path)) if position not in shown]
         acknowledgement = self._acknowledgement_tokens(request.encoding)
         room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages)
         query = content_text(request.path[latest].message.get("content"))
         passages = await self._recall.passages(
-            request.tenant, request.path, hidden, visible, query, room, request.encoding
+            request.tenant, request.session_id, request.path, shown, visible, query, room, request.encoding
         )
         if not passages:
             return prepared

@@ -88,42 +88,55 @@ INDEXED_IDS = 200_000
 about again on every request."""
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """How far a session's path is known indexed, as of its last request: every message before `end` (the path
+    from depth `first` to `end_id`) is indexed but those at `shown` (sent verbatim then, perhaps never hidden)."""
+
+    first: int
+    end: int
+    end_id: str
+    shown: frozenset[int]
+
+
+SESSIONS_CHECKED = 4096
+"""Sessions whose indexed prefix a process remembers (`_Checked`: ~100 bytes and their shown positions)."""
+
+
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._indexed: OrderedDict[str, None] = OrderedDict()
         """Ids of messages known to be in the index (an indexed message stays indexed; an id is a content
         address under its tenant's root, so no two tenants share one)."""
+        self._checked: OrderedDict[tuple[str, str], _Checked] = OrderedDict()
 
     async def passages(
         self,
         tenant: str,
+        session_id: str,
         path: Sequence[StoredMessage],
-        hidden: Sequence[int],
+        shown: Set[int],
         visible_text: str,
         query: str,
         limit_tokens: int,
         encoding: str,
     ) -> list[Passage]:
-        """Best-matching passages among `path[i]` for `i` in `hidden` (the messages the working context does not
-        send verbatim: summarized, omitted or stubbed) for the latest user message `query`, in path order.
+        """Best-matching passages among the messages of `path` the working context does not send verbatim (not
+        at `shown`: summarized, omitted or stubbed) for the latest user message `query`, in path order.
 
         `visible_text` is the text the working context shows: a term found there is not looked up (the query's
         own text is not counted as shown). The result, sent as `recall_message`, costs at most `limit_tokens`
         (`count_message`); [] when the query refers to nothing found only in hidden history.
         """
-        if limit_tokens <= 0 or not query:
+        if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
         terms = await compute(len(query) + len(visible_text), unseen_terms, query, visible_text)
         if not terms:
             return []
-        among = {i for i in hidden if 0 <= i < len(path)}
-        if not among:
-            return []
-        positions = sorted(among)
-        await self._index(tenant, [path[i] for i in positions])
+        await self._index(tenant, session_id, path, shown)
         expression = match_expression(terms) if self._db.dialect == "sqlite" else tsquery(terms)
-        ranked = await self._rank(tenant, path, among, positions, expression)
+        ranked = await self._rank(tenant, path, shown, expression)
         chosen: list[tuple[int, Passage]] = []
         used = count_message(recall_message([]), encoding)
         for rank, position in enumerate(ranked):
@@ -142,11 +155,35 @@ class Recall:
             chosen.remove(max(chosen, key=lambda item: item[0]))
         return _in_order(chosen)
 
-    async def _index(self, tenant: str, messages: Sequence[StoredMessage]) -> None:
+    async def _index(self, tenant: str, session_id: str, path: Sequence[StoredMessage], shown: Set[int]) -> None:
+        """Index the hidden messages not indexed yet. What the session's last request left indexed carries over
+        when `path` extends its path (a node's id hashes its ancestors', so one id says so): only the messages
+        past it, and those it showed that are hidden now, are looked at, not a long path's every message."""
+        key = (tenant, session_id)
+        checked = self._checked.pop(key, None)
+        if (
+            checked is not None
+            and path[0].depth == checked.first
+            and len(path) >= checked.end
+            and path[checked.end - 1].id == checked.end_id
+        ):
+            unhidden = (position for position in sorted(checked.shown) if position not in shown)
+            looked = [*unhidden, *(position for position in range(checked.end, len(path)) if position not in shown)]
+        else:
+            looked = [position for position in range(len(path)) if position not in shown]
         known = self._indexed
-        unknown = [message for message in messages if message.id not in known]
-        if not unknown:
-            return
+        unknown = [position for position in looked if path[position].id not in known]
+        left = await self._index_messages(tenant, [path[position] for position in unknown]) if unknown else set()
+        end = min((position for position in unknown if path[position].id in left), default=len(path))
+        if end:
+            below = frozenset(position for position in shown if position < end)
+            self._checked[key] = _Checked(path[0].depth, end, path[end - 1].id, below)
+            while len(self._checked) > SESSIONS_CHECKED:
+                self._checked.popitem(last=False)
+
+    async def _index_messages(self, tenant: str, unknown: Sequence[StoredMessage]) -> set[str]:
+        """Index those of `unknown` not in the index yet, the newest first, within `MAX_INDEX_CHARS`; the ids of
+        those still not indexed (left for the next call, or not written)."""
         rows = await self._db.fetchall(
             "SELECT message_id FROM recall_messages WHERE tenant = ? "
             "AND message_id IN (SELECT value FROM json_each(?))",
@@ -164,8 +201,9 @@ class Recall:
                 break
             batch.append(message)
             size += rough_size(message.message)
+        left = {message.id for message in unknown} - indexed
         if not batch:
-            return
+            return left
         documents = await compute(size, _documents, batch)
 
         insert_document = _INSERT_DOCUMENT[self._db.dialect]
@@ -184,8 +222,9 @@ class Recall:
             await self._db.write(write, bulk=True)
         except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
-        else:
-            self._remember([message_id for message_id, _ in documents])
+            return left
+        self._remember([message_id for message_id, _ in documents])
+        return left - {message_id for message_id, _ in documents}
 
     def _remember(self, message_ids: Iterable[str]) -> None:
         for message_id in message_ids:
@@ -197,13 +236,12 @@ class Recall:
         self,
         tenant: str,
         path: Sequence[StoredMessage],
-        among: Set[int],
-        positions: Sequence[int],
+        shown: Set[int],
         expression: str,
     ) -> list[int]:
-        """The matching positions among `among` (`positions`, in order), best first, without the noise far below
-        the best. The tenant's best `RANKED_FIRST` matches are asked for first, without sending every hidden id:
-        when they hold `MAX_CANDIDATES` hidden ones, or are all the matches there are, those are the hidden
+        """The matching positions of `path` not at `shown` (the hidden ones), best first, without the noise far
+        below the best. The tenant's best `RANKED_FIRST` matches are asked for first, without sending every hidden
+        id: when they hold `MAX_CANDIDATES` hidden ones, or are all the matches there are, those are the hidden
         ones' best (any better one would rank among them); else the hidden ids are sent."""
         first = path[0].depth if path else 0
 
@@ -211,7 +249,9 @@ class Recall:
             return [
                 (position, float(row["score"]))
                 for row in rows
-                if (position := row["depth"] - first) in among and path[position].id == row["message_id"]
+                if 0 <= (position := row["depth"] - first) < len(path)
+                and position not in shown
+                and path[position].id == row["message_id"]
             ]
 
         statement = _RANK[self._db.dialect]
@@ -219,7 +259,7 @@ class Recall:
             rows = await self._db.fetchall(statement.format(among=""), (expression, tenant, RANKED_FIRST))
             found = hidden(rows)
             if len(found) < MAX_CANDIDATES and len(rows) == RANKED_FIRST:
-                ids = id_array(path[position].id for position in positions)
+                ids = id_array(path[position].id for position in range(len(path)) if position not in shown)
                 rows = await self._db.fetchall(
                     statement.format(among=_AMONG), (expression, tenant, ids, MAX_CANDIDATES)
                 )

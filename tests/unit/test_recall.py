@@ -4,6 +4,7 @@ ranking on a real SQLite file, with messages stored through `History`. Query ter
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -54,6 +55,11 @@ def conversation(turns: int, fact_turn: int = 3, fact: str = FACT) -> list[dict[
 
 def visible(path: Sequence[StoredMessage], hidden: Sequence[int]) -> str:
     return "\n".join(content_text(m.message.get("content")) for i, m in enumerate(path) if i not in set(hidden))
+
+
+def shown(path: Sequence[StoredMessage], hidden: Sequence[int]) -> set[int]:
+    """The positions a working context sends verbatim: all but `hidden`."""
+    return set(range(len(path))).difference(hidden)
 
 
 def user_position(turn: int) -> int:
@@ -124,6 +130,31 @@ def test_recall_message_is_deterministic() -> None:
 # --- the index, on a real file -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("seed", "cap"), [(0, 10**9), (1, 10**9), (2, 1), (3, 1)])
+async def test_a_session_s_hidden_messages_are_all_indexed_as_its_path_grows_and_its_shown_part_moves(
+    db: Database, history: History, recall: Recall, monkeypatch: pytest.MonkeyPatch, seed: int, cap: int
+) -> None:
+    """What a session's last request left indexed carries over (`Recall._index`): however its path grows, branches
+    and what it shows moves (messages shown again, hidden again), every hidden message ends up indexed: at once,
+    or, with one message indexed a call (`cap`), after as many calls with the same view."""
+    monkeypatch.setattr(recall_module, "MAX_INDEX_CHARS", cap)
+    rng = random.Random(seed)
+    messages = conversation(3)
+    for step in range(25):
+        if rng.random() < 0.2 and len(messages) > 4:  # a branch, as long as the path it leaves: an edit
+            at = rng.randrange(2, len(messages) - 1)
+            edits = [{"role": "user", "content": f"edit {step} {n} {FILLER}"} for n in range(len(messages) - at)]
+            messages = [*messages[:at], *edits]
+        messages = [*messages, {"role": "user", "content": f"turn {step} {FILLER}"}]
+        path = await stored(history, messages)
+        visible = set(rng.sample(range(len(path)), rng.randrange(len(path) // 2)))
+        for _ in range(len(path) if cap == 1 else 1):
+            await recall.passages("t", "s", path, visible, "", QUESTION, 500, ENCODING)
+        rows = await db.fetchall("SELECT message_id FROM recall_messages")
+        hidden = {path[position].id for position in range(len(path)) if position not in visible}
+        assert hidden <= {row[0] for row in rows}, step
+
+
 async def test_messages_known_to_be_indexed_are_not_looked_up_again(
     db: Database, history: History, recall: Recall, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -131,7 +162,7 @@ async def test_messages_known_to_be_indexed_are_not_looked_up_again(
     asked about again, and recall finds the same passages."""
     path = await stored(history, conversation(8))
     hidden = list(range(1, 12))
-    first = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    first = await recall.passages("t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING)
     lookups: list[str] = []
     fetchall = db.fetchall
 
@@ -141,17 +172,22 @@ async def test_messages_known_to_be_indexed_are_not_looked_up_again(
         return await fetchall(sql, params)
 
     monkeypatch.setattr(db, "fetchall", counted)
-    again = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    again = await recall.passages("t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING)
     assert again == first
     assert lookups == []
-    assert await Recall(db).passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING) == first
+    assert (
+        await Recall(db).passages("t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING)
+        == first
+    )
     assert len(lookups) == 1  # a process that never saw them asks once
 
 
 async def test_a_fact_only_in_hidden_history_is_recalled(history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     hidden = list(range(1, 12))
-    passages = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING)
+    passages = await recall.passages(
+        "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
+    )
     assert [p.position for p in passages] == [user_position(3)]
     (passage,) = passages
     assert FACT in passage.text
@@ -163,57 +199,62 @@ async def test_a_fact_only_in_hidden_history_is_recalled(history: History, recal
 async def test_a_fact_the_working_context_shows_is_not_recalled(history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     hidden = [i for i in range(1, 12) if i != user_position(3)]
-    assert await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 500, ENCODING) == []
+    assert (
+        await recall.passages("t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING) == []
+    )
 
 
 async def test_a_message_that_is_not_hidden_is_never_returned(history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     hidden = [i for i in range(1, 12) if i != user_position(3)]
     # Even when the caller's visible text misses it (here: empty), only hidden messages are searched.
-    assert await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 500, ENCODING) == []
     # Indexed once as hidden, a message is still not returned once it is shown again.
-    await recall.passages("t", path, [user_position(3)], "", QUESTION, 500, ENCODING)
-    assert await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING) == []
+    await recall.passages("t", "s", path, shown(path, [user_position(3)]), "", QUESTION, 500, ENCODING)
+    assert await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 500, ENCODING) == []
 
 
 async def test_tenants_are_separated(history: History, recall: Recall) -> None:
     ours = await stored(history, conversation(8), tenant="a")
     theirs = await stored(history, conversation(8, fact="nothing planted"), tenant="b")
     hidden = list(range(1, 12))
-    assert await recall.passages("a", ours, hidden, "", QUESTION, 500, ENCODING)
-    assert await recall.passages("b", theirs, hidden, "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("a", "s", ours, shown(ours, hidden), "", QUESTION, 500, ENCODING)
+    assert await recall.passages("b", "s", theirs, shown(theirs, hidden), "", QUESTION, 500, ENCODING) == []
     # Another tenant's ids are not found under this tenant's name, indexed or not.
-    assert await recall.passages("b", ours, [], "", QUESTION, 500, ENCODING) == []
-    assert await recall.passages("c", theirs, hidden, "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("b", "s", ours, shown(ours, []), "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("c", "s", theirs, shown(theirs, hidden), "", QUESTION, 500, ENCODING) == []
 
 
 async def test_fts_syntax_in_the_query_does_not_raise(history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     for query in NASTY_QUERIES:
-        passages = await recall.passages("t", path, list(range(1, 12)), "", query, 500, ENCODING)
+        passages = await recall.passages("t", "s", path, shown(path, list(range(1, 12))), "", query, 500, ENCODING)
         assert all(isinstance(p, Passage) for p in passages)
 
 
 async def test_odd_input_gives_no_passages(db: Database, history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
-    assert await recall.passages("t", path, [], "", QUESTION, 500, ENCODING) == []
-    assert await recall.passages("t", path, [-1, 99, len(path)], "", QUESTION, 500, ENCODING) == []
-    assert await recall.passages("t", [], [0, 1], "", QUESTION, 500, ENCODING) == []
-    assert await recall.passages("t", path, [1, 2], "", "", 500, ENCODING) == []
-    assert await recall.passages("t", path, [1, 2], "", "? the and ...", 500, ENCODING) == []
-    assert await recall.passages("nobody", path, [1, 2], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", path, shown(path, []), "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", path, shown(path, [-1, 99, len(path)]), "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", [], shown([], [0, 1]), "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", path, shown(path, [1, 2]), "", "", 500, ENCODING) == []
+    assert await recall.passages("t", "s", path, shown(path, [1, 2]), "", "? the and ...", 500, ENCODING) == []
+    assert await recall.passages("nobody", "s", path, shown(path, [1, 2]), "", QUESTION, 500, ENCODING) == []
     # A message that is not in the store (a caller's mistake) cannot be indexed: no passages, no exception.
     ghost = StoredMessage("f" * 64, None, 0, "user", {"role": "user", "content": FACT}, 5, 0.0)
-    assert await recall.passages("t", [ghost], [0], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", [ghost], shown([ghost], [0]), "", QUESTION, 500, ENCODING) == []
     parts = await stored(history, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
-    assert await recall.passages("t", parts, [0], "", QUESTION, 500, ENCODING) == []
+    assert await recall.passages("t", "s", parts, shown(parts, [0]), "", QUESTION, 500, ENCODING) == []
 
 
 async def test_no_limit_does_not_touch_the_database(history: History) -> None:
     path = await stored(history, conversation(8))
     untouchable = Recall(cast(Database, object()))
     for limit in (0, -5):
-        assert await untouchable.passages("t", path, list(range(1, 12)), "", QUESTION, limit, ENCODING) == []
+        assert (
+            await untouchable.passages("t", "s", path, shown(path, list(range(1, 12))), "", QUESTION, limit, ENCODING)
+            == []
+        )
 
 
 async def test_the_limit_is_respected(history: History, recall: Recall) -> None:
@@ -223,14 +264,14 @@ async def test_the_limit_is_respected(history: History, recall: Recall) -> None:
         messages.append({"role": "assistant", "content": f"noted {turn}"})
     path = await stored(history, messages)
     hidden = list(range(1, 55))
-    everything = await recall.passages("t", path, hidden, "", QUESTION, 100_000, ENCODING)
+    everything = await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 100_000, ENCODING)
     assert 1 < len(everything) <= 8
     for limit in (1, 20, 60, 90, 200):
-        passages = await recall.passages("t", path, hidden, "", QUESTION, limit, ENCODING)
+        passages = await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, limit, ENCODING)
         assert sum(p.tokens for p in passages) <= limit
         assert not passages or count_message(recall_message(passages), ENCODING) <= limit
         assert [p.position for p in passages] == sorted(p.position for p in passages)
-    assert await recall.passages("t", path, hidden, "", QUESTION, 200, ENCODING)
+    assert await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 200, ENCODING)
 
 
 async def test_a_huge_tool_output_gives_a_bounded_excerpt_holding_the_match(history: History, recall: Recall) -> None:
@@ -250,7 +291,9 @@ async def test_a_huge_tool_output_gives_a_bounded_excerpt_holding_the_match(hist
     ]
     path = await stored(history, messages)
     hidden = [1, 2, 3, 4]
-    passages = await recall.passages("t", path, hidden, visible(path, hidden), QUESTION, 2_000, ENCODING)
+    passages = await recall.passages(
+        "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 2_000, ENCODING
+    )
     assert [p.position for p in passages] == [3]
     (passage,) = passages
     assert FACT in passage.text
@@ -262,11 +305,14 @@ async def test_a_huge_tool_output_gives_a_bounded_excerpt_holding_the_match(hist
 async def test_indexing_twice_does_not_duplicate_rows(db: Database, history: History, recall: Recall) -> None:
     path = await stored(history, conversation(8))
     hidden = list(range(1, 12))
-    await recall.passages("t", path, hidden, "", QUESTION, 500, ENCODING)
+    await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 500, ENCODING)
     assert await count(db, "SELECT COUNT(*) FROM recall_messages") == len(hidden)
     await asyncio.gather(
-        *(recall.passages("t", path, [*hidden, 12, 13], "", QUESTION, 500, ENCODING) for _ in range(3)),
-        Recall(db).passages("t", path, hidden, "", "staging cluster", 500, ENCODING),
+        *(
+            recall.passages("t", "s", path, shown(path, [*hidden, 12, 13]), "", QUESTION, 500, ENCODING)
+            for _ in range(3)
+        ),
+        Recall(db).passages("t", "s", path, shown(path, hidden), "", "staging cluster", 500, ENCODING),
     )
     assert await count(db, "SELECT COUNT(*) FROM recall_messages") == len(hidden) + 2
     assert await count(db, "SELECT COUNT(*) FROM recall_index") == len(hidden) + 2
@@ -282,7 +328,9 @@ async def test_a_term_only_in_tool_call_arguments_is_found(history: History, rec
         {"role": "user", "content": "which `kubectl` command did you run?"},
     ]
     path = await stored(history, messages)
-    passages = await recall.passages("t", path, [1, 2, 3], "", "which `kubectl` command did you run?", 500, ENCODING)
+    passages = await recall.passages(
+        "t", "s", path, shown(path, [1, 2, 3]), "", "which `kubectl` command did you run?", 500, ENCODING
+    )
     assert [p.position for p in passages] == [2]
     assert "kubectl rollout" in passages[0].text
 
@@ -302,7 +350,9 @@ async def test_the_hidden_messages_best_matches_are_found_however_many_are_ranke
     noisy = [{"role": "system", "content": "be brief"}]
     noisy += [{"role": "user", "content": f"{FACT} {FACT} {FACT} noise {turn}"} for turn in range(12)]
     other = (await history.reconcile("t", "other", noisy, MODEL, ENCODING)).path
-    await Recall(db).passages("t", other, list(range(len(other))), "", QUESTION, 5000, ENCODING)  # indexed
+    await Recall(db).passages(
+        "t", "s", other, shown(other, list(range(len(other)))), "", QUESTION, 5000, ENCODING
+    )  # indexed
     messages = [{"role": "system", "content": "be brief"}]
     for turn in range(10):
         messages.append({"role": "user", "content": f"question {turn}: {FILLER}. {FACT if turn % 3 == 0 else ''}"})
@@ -311,7 +361,7 @@ async def test_the_hidden_messages_best_matches_are_found_however_many_are_ranke
     hidden = [position for position in range(1, 15) if position != user_position(3)]
     monkeypatch.setattr(recall_module, "MAX_CANDIDATES", candidates)
     monkeypatch.setattr(recall_module, "RANKED_FIRST", 10_000)  # every match at once
-    every = await Recall(db).passages("t", path, hidden, "", QUESTION, 5000, ENCODING)
+    every = await Recall(db).passages("t", "s", path, shown(path, hidden), "", QUESTION, 5000, ENCODING)
     monkeypatch.setattr(recall_module, "RANKED_FIRST", ranked_first)
     statements: list[str] = []
     fetchall = db.fetchall
@@ -321,7 +371,7 @@ async def test_the_hidden_messages_best_matches_are_found_however_many_are_ranke
         return await fetchall(sql, params)
 
     monkeypatch.setattr(db, "fetchall", counted)
-    assert await Recall(db).passages("t", path, hidden, "", QUESTION, 5000, ENCODING) == every
+    assert await Recall(db).passages("t", "s", path, shown(path, hidden), "", QUESTION, 5000, ENCODING) == every
     assert every
     assert all(passage.position in hidden for passage in every)
     assert any("ORDER BY score" in sql and "json_each" in sql for sql in statements) == sends_ids
