@@ -42,7 +42,7 @@ import functools
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import accumulate, pairwise
+from itertools import pairwise
 
 from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import (
@@ -292,10 +292,7 @@ def usable_spans(
     """
     if kept is None:
         kept = frozenset(p for p in range(recent) if items[p].role in PINNED_ROLES)
-    kept_before = [0] * (len(items) + 1)
-    for position in kept:
-        kept_before[position + 1] = 1
-    kept_before = list(accumulate(kept_before))
+    ordered = sorted(kept)  # a span holds a kept position when one lies in [start, end): a bisection, not a walk
     valid = [
         span
         for span in spans
@@ -303,7 +300,7 @@ def usable_spans(
         and 0 <= span.start < span.end <= recent
         and cuts[span.start]
         and cuts[span.end]
-        and kept_before[span.end] == kept_before[span.start]
+        and bisect_left(ordered, span.start) == bisect_left(ordered, span.end)
     ]
     # Widest first. An accepted span is at least as wide as the ones after it, so it overlaps a later one only
     # by covering that one's first or last position: marking what is accepted checks each span in O(1), and

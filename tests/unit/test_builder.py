@@ -19,6 +19,7 @@ from proxy.compaction.builder import (
     Span,
     Stubbed,
     build,
+    usable_spans,
 )
 from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
 from proxy.config import SUMMARIZE, TOOL_RESULTS
@@ -660,3 +661,11 @@ def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None
     assert cuts.points == [True, True, True, True]
     later = Cuts.of([*first, tool("a"), user()], cuts)
     assert later.points == [True, True, False, False, True, True]
+
+
+def test_a_replacing_span_holding_a_kept_message_is_not_usable() -> None:
+    items = [Item("user", 5) for _ in range(12)]
+    cuts = Cuts.of(items).points
+    spans = [Span(1, 2, 5, 3), Span(2, 5, 8, 3), Span(3, 8, 10, 3)]
+    for kept, usable in [({4}, [2, 3]), ({5}, [1, 3]), ({7}, [1, 3]), ({10}, [1, 2, 3]), ({1, 8}, [1, 2])]:
+        assert [span.id for span in usable_spans(items, spans, 11, cuts, frozenset(kept))] == usable, kept
