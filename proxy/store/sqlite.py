@@ -113,8 +113,17 @@ def _run_batch(connection: sqlite3.Connection, works: Works) -> list[Outcome]:
     outcomes: list[Outcome] = []
     connection.execute("BEGIN IMMEDIATE")
     try:
-        for work, atomic in works:
-            outcomes.append(run_job(connection, work, atomic, storage_error))
+        if len(works) == 1:
+            # A group of one job (the common case) needs no savepoint: the transaction is the job's, and a failure
+            # rolls it all back. Two statements fewer on every commit, inline on the event loop.
+            outcomes.append(run_job(connection, works[0][0], False, storage_error))
+            if outcomes[0][1] is not None:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                return outcomes
+        else:
+            for work, atomic in works:
+                outcomes.append(run_job(connection, work, atomic, storage_error))
         if not connection.in_transaction:
             # SQLite rolled the whole transaction back (SQLITE_FULL does): nothing of the group was written, and
             # the job's own failure says why better than COMMIT's "no transaction is active".
