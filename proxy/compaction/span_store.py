@@ -271,9 +271,9 @@ def _columns(summary: StoredSpan) -> tuple[Any, ...]:
 
 def in_force(summaries: Iterable[StoredSpan]) -> tuple[StoredSpan, ...]:
     """One summary per range (the newest: an LLM rewrite of a fallback wins), and one mask per range, for the
-    builder to choose from, in path order. Of the masks, none that another mask covers where it is in force
-    whenever this one is (not held, or both held): the builder stubs what the masks cover together, so it would
-    change nothing, and a long agent session writes a mask from the path's start at nearly every crossing.
+    builder to choose from, in path order. Of the masks in use (not held), none that another one in use covers:
+    the builder stubs what the masks cover together, so it would change nothing, and a long agent session writes
+    a mask from the path's start at nearly every crossing. A held span stays: it says what was written ahead.
 
     A span out of force stays out as its path grows (what put it out stays on the path, and `held` only ever goes
     to 0), so the spans in force for a longer path are those of what was in force and what is new."""
@@ -282,17 +282,13 @@ def in_force(summaries: Iterable[StoredSpan]) -> tuple[StoredSpan, ...]:
         key = (summary.start_depth, summary.end_id, summary.strategy == TOOL_RESULTS)
         if key not in newest or summary.id > newest[key].id:
             newest[key] = summary
-    kept = [summary for summary in newest.values() if summary.strategy != TOOL_RESULTS]
-    reach = reach_unheld = -1  # the furthest end of the masks starting no later, and of those not held
-    masks = sorted(
-        (s for s in newest.values() if s.strategy == TOOL_RESULTS), key=lambda s: (s.start_depth, -s.end_depth)
-    )
-    for mask in masks:
-        if mask.end_depth > (reach if mask.held else reach_unheld):
+    kept = [summary for summary in newest.values() if summary.strategy != TOOL_RESULTS or summary.held]
+    reach = -1  # the furthest end of the masks in use starting no later
+    masks = [summary for summary in newest.values() if summary.strategy == TOOL_RESULTS and not summary.held]
+    for mask in sorted(masks, key=lambda s: (s.start_depth, -s.end_depth)):
+        if mask.end_depth > reach:
             kept.append(mask)
-        reach = max(reach, mask.end_depth)
-        if not mask.held:
-            reach_unheld = max(reach_unheld, mask.end_depth)
+            reach = mask.end_depth
     return tuple(sorted(kept, key=lambda s: (s.start_depth, s.end_depth)))
 
 

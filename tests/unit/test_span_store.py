@@ -240,9 +240,9 @@ def span(id: int, start: int, end: int, strategy: str = TOOL_RESULTS, held: int 
     return StoredSpan(id, start, end, f"m{end}", "", 1, 2, "m", "rule", (), None, 0.0, strategy=strategy, held=held)
 
 
-def test_a_mask_inside_another_in_force_whenever_it_is_is_not_in_force() -> None:
-    """The builder stubs what the masks cover together: a mask inside a wider one adds nothing, unless the wider
-    one is held back (written ahead) while it is not."""
+def test_a_mask_in_use_inside_another_in_use_is_not_in_force() -> None:
+    """The builder stubs what the masks cover together: a mask inside a wider one adds nothing. A held mask
+    (written ahead) stays, inside another or not: it says what the pre-compaction has written."""
     widest, inside, held_wide, held_inside = (
         span(1, 0, 30),
         span(2, 0, 10),
@@ -251,9 +251,9 @@ def test_a_mask_inside_another_in_force_whenever_it_is_is_not_in_force() -> None
     )
     summary = span(5, 0, 10, strategy=SUMMARIZE)
     chosen = in_force([widest, inside, held_wide, held_inside, summary])
-    assert [s.id for s in chosen] == [summary.id, widest.id, held_wide.id]  # in path order
+    assert [s.id for s in chosen] == [summary.id, widest.id, held_wide.id, held_inside.id]  # in path order
     later = span(6, 0, 40)
-    assert [s.id for s in in_force([*chosen, later])] == [summary.id, later.id, held_wide.id]
+    assert [s.id for s in in_force([*chosen, later])] == [summary.id, later.id, held_wide.id, held_inside.id]
     assert [s.id for s in in_force([inside])] == [inside.id]
 
 
