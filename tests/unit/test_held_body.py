@@ -1,0 +1,26 @@
+"""`HeldBody`: what uvicorn's request cycle does with a body's bytes (`+=`, `len`, `bytes`), without copying."""
+
+from __future__ import annotations
+
+from proxy.server import HeldBody
+
+
+def test_one_chunk_is_handed_on_as_the_parsers_own_object() -> None:
+    held = HeldBody()
+    chunk = b"x" * 300_000
+    held += chunk
+    assert len(held) == 300_000
+    assert bytes(held) is chunk
+
+
+def test_chunks_that_wait_together_are_joined_in_order() -> None:
+    held = HeldBody()
+    for chunk in (b"ab", memoryview(b"cde"), b"", b"f"):
+        held += chunk
+    assert len(held) == 6
+    assert bytes(held) == b"abcdef"
+
+
+def test_an_empty_body_is_empty() -> None:
+    assert len(HeldBody()) == 0
+    assert bytes(HeldBody()) == b""
