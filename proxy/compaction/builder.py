@@ -39,7 +39,7 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
@@ -63,6 +63,7 @@ from proxy.compaction.layout import (
     Policy,
     RecentTooLarge,
     Span,
+    Stubbed,
     View,
 )
 from proxy.compaction.strategies import next_span
@@ -151,8 +152,7 @@ def build(
         recent=recent,
         layout=layout,
         neighbours=_neighbours(items, layout, recent),
-        stubbed=stubbed.positions(),
-        stubbable=cuts.stubbable,
+        stubbed=stubbed,
         needed=total - target,
     )
     need = next_span(view)
@@ -173,7 +173,7 @@ def _arrange(
     spans: Sequence[Span],
 ) -> tuple[ContextLayout, Layout, Stubbed]:
     """The context `spans` give: masks stub in place, the cheaper of each replacing span and its originals."""
-    stubbed = Stubbed(cuts, spans, recent, kept)
+    stubbed = Stubbed(cuts.stubbable, cuts.savings, spans, recent, kept)
     layout = _layout(items, usable_spans(items, spans, recent, cuts.points, kept), recent, cuts, stubbed, kept)
     parts = _parts(layout, recent, len(items))
     acknowledged = acknowledgements(items, parts)
@@ -185,62 +185,6 @@ def _arrange(
     shown_stubs = frozenset(part for part in parts if isinstance(part, int) and part in stubbed)
     context = ContextLayout(parts=parts, tokens=total, acknowledgements=acknowledged, stubbed=shown_stubs)
     return context, layout, stubbed
-
-
-class Stubbed:
-    """The tool outputs that `tool-results` masks send as their stub: stubbable (`Cuts.stubbable`), older than the
-    recent block, not kept, and inside a mask. Looked up, not listed: a long session's masks cover every tool
-    output it ever made, of which the context shows a few, and blocks ask only what their range saves.
-
-    Every mask a session ever wrote stays on its path (one per crossing, each from the start), so the masks are
-    merged into disjoint ranges first."""
-
-    def __init__(self, cuts: Cuts, spans: Sequence[Span], recent: int, kept: frozenset[int]) -> None:
-        self._stubbable, self._savings = cuts.stubbable, cuts.savings
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        for start, end in sorted((max(span.start, 0), min(span.end, recent)) for span in spans if span.is_mask):
-            if start >= end:
-                continue
-            if self._ends and start <= self._ends[-1]:
-                self._ends[-1] = max(self._ends[-1], end)
-            else:
-                self._starts.append(start)
-                self._ends.append(end)
-        self._kept = sorted(position for position in kept if self._masked(position))
-
-    def __contains__(self, position: object) -> bool:
-        return isinstance(position, int) and self._masked(position) and position not in self._kept
-
-    def saved(self, start: int, end: int) -> int:
-        """What the stubs among positions [start, end) save."""
-        total = 0
-        index = max(0, bisect_right(self._starts, start) - 1)
-        while index < len(self._starts) and self._starts[index] < end:
-            total += self._saving(max(start, self._starts[index]), min(end, self._ends[index]))
-            index += 1
-        for position in self._kept[bisect_left(self._kept, start) : bisect_left(self._kept, end)]:
-            total -= self._saving(position, position + 1)
-        return total
-
-    def positions(self) -> frozenset[int]:
-        """All of them, listed (for the strategies, which look at every stubbable output when they compact)."""
-        listed = set()
-        for start, end in zip(self._starts, self._ends, strict=True):
-            listed.update(self._stubbable[bisect_left(self._stubbable, start) : bisect_left(self._stubbable, end)])
-        return frozenset(listed.difference(self._kept))
-
-    def _masked(self, position: int) -> bool:
-        index = bisect_right(self._starts, position) - 1
-        if index < 0 or position >= self._ends[index]:
-            return False
-        found = bisect_left(self._stubbable, position)
-        return found < len(self._stubbable) and self._stubbable[found] == position
-
-    def _saving(self, start: int, end: int) -> int:
-        if start >= end:
-            return 0
-        return self._savings[bisect_left(self._stubbable, end)] - self._savings[bisect_left(self._stubbable, start)]
 
 
 def _too_large(items: Sequence[Item], kept: frozenset[int], needed: int, budget: int) -> RecentTooLarge:

@@ -7,6 +7,7 @@ to write), so that neither imports the other's internals.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -196,6 +197,67 @@ class Neighbours:
     """Block end → is the part shown just after it a user turn (or a summary)?"""
 
 
+class Stubbed:
+    """The tool outputs that `tool-results` masks send as their stub: stubbable (`groups.Cuts.stubbable`, with
+    the `savings` of each prefix of them), older than the recent block, not kept, and inside a mask. Looked up,
+    not listed: a long session's masks cover every tool output it ever made, of which the context shows a few,
+    and blocks and strategies ask only what a range saves.
+
+    Every mask a session ever wrote stays on its path (one per crossing, each from the start), so the masks are
+    merged into disjoint ranges first."""
+
+    def __init__(
+        self, stubbable: list[int], savings: list[int], spans: Sequence[Span], recent: int, kept: frozenset[int]
+    ) -> None:
+        self._stubbable, self._savings = stubbable, savings
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in sorted((max(span.start, 0), min(span.end, recent)) for span in spans if span.is_mask):
+            if start >= end:
+                continue
+            if self._ends and start <= self._ends[-1]:
+                self._ends[-1] = max(self._ends[-1], end)
+            else:
+                self._starts.append(start)
+                self._ends.append(end)
+        self._kept = sorted(position for position in kept if self._masked(position))
+        self._kept_stubbable = sorted(position for position in kept if self._stubbable_at(position))
+
+    def __contains__(self, position: object) -> bool:
+        return isinstance(position, int) and self._masked(position) and position not in self._kept
+
+    def saved(self, start: int, end: int) -> int:
+        """What the stubs among positions [start, end) save."""
+        total = 0
+        index = max(0, bisect_right(self._starts, start) - 1)
+        while index < len(self._starts) and self._starts[index] < end:
+            total += self.savable(max(start, self._starts[index]), min(end, self._ends[index]))
+            index += 1
+        for position in self._kept[bisect_left(self._kept, start) : bisect_left(self._kept, end)]:
+            total -= self.savable(position, position + 1)
+        return total
+
+    def savable(self, start: int, end: int) -> int:
+        """What stubbing every stubbable output among positions [start, end) would save, masked or not."""
+        if start >= end:
+            return 0
+        return self._savings[bisect_left(self._stubbable, end)] - self._savings[bisect_left(self._stubbable, start)]
+
+    def unstubbed(self, start: int, end: int) -> int:
+        """What a new mask over positions [start, end) would save: its stubbable outputs that are neither kept
+        nor stubbed already."""
+        kept = self._kept_stubbable[bisect_left(self._kept_stubbable, start) : bisect_left(self._kept_stubbable, end)]
+        return self.savable(start, end) - self.saved(start, end) - sum(self.savable(p, p + 1) for p in kept)
+
+    def _masked(self, position: int) -> bool:
+        index = bisect_right(self._starts, position) - 1
+        return index >= 0 and position < self._ends[index] and self._stubbable_at(position)
+
+    def _stubbable_at(self, position: int) -> bool:
+        found = bisect_left(self._stubbable, position)
+        return found < len(self._stubbable) and self._stubbable[found] == position
+
+
 @dataclass(frozen=True)
 class View:
     """One decision's state, for the strategies: the context as it would be sent now, and how far it is over."""
@@ -208,9 +270,7 @@ class View:
     recent: int
     layout: Layout
     neighbours: Neighbours
-    stubbed: frozenset[int]
-    stubbable: Sequence[int]
-    """Tool outputs whose stub is cheaper than the output, in order (`groups.Cuts.stubbable`)."""
+    stubbed: Stubbed
     needed: float
     """Tokens to save to reach the target (`compact_to` of the budget)."""
 

@@ -21,7 +21,6 @@ large enough to reach `compact_to` of the budget in one step (invariant 6).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -67,19 +66,13 @@ class ToolResults:
 
     @staticmethod
     def _saving(view: View, boundary: int) -> int:
-        """What stubbing the tool outputs before `boundary` saves: those whose stub is cheaper (`View.stubbable`),
-        not pinned, not stubbed yet, and not inside a block sent as its summary."""
-        summarized = [
-            (entry.start, entry.end) for entry in view.layout if isinstance(entry, Block) and entry.uses_summary
-        ]
-        starts = [start for start, _ in summarized]  # the layout is in path order
-        saving = 0
-        for position in view.stubbable[: bisect_left(view.stubbable, boundary)]:
-            item = view.items[position]
-            at = bisect_right(starts, position) - 1
-            if item.pinned or position in view.stubbed or (at >= 0 and position < summarized[at][1]):
-                continue
-            saving += item.tokens - (item.stub_tokens or 0)
+        """What a mask before `boundary` saves: its outputs whose stub is cheaper, neither kept (pinned, or in a
+        pinned message's tool group) nor stubbed yet (`Stubbed.unstubbed`), nor inside a block sent as its
+        summary. Summed by ranges: a long session has thousands of tool outputs and a few summaries."""
+        saving = view.stubbed.unstubbed(0, boundary)
+        for entry in view.layout:
+            if isinstance(entry, Block) and entry.uses_summary and entry.start < boundary:
+                saving -= view.stubbed.unstubbed(entry.start, min(entry.end, boundary))
         return saving
 
 

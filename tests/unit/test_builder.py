@@ -638,21 +638,26 @@ def test_stubbed_outputs_and_their_savings_are_those_of_the_definition(
     shape: list[tuple[int, int | None]], spans: list[tuple[int, int, bool]], recent: int, kept: set[int]
 ) -> None:
     """A stubbed output is stubbable, older than the recent block, not kept and inside a mask (masks overlap and
-    reach past the recent block); what a range saves is the sum over the stubbed outputs in it."""
+    reach past the recent block); what a range saves is the sum over the stubbed outputs in it, and what it could
+    save the sum over its stubbable ones (a new mask: those neither kept nor stubbed)."""
     items = [Item("tool", tokens, tool_call_id="c", stub_tokens=stub) for tokens, stub in shape]
     cuts = Cuts.of(items)
     given_spans = [
         Span(n, start, start + length, 0, strategy=TOOL_RESULTS if mask else SUMMARIZE)
         for n, (start, length, mask) in enumerate(spans)
     ]
-    stubbed = Stubbed(cuts, given_spans, recent, frozenset(kept))
+    stubbed = Stubbed(cuts.stubbable, cuts.savings, given_spans, recent, frozenset(kept))
     masked = {p for span in given_spans if span.is_mask for p in range(span.start, span.end)}
     expected = {p for p in cuts.stubbable if p < recent and p not in kept and p in masked}
-    assert {p for p in range(len(items) + 2) if p in stubbed} == expected == stubbed.positions()
+    assert {p for p in range(len(items) + 2) if p in stubbed} == expected
     for start in range(len(items) + 1):
         for end in range(start, len(items) + 1):
             saved = sum(items[p].tokens - (items[p].stub_tokens or 0) for p in expected if start <= p < end)
             assert stubbed.saved(start, end) == saved
+            savable = sum(items[p].tokens - (items[p].stub_tokens or 0) for p in cuts.stubbable if start <= p < end)
+            assert stubbed.savable(start, end) == savable
+            new = [p for p in cuts.stubbable if start <= p < end and p not in kept and p not in expected]
+            assert stubbed.unstubbed(start, end) == sum(items[p].tokens - (items[p].stub_tokens or 0) for p in new)
 
 
 def test_an_answer_in_a_later_request_closes_the_group_its_call_opened() -> None:

@@ -19,7 +19,7 @@ from proxy.compaction.builder import (
     Span,
     build,
 )
-from proxy.compaction.groups import cut_points, recent_block
+from proxy.compaction.groups import Cuts, cut_points, kept_positions, recent_block
 from proxy.compaction.layout import Block, BuildResult, View
 from proxy.compaction.strategies import ToolResults
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
@@ -37,9 +37,9 @@ STRATEGY_SETS = [
 ]
 
 
-def output(call: str, tokens: int) -> Item:
+def output(call: str, tokens: int, pinned: bool = False) -> Item:
     """A tool output whose stub costs `STUB` tokens (or the output itself, when shorter)."""
-    return Item("tool", tokens, tool_call_id=call, stub_tokens=min(tokens, STUB))
+    return Item("tool", tokens, tool_call_id=call, stub_tokens=min(tokens, STUB), pinned=pinned)
 
 
 def agent(turns: int, steps: int = 3, size: int = 1_000) -> list[Item]:
@@ -263,7 +263,7 @@ def agent_sessions(draw: st.DrawFn, max_turns: int = 20) -> list[Item]:
         for step in range(draw(st.integers(0, 3))):
             calls = tuple(f"t{turn}s{step}c{k}" for k in range(draw(st.integers(1, 2))))
             items.append(assistant(draw(st.integers(1, 200)), calls))
-            items += [output(call, draw(sizes)) for call in calls]
+            items += [output(call, draw(sizes), pinned=draw(st.integers(0, 19)) == 0) for call in calls]
         items.append(assistant(draw(sizes)))
     return items
 
@@ -321,19 +321,21 @@ def test_tool_pairs_stay_whole_under_every_strategy_set(strategies: tuple[str, .
 
 
 def saving_by_definition(view: View, boundary: int) -> int:
-    """What stubbing the outputs before `boundary` saves, walked position by position."""
+    """What stubbing the outputs before `boundary` saves, walked position by position: not those kept (pinned,
+    or in a pinned message's tool group), which no mask stubs."""
     summarized = {
         position
         for entry in view.layout
         if isinstance(entry, Block) and entry.uses_summary
         for position in range(entry.start, entry.end)
     }
+    kept = kept_positions(Cuts.of(view.items), view.recent)
     return sum(
         item.tokens - item.stub_tokens
         for position, item in enumerate(view.items[:boundary])
         if item.stub_tokens is not None
         and item.stub_tokens < item.tokens
-        and not item.pinned
+        and position not in kept
         and position not in view.stubbed
         and position not in summarized
     )
