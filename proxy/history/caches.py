@@ -170,8 +170,8 @@ class RecentPaths:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
         `sent`: the request's messages the first entries were made from, which the cache then holds;
-        `matched`: what `match` found them to start with. Returns the path, its totals worked out past what it
-        shares with the path cached before."""
+        `matched`: what `match` found them to start with (for an answer: the cached path it extends). Returns
+        the path, its totals worked out past what it shares with the path cached before."""
         before = self._paths.get(key, [])
         shared = matched.reused if matched.base is before else shared_prefix(entries, before)
         running = _running_weights(entries, shared, self._running.get(key, []))
@@ -227,6 +227,7 @@ class RecentPaths:
                     derived=self._is_derived(key),
                     anchor=self._anchors.get(key, (None, None))[0],
                     sent=self._sent.get(key, ())[: end + 1],
+                    matched=PathMatch(key[1], [], {}, whole=False, base=entries, reused=end + 1),
                 )
                 return
             if entries[end].stored.role not in SYSTEM_ROLES:
