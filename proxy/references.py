@@ -68,7 +68,8 @@ def reference_in(messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[in
 @dataclass(frozen=True)
 class _Scan:
     tenant: str
-    messages: list[dict[str, Any]]
+    messages: Sequence[dict[str, Any]]
+    """The request's very list (nothing changes it): the next one, made from it, shares it without a pass."""
     found: tuple[int, str] | None
 
 
@@ -101,5 +102,5 @@ class References:
             # Found in the part that changed: the shared part is looked through again.
             found = reference_in(messages[:shared]) if before is not None and before[0] >= shared else before
         kept = [scan for scan in self._scans if scan is not best]
-        self._scans = [*kept[len(kept) - self._max_scans + 1 :], _Scan(tenant, list(messages), found)]
+        self._scans = [*kept[len(kept) - self._max_scans + 1 :], _Scan(tenant, messages, found)]
         return found

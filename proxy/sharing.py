@@ -11,12 +11,39 @@ while both lists are held, so an identity is never that of a freed object.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Resent(list[T]):
+    """A list made from an earlier one (`base`, if any): its first `shared` elements are that list's very objects.
+
+    A door makes a request's messages so from its kept request's (`doors.resent`), where it knows how far they
+    repeat it; every stage that compares them with that list then knows it without a pass over thousands of
+    messages (`shared_prefix`). The earlier list is held weakly: a session's lists do not keep one another
+    alive, and a freed one matches nothing."""
+
+    __slots__ = ("__weakref__", "_base", "_shared")
+
+    def __init__(self, elements: Iterable[T], base: Resent[T] | None = None, shared: int = 0) -> None:
+        super().__init__(elements)
+        self._base = None if base is None else weakref.ref(base)
+        self._shared = 0 if base is None else min(shared, len(self), len(base))
+
+    def shared_with(self, old: Sequence[object]) -> int | None:
+        """How many first elements are `old`'s very objects, when `old` is the list this one was made from."""
+        return self._shared if self._base is not None and self._base() is old else None
 
 
 def shared_prefix(new: Sequence[object], old: Sequence[object]) -> int:
     """How many leading elements of `new` are the very objects of `old`'s, at C speed and without a slice (a
-    slice's copy touches every object it holds): ~20 ns an element when all are shared, twice that else."""
+    slice's copy touches every object it holds): ~20 ns an element when all are shared, twice that else.
+    Without a pass when `new` is a `Resent` made from `old`."""
+    if type(new) is Resent and (known := new.shared_with(old)) is not None:
+        return known
     if all(map(operator.is_, new, old)):
         return min(len(new), len(old))
     return list(map(operator.is_, new, old)).index(False)

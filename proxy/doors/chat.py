@@ -129,7 +129,8 @@ def parse_chat_request(
         raise InvalidRequest(f"'messages' must be an array, not {json_type(messages)}.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    messages = listed.convert(_checked, "messages", _validate_pairs).messages
+    listed.convert(_checked, "messages", _validate_pairs)
+    messages = listed.messages
     _validate_params(body)
     max_param = next((name for name in _MAX_OUTPUT_PARAMS if body.get(name) is not None), "max_tokens")
     max_output = body.get(max_param)

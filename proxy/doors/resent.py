@@ -30,6 +30,7 @@ from proxy.doors.body import check_messages, checked_object, decoded, json_decod
 from proxy.doors.list_scan import Resume, Scanned, offsets, scan_body
 from proxy.errors import InvalidRequest
 from proxy.pieces import Pieces, Reading, Received
+from proxy.sharing import Resent
 from proxy.types import Message, RawList
 
 RECENT_LISTS = 4
@@ -93,6 +94,8 @@ class _Kept:
     """A member outside the list and the messages it became (`Listed.prelude`)."""
     checked: bool
     """Its messages passed the door's `Check`."""
+    messages: Resent[Message]
+    """The request's messages: the prelude's, then the list's (`Listed.convert`)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,10 @@ class Listed:
         self._lists = lists
         self._scan = scan
         self._prelude: tuple[Any, list[Message]] | None = None
+        self._prelude_kept = False
+        """The prelude's messages are the kept request's."""
+        self.messages: Resent[Message] = Resent(())
+        """The request's messages, once `convert` has made them."""
         self.raw: RawList | None = None
         """The list's bytes, once `convert` has scanned them."""
 
@@ -138,15 +145,20 @@ class Listed:
         kept = None if self._scan is None else self._scan.kept
         if kept is not None and kept.prelude is not None and kept.prelude[0] == value:
             messages = kept.prelude[1]
+            self._prelude_kept = True
         else:
             messages = make(value)
         self._prelude = (value, messages)
         return list(messages)
 
-    def convert(self, convert: Convert, param: str, check: Check | None = None) -> Conversion:
+    def convert(
+        self, convert: Convert, param: str, check: Check | None = None, prelude: Sequence[Message] = ()
+    ) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
-        the limits (`check_messages`) and converted; the whole then passed to `check`, and kept for the next
-        request."""
+        the limits (`check_messages`) and converted; the whole then passed to `check`. The request's messages,
+        `prelude`'s (`Listed.prelude`: a system prompt, instructions) then these, become `messages`, made from the
+        kept request's as far as they are its very objects (`proxy.sharing.Resent`), and are kept, with the
+        list, for the next request."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"
         scan = self._scan
@@ -157,7 +169,7 @@ class Listed:
                 reused -= 1
         check_messages(elements, param, self._limits, start=reused)
         tail = convert(elements[reused:], reused)
-        checked = 0
+        checked = base = 0
         if kept is None or not reused:
             conversion = tail
         else:
@@ -170,6 +182,14 @@ class Listed:
             checked = base if kept.checked else 0
         if check is not None:
             check(conversion, checked)
+        # The kept request's messages were its prelude's then its list's: these are theirs up to the end of the
+        # list's messages this one took, when the preludes are the same objects (or neither has one).
+        same_prelude = self._prelude_kept or (kept is not None and self._prelude is None and kept.prelude is None)
+        self.messages = Resent(
+            [*prelude, *conversion.messages],
+            None if kept is None else kept.messages,
+            len(prelude) + base if same_prelude else 0,
+        )
         if self._lists is not None and scan is not None:
             scanned = scan.scanned
             byte_ends, kept_elements = _byte_ends(scan), list(elements)
@@ -188,6 +208,7 @@ class Listed:
                     conversion,
                     self._prelude,
                     check is not None,
+                    self.messages,
                 )
             )
         return conversion

@@ -112,8 +112,9 @@ class RecentPaths:
 
     def __init__(self, max_bytes: int = RECENT_PATH_BYTES) -> None:
         self._paths: OrderedDict[PathKey, list[CachedMessage]] = OrderedDict()
-        self._sent: dict[PathKey, Sequence[Message]] = {}
-        """The messages of the request that stored each path, position for position."""
+        self._sent: dict[PathKey, tuple[Sequence[Message], int]] = {}
+        """The messages of the request that stored each path (its very list), and how many of them the path's
+        first entries were made from, position for position."""
         self._by_tenant: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -146,7 +147,7 @@ class RecentPaths:
             entries = self._paths.get(key)
             if entries is None:
                 continue
-            found = _match(entries, messages, candidate, self._sent.get(key, ()))
+            found = _match(entries, messages, candidate, self._sent.get(key, ((), 0)))
             if len(found.entries) > len(best.entries):
                 best = found
         if best.session_id is not None:
@@ -164,12 +165,13 @@ class RecentPaths:
         *,
         derived: bool,
         anchor: str | None = None,
-        sent: Sequence[Message] = (),
+        sent: tuple[Sequence[Message], int] = ((), 0),
         matched: PathMatch = NO_MATCH,
     ) -> StoredPath:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
-        `sent`: the request's messages the first entries were made from, which the cache then holds;
+        `sent`: the request's messages and how many of them the first entries were made from, which the cache
+        then holds;
         `matched`: what `match` found them to start with (for an answer: the cached path it extends). Returns
         the path, its totals worked out past what it shares with the path cached before."""
         before = self._paths.get(key, [])
@@ -181,10 +183,10 @@ class RecentPaths:
         path = StoredPath.totalled(head + tuple(map(_STORED, entries[shared:])), totals)
         anchored = self._anchors.get(key)
         self._drop(key)
-        sent = sent[: len(entries)]
+        sent = (sent[0], min(sent[1], len(sent[0]), len(entries)))
         # A request's message is weighed as its entry: what it holds beyond the entry's text (another API's
         # parts) is not shared with it.
-        weight = (running[-1] if running else 0) + (running[len(sent) - 1] if sent else 0)
+        weight = (running[-1] if running else 0) + (running[sent[1] - 1] if sent[1] else 0)
         if weight > self._max_bytes:
             return path
         self._paths[key] = entries
@@ -226,7 +228,7 @@ class RecentPaths:
                     [*entries[: end + 1], answer],
                     derived=self._is_derived(key),
                     anchor=self._anchors.get(key, (None, None))[0],
-                    sent=self._sent.get(key, ())[: end + 1],
+                    sent=(sent[0], min(sent[1], end + 1)) if (sent := self._sent.get(key)) else ((), 0),
                     matched=PathMatch(key[1], [], {}, whole=False, base=entries, reused=end + 1),
                 )
                 return
@@ -291,11 +293,11 @@ def _match(
     entries: list[CachedMessage],
     messages: Sequence[Mapping[str, Any]],
     session_id: str,
-    sent: Sequence[Message],
+    sent: tuple[Sequence[Message], int],
 ) -> PathMatch:
     # The messages the previous request sent again as the same objects: their entries were made from them (or,
     # for a variant, from their normal form), and neither changed since.
-    shared = shared_prefix(messages, sent)
+    shared = min(shared_prefix(messages, sent[0]), sent[1])
     matched = entries[:shared]
     variants: dict[int, Message] = {}
     reused = shared  # leading entries that are the cached ones, neither a variant nor replaced

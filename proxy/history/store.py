@@ -299,7 +299,7 @@ class History(HistoryReads):
             located.entries,
             derived=located.derived,
             anchor=session.anchor_id,
-            sent=located.messages,
+            sent=(located.messages, len(located.messages)),
             matched=located.matched,
         )
         end = chain.conversation_end(path)

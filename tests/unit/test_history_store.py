@@ -519,7 +519,7 @@ def test_a_path_cached_after_a_match_carries_what_the_match_found_it_shares() ->
     recent = RecentPaths()
     key = ("t", "s", ENCODING)
     first = [cached_entry(depth, "a") for depth in range(6)]
-    recent.put(key, first, derived=False, sent=[entry.private for entry in first])
+    recent.put(key, first, derived=False, sent=([entry.private for entry in first], len(first)))
     rewritten = {"role": "system", "content": "rewritten"}  # the same node, sent in another form
     variant = CachedMessage(replace(first[3].stored, message=rewritten), rewritten, {}, 1)
     requests = [
@@ -534,8 +534,8 @@ def test_a_path_cached_after_a_match_carries_what_the_match_found_it_shares() ->
         # As `History.locate` makes them: a variant's entry is the form sent.
         entries = [request[i] if i in found.variants else entry for i, entry in enumerate(found.entries)]
         entries += request[len(entries) :]
-        assert_walked(recent.put(key, entries, derived=False, sent=messages, matched=found), request)
-        recent.put(key, first, derived=False, sent=[entry.private for entry in first])
+        assert_walked(recent.put(key, entries, derived=False, sent=(messages, len(messages)), matched=found), request)
+        recent.put(key, first, derived=False, sent=([entry.private for entry in first], len(first)))
 
 
 def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_changes() -> None:
@@ -557,7 +557,7 @@ def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_chan
     ]
     for entries in steps:
         sent = [item.private for item in entries[:3]]
-        stored = recent.put(key, entries, derived=True, anchor=anchor, sent=sent)
+        stored = recent.put(key, entries, derived=True, anchor=anchor, sent=(sent, len(sent)))
         assert recent.bytes == sum(item.weight for item in entries) + sum(item.weight for item in entries[:3])
         # The path and totals carried are those of the whole path
         assert_walked(stored, entries)

@@ -18,6 +18,7 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import Conversion, ResentLists
 from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.sharing import Resent, shared_prefix
 
 LIMITS = RequestLimits()
 TENANT = "tenant-a"
@@ -352,3 +353,54 @@ def test_only_what_follows_the_repeated_elements_is_scanned_members_after_the_li
     assert listed._scan is not None
     assert listed._scan.scanned.reused == 5
     assert len(listed._scan.text) < len(body(6, "b").decode())  # the repeated part was not decoded again
+
+
+def identical_prefix(new: Sequence[object], old: Sequence[object]) -> int:
+    count = 0
+    for a, b in zip(new, old, strict=False):
+        if a is not b:
+            break
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("door", ["chat", "messages", "responses"])
+@pytest.mark.parametrize("seed", range(15))
+def test_a_requests_messages_know_how_far_they_are_the_kept_requests(door: str, seed: int) -> None:
+    """A request's messages are made from those of the kept request it resumed (`sharing.Resent`): what they say
+    they share with any earlier request's messages is what comparing them object by object gives, whether the
+    conversation grows, is edited or cut back, or its system prompt (instructions) changes."""
+    rng = random.Random(seed)
+    resent = ResentLists(max_lists=2).of(TENANT)
+    history = [{"role": "user", "content": "start"}]
+    system = "be brief"
+    earlier: list[Sequence[dict[str, Any]]] = []
+    known = 0
+    for _ in range(10):
+        change = rng.randrange(5)
+        if change <= 1:
+            history = [
+                *history,
+                {"role": "assistant", "content": f"ok {len(history)}"},
+                {"role": "user", "content": "go"},
+            ]
+        elif change == 2 and len(history) > 2:
+            history = [*history[: rng.randrange(1, len(history) - 1)], {"role": "user", "content": f"edit {seed}"}]
+        elif change == 3:
+            system = rng.choice(["be brief", "be thorough"])
+        if door == "chat":
+            messages = parse_chat_request(
+                chat_body([{"role": "system", "content": system}, *history]), LIMITS, resent
+            ).messages
+        elif door == "messages":
+            raw = json.dumps({"model": "claude", "max_tokens": 9, "messages": history, "system": system}).encode()
+            messages = parse_messages_request(raw, LIMITS, resent).messages
+        else:
+            raw = json.dumps({"model": "gpt", "input": history, "instructions": system}).encode()
+            messages = parse_responses_request(raw, LIMITS, resent).conversation.messages
+        for old in earlier:
+            assert shared_prefix(messages, old) == identical_prefix(messages, old)
+        assert isinstance(messages, Resent)
+        known += any(messages.shared_with(old) for old in earlier)
+        earlier.append(messages)
+    assert known  # the kept request's messages, shared without a pass

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sharing import shared_prefix, shared_suffix
+from proxy.sharing import Resent, shared_prefix, shared_suffix
 
 
 def naive(new: list[object], old: list[object]) -> int:
@@ -34,3 +37,24 @@ def test_equal_values_that_are_other_objects_are_not_shared() -> None:
     assert shared_prefix([{"role": "user", "content": "hi"}], old) == 0
     assert shared_prefix(old, old) == 1
     assert shared_prefix([], old) == 0
+
+
+def test_a_resent_list_shares_what_it_was_made_with_only_with_the_list_it_was_made_from() -> None:
+    old: Resent[object] = Resent([object() for _ in range(5)])
+    new = Resent([*old[:3], object()], old, 3)
+    assert new.shared_with(old) == 3
+    assert shared_prefix(new, old) == 3
+    copy = list(old)  # equal elements, another list: compared
+    assert new.shared_with(copy) is None
+    assert shared_prefix(new, copy) == 3
+    assert Resent(old[:2], old, 5).shared_with(old) == 2  # never more than either holds
+
+
+def test_a_resent_list_does_not_keep_the_one_it_was_made_from() -> None:
+    old: Resent[object] = Resent([object(), object()])
+    new = Resent(old, old, 2)
+    gone = weakref.ref(old)
+    del old
+    gc.collect()
+    assert gone() is None
+    assert new.shared_with(Resent([])) is None

@@ -70,8 +70,8 @@ def parse_messages_request(
     if system is not None:
         check_message_size(system, "system", limits)
     prelude = listed.prelude(system, _system)
-    conversion = listed.convert(_converted, "messages", _check_pairs)
-    messages = [*prelude, *conversion.messages]
+    listed.convert(_converted, "messages", _check_pairs, prelude)
+    messages = listed.messages
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: Input should be a valid boolean, not {json_type(stream)}", param="stream")

@@ -112,7 +112,8 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
         messages.append({"role": "user", "content": raw_input})
     elif isinstance(raw_input, list) and listed is not None and not compacts(raw_input):
         compacted = CompactedInput(raw_input, None, trigger=False)
-        messages.extend(listed.convert(input_conversion, "input").messages)
+        listed.convert(input_conversion, "input", prelude=instructions)
+        messages = listed.messages
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)
         compacted = split_input(raw_input)
