@@ -46,15 +46,14 @@ class Cuts:
     """`savings[i]`: what stubbing the first i of `stubbable` saves (tokens less stub tokens)."""
 
     @staticmethod
-    def of(items: Sequence[Item], previous: Cuts | None = None, shared: int | None = None) -> Cuts:
+    def of(items: Sequence[Item], previous: Cuts | None = None) -> Cuts:
         """The cut points of `items`; from `previous` when `items` extends its items (the same objects, then
-        more): only the new items are read, and a late answer to an earlier call closes its group there too.
-        `shared`: how many first items are known to be `previous`'s (None: they are compared)."""
+        more): only the new items are read, and a late answer to an earlier call closes its group there too."""
         start, caller, points, prefix, system, pinned, stubbable, savings = 0, {}, [], [0], [], [], [], [0]
         if (
             previous is not None
             and len(items) >= len(previous.items) > 0
-            and (shared_prefix(items, previous.items) if shared is None else shared) == len(previous.items)
+            and shared_prefix(items, previous.items) == len(previous.items)
         ):
             if len(items) == len(previous.items):
                 return previous
