@@ -89,9 +89,9 @@ class PathReader:
         if last is not None and shared:
             items = last.items[:shared]
             stubs, costs = dict(last.stubs), dict(last.costs)
-            if shared < len(last.path):
-                for position in [position for position in costs if position >= shared]:
-                    del stubs[position], costs[position]
+            for position in range(shared, len(last.path)):  # the last read's messages this path does not hold
+                stubs.pop(position, None)
+                costs.pop(position, None)
         else:
             items, stubs, costs = [], {}, {}
         if stubbing:
