@@ -110,7 +110,7 @@ def build(
     budget = max(0, policy.budget)
     cuts = Cuts.of(items) if cuts is None else cuts
     points, prefix = cuts.points, cuts.prefix
-    recent = recent_block(items, policy, points, prefix)
+    recent = recent_block(items, policy, cuts)
     kept = kept_positions(cuts, recent)
     kept_tokens = sum(items[position].tokens for position in kept)
     fixed = kept_tokens + prefix[count] - prefix[recent] + REPLY_PRIMING_TOKENS

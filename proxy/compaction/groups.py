@@ -121,16 +121,16 @@ def recent_start(items: Sequence[Item], preserve_recent: int, cuts: Sequence[boo
     return start
 
 
-def recent_block(items: Sequence[Item], policy: Policy, cuts: Sequence[bool], prefix: Sequence[int]) -> int:
+def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
     """Where the messages kept verbatim begin (rule 2)."""
-    recent = recent_start(items, policy.preserve_recent, cuts)
+    recent = recent_start(items, policy.preserve_recent, cuts.points)
     turn = next((index for index in range(len(items) - 1, -1, -1) if items[index].role == "user"), None)
     if turn is None or turn >= recent:
         return recent
     # The turn may take `compact_to` of what the pinned messages leave: the share compaction aims the rest at.
-    pinned = sum(item.tokens for item in items if item.role in PINNED_ROLES)
-    turn_tokens = (
-        prefix[len(items)] - prefix[turn] - sum(item.tokens for item in items[turn:] if item.role in PINNED_ROLES)
-    )
+    system = cuts.system
+    pinned = sum(items[position].tokens for position in system)
+    in_turn = sum(items[position].tokens for position in system[bisect_left(system, turn) :])
+    turn_tokens = cuts.prefix[len(items)] - cuts.prefix[turn] - in_turn
     room = policy.compact_to * (max(0, policy.budget) - pinned - REPLY_PRIMING_TOKENS)
     return turn if turn_tokens <= room else recent

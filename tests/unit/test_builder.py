@@ -81,10 +81,7 @@ class Loop:
 
 
 def pinned_and_recent(items: Sequence[Item], policy: Policy) -> tuple[int, int]:
-    prefix = [0]
-    for item in items:
-        prefix.append(prefix[-1] + item.tokens)
-    recent = recent_block(items, policy, cut_points(items), prefix)
+    recent = recent_block(items, policy, Cuts.of(items))
     pinned = sum(item.tokens for item in items[:recent] if item.role == "system")
     return recent, pinned + sum(item.tokens for item in items[recent:]) + PRIMING
 
@@ -169,15 +166,40 @@ def test_an_agent_turn_keeps_its_instruction_verbatim_while_the_turn_fits() -> N
     loop = [item for step in range(4) for item in (assistant(20, (f"c{step}",)), tool(f"c{step}", 50))]
     items = [user(400), assistant(400), user(60), *loop]
     policy = Policy(budget=1000, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
-    prefix = [0]
-    for item in items:
-        prefix.append(prefix[-1] + item.tokens)
-    assert recent_block(items, policy, cut_points(items), prefix) == 2  # the turn's user message
+    assert recent_block(items, policy, Cuts.of(items)) == 2  # the turn's user message
     result = build(items, [], policy)
     assert isinstance(result, NeedsSummary)
     assert (result.start, result.end) == (0, 2)  # the earlier turn is summarized, the instruction is not
     crowded = Policy(budget=600, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
-    assert recent_block(items, crowded, cut_points(items), prefix) == len(items) - 4  # too big: the last N
+    assert recent_block(items, crowded, Cuts.of(items)) == len(items) - 4  # too big: the last N
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["system", "developer", "user", "assistant"]), st.integers(0, 400)), max_size=24
+    ),
+    st.integers(0, 3_000),
+    st.integers(0, 8),
+    st.sampled_from([0.4, 0.55, 0.8]),
+)
+def test_the_recent_block_reaches_back_to_the_turn_as_the_definition_says(
+    shape: list[tuple[str, int]], budget: int, preserve_recent: int, compact_to: float
+) -> None:
+    """Back to the latest user message while that turn, its system messages aside, fits `compact_to` of what
+    the system messages leave of the budget (summed from the cut points' positions, not over the path)."""
+    items = [Item(role, tokens) for role, tokens in shape]
+    policy = Policy(budget=budget, preserve_recent=preserve_recent, compact_to=compact_to)
+    recent = recent_start(items, preserve_recent, cut_points(items))
+    users = [position for position, item in enumerate(items) if item.role == "user"]
+    expected = recent
+    if users and users[-1] < recent:
+        turn = users[-1]
+        system = sum(item.tokens for item in items if item.role in ("system", "developer"))
+        in_turn = sum(item.tokens for item in items[turn:] if item.role not in ("system", "developer"))
+        if in_turn <= compact_to * (max(0, budget) - system - PRIMING):
+            expected = turn
+    assert recent_block(items, policy, Cuts.of(items)) == expected
 
 
 def test_cut_points_never_fall_inside_a_tool_group() -> None:

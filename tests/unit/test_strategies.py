@@ -19,7 +19,7 @@ from proxy.compaction.builder import (
     Span,
     build,
 )
-from proxy.compaction.groups import Cuts, cut_points, kept_positions, recent_block
+from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import Block, BuildResult, View
 from proxy.compaction.strategies import ToolResults
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
@@ -136,8 +136,7 @@ def test_tool_results_runs_first_and_masks_every_output_older_than_the_last_turn
     assert isinstance(result, NeedsSummary)
     assert result.strategy == TOOL_RESULTS
     assistants = [p for p, item in enumerate(items) if item.role == "assistant"]
-    prefix = [sum(item.tokens for item in items[:end]) for end in range(len(items) + 1)]
-    boundary = min(recent_block(items, policy, cut_points(items), prefix), assistants[-2])
+    boundary = min(recent_block(items, policy, Cuts.of(items)), assistants[-2])
     assert (result.start, result.end) == (0, boundary)
     mask = Span(1, result.start, result.end, 0, TOOL_RESULTS)
     context = build(items, [mask], policy, compacting=True)
