@@ -27,7 +27,7 @@ from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
-from proxy.history.messages import StoredPath
+from proxy.history.messages import StoredPath, token_counts
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.tokens import count_message, rough_size
@@ -203,7 +203,7 @@ class SpanWriter:
         if written_since:  # another request wrote it after this one read the summaries
             return written_since[-1]
         started = self._clock()
-        original = sum(message.tokens for message in request.path[need.start : need.end])
+        original = sum(token_counts(request.path[need.start : need.end]))
         event = CompactionEvent(
             session_id=request.session_id,
             event="start",
