@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Sequence
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from proxy.sharing import Resent, shared_prefix, shared_suffix
 
 
-def naive(new: list[object], old: list[object]) -> int:
+def naive(new: Sequence[object], old: Sequence[object]) -> int:
     count = 0
     for a, b in zip(new, old, strict=False):
         if a is not b:
