@@ -171,9 +171,8 @@ class RecentPaths:
         """Cache a session's path; a `derived` session's is also tried for requests without `X-Session-Id`
         (only those: such a request never joins an `X-Session-Id` session, with or without this cache).
         `sent`: the request's messages and how many of them the first entries were made from, which the cache
-        then holds;
-        `matched`: what `match` found them to start with (for an answer: the cached path it extends). Returns
-        the path, its totals worked out past what it shares with the path cached before."""
+        then holds; `matched`: what `match` found them to start with (for an answer: the cached path it
+        extends). Returns the path, its totals worked out past what it shares with the path cached before."""
         before = self._paths.get(key, [])
         shared = matched.reused if matched.base is before else shared_prefix(entries, before)
         running = _running_weights(entries, shared, self._running.get(key, []))
