@@ -18,8 +18,10 @@ Term = tuple[str, ...]
 MAX_QUERY_TERMS = 32
 MAX_SCANNED_TERMS = 256
 """Terms of a huge query looked up in the visible text at most (identifier-like terms first)."""
-FEW_TERMS = 16
-"""Up to this many, a query's terms are each searched for in the visible text; past it, its tokens are gathered."""
+FEW_TERMS = 32
+"""Up to this many, a query's terms are each searched for in the visible text; past it, its tokens are gathered.
+In a ~110 KB working context a term's search takes ~50 µs (~80 µs for one that shows only inside other words),
+gathering the tokens ~3.7 ms: searching stays cheaper up to ~45 terms."""
 MAX_TERM_TOKENS = 16
 
 _TOKEN = re.compile(r"[^\W_]+")

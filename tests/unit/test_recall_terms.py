@@ -100,6 +100,18 @@ def test_a_few_terms_searched_one_by_one_are_found_as_among_the_tokens(seed: int
     assert unseen_terms(query, visible) == _reference_unseen(query, visible)
 
 
+@pytest.mark.parametrize("count", [FEW_TERMS - 1, FEW_TERMS, FEW_TERMS + 1, 3 * FEW_TERMS])
+def test_few_or_many_terms_are_found_alike(count: int) -> None:
+    """Searched one by one (up to `FEW_TERMS`) or looked up among the gathered tokens (past it), the same terms
+    are unseen: the reference walks every token."""
+    rng = random.Random(count)
+    names = [f"service_{index}" for index in range(count)]
+    query = " ".join(names)
+    visible = " ".join(rng.choice([*names[: count // 2], "service", "x_service_1", "node_pool"]) for _ in range(200))
+    assert len(query_terms(query)) == count
+    assert unseen_terms(query, visible) == _reference_unseen(query, visible)
+
+
 @given(
     st.text(alphabet="abcXYZ 09_-./", max_size=60),
     st.lists(st.text(alphabet="abcxyz09", min_size=1, max_size=3), min_size=1, max_size=3),
