@@ -46,18 +46,16 @@ class Cuts:
     """`savings[i]`: what stubbing the first i of `stubbable` saves (tokens less stub tokens)."""
 
     @staticmethod
-    def of(items: Sequence[Item], previous: Cuts | None = None) -> Cuts:
+    def of(items: Sequence[Item], previous: Cuts | None = None, known: int = 0) -> Cuts:
         """The cut points of `items`; from `previous` when `items` extends its items (the same objects, then
-        more): only the new items are read, and a late answer to an earlier call closes its group there too."""
+        more): only the new items are read, and a late answer to an earlier call closes its group there too.
+        `known`: how many first items the caller knows to be `previous`'s very objects (not compared again)."""
         start, caller, points, prefix, system, pinned, stubbable, savings = 0, {}, [], [0], [], [], [], [0]
-        if (
-            previous is not None
-            and len(items) >= len(previous.items) > 0
-            and shared_prefix(items, previous.items) == len(previous.items)
-        ):
-            if len(items) == len(previous.items):
+        end = 0 if previous is None else len(previous.items)
+        if previous is not None and len(items) >= end > 0 and _extends(items, previous.items, min(known, end)):
+            if len(items) == end:
                 return previous
-            start, caller, points = len(previous.items), dict(previous.caller), previous.points[:-1]
+            start, caller, points = end, dict(previous.caller), previous.points[:-1]
             prefix, system, pinned = list(previous.prefix), list(previous.system), list(previous.pinned)
             stubbable, savings = list(previous.stubbable), list(previous.savings)
         last_answer: dict[int, int] = {}
@@ -86,6 +84,12 @@ class Cuts:
                 points[begin : answer + 1] = [False] * (answer + 1 - begin)
             reach = max(reach, answer)
         return Cuts(items, points, caller, prefix, system, pinned, stubbable, savings)
+
+
+def _extends(items: Sequence[Item], before: Sequence[Item], known: int) -> bool:
+    """Whether `items` begins with all of `before`, as the very objects, its first `known` known to."""
+    end = len(before)
+    return known == end or shared_prefix(items[known:end], before[known:]) == end - known
 
 
 def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | None = None) -> set[int]:

@@ -102,7 +102,7 @@ class PathReader:
         )
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
-        cuts = Cuts.of(items, None if last is None else last.cuts)
+        cuts = Cuts.of(items, None if last is None else last.cuts, shared)
         tokens = path.tokens
         if tokens <= self._max_tokens:
             self._last[key] = _Read(path, pinned, items, stubs, costs, cuts, tokens)

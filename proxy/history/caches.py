@@ -77,6 +77,7 @@ class PathMatch:
 
     session_id: str | None
     entries: list[CachedMessage]
+    """A new list: the request's own (`History` makes its path's entries of it, in place)."""
     variants: dict[int, Message]
     """Position → the normal form sent this time, for entries whose node was sent differently before."""
     whole: bool
@@ -141,7 +142,7 @@ class RecentPaths:
         else:
             recent = self._by_tenant.get((tenant, encoding))
             candidates = [] if recent is None else list(itertools.islice(reversed(recent), DERIVED_CANDIDATES))
-        best = NO_MATCH
+        best = PathMatch(None, [], {}, whole=False)
         for candidate in candidates:
             key = (tenant, candidate, encoding)
             entries = self._paths.get(key)
@@ -179,7 +180,7 @@ class RecentPaths:
         totals = _totals(entries, before, shared, self._totals.get(key))
         previous = self._stored.get(key)
         head = previous[:shared] if previous is not None else tuple(map(_STORED, entries[:shared]))
-        path = StoredPath.totalled(head + tuple(map(_STORED, entries[shared:])), totals)
+        path = StoredPath.totalled(head + tuple(map(_STORED, entries[shared:])), totals, previous, shared)
         anchored = self._anchors.get(key)
         self._drop(key)
         sent = (sent[0], min(sent[1], len(sent[0]), len(entries)))
@@ -222,9 +223,11 @@ class RecentPaths:
             if parent.stored.id == parent_id:
                 weight = len(chain.canonical_json(stored.message)) + ENTRY_OVERHEAD
                 answer = CachedMessage(stored, json_copy(stored.message), parent.settings, weight)
+                extended = entries[: end + 1]
+                extended.append(answer)
                 self.put(
                     key,
-                    [*entries[: end + 1], answer],
+                    extended,
                     derived=self._is_derived(key),
                     anchor=self._anchors.get(key, (None, None))[0],
                     sent=(sent[0], min(sent[1], end + 1)) if (sent := self._sent.get(key)) else ((), 0),
@@ -268,11 +271,12 @@ class RecentPaths:
 
 
 def _running_weights(entries: list[CachedMessage], shared: int, running: list[int]) -> list[int]:
-    """The entries' weights summed up to each, those of the `shared` first as they were summed before (`running`)."""
-    sums = running[:shared]
-    total = sums[-1] if sums else 0
-    sums.extend(map(total.__add__, itertools.accumulate(map(_WEIGHT, entries[shared:]))))
-    return sums
+    """The entries' weights summed up to each, those of the `shared` first as they were summed before: `running`
+    itself, which only the cache holds, cut back and extended (a copy would touch every sum of a long path)."""
+    del running[shared:]
+    total = running[-1] if running else 0
+    running.extend(map(total.__add__, itertools.accumulate(map(_WEIGHT, entries[shared:]))))
+    return running
 
 
 def _totals(

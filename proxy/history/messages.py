@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.history import chain
+from proxy.sharing import Lineage
 from proxy.tokens import count_prompt
 from proxy.vocabulary import SYSTEM_ROLES
 
@@ -77,14 +78,30 @@ class PathTotals:
 class StoredPath(tuple[StoredMessage, ...]):
     """A request's messages as stored, in order. A tuple: it cannot change once built, so what each stage of the
     request asks of it is worked out once (a long path is walked once, not once per stage), or not at all when
-    its totals are known (`totalled`)."""
+    its totals are known (`totalled`), and how much of it is an earlier path's is known where it is built
+    (`lineage`)."""
 
     @classmethod
-    def totalled(cls, messages: Iterable[StoredMessage], totals: PathTotals) -> StoredPath:
-        """The path of `messages`, whose totals are `totals`: its cached properties hold them from the start."""
+    def totalled(
+        cls, messages: Iterable[StoredMessage], totals: PathTotals, base: StoredPath | None = None, shared: int = 0
+    ) -> StoredPath:
+        """The path of `messages`, whose totals are `totals`: its cached properties hold them from the start.
+        `base`: the path whose first `shared` messages are its own first ones, as the very objects."""
         path = cls(messages)
-        path.__dict__.update(tokens=count_prompt((totals.tokens,)), system=list(totals.system))
+        lineage = Lineage(None if base is None else base.lineage, shared)
+        path.__dict__.update(tokens=count_prompt((totals.tokens,)), system=list(totals.system), lineage=lineage)
         return path
+
+    @functools.cached_property
+    def lineage(self) -> Lineage:
+        """The paths it was made from, and how much of each it holds (`proxy.sharing.shared_prefix`)."""
+        return Lineage()
+
+    def shared_with(self, old: Sequence[object]) -> int | None:
+        """How many first messages are `old`'s very objects, when this path was built from it (or from a path
+        built from it, a few times over)."""
+        lineage = getattr(old, "__dict__", {}).get("lineage")
+        return None if lineage is None else self.lineage.shared_with(lineage)
 
     @functools.cached_property
     def tokens(self) -> int:

@@ -241,8 +241,8 @@ class History(HistoryReads):
         self, found: PathMatch, encoding: str, now: float
     ) -> tuple[list[CachedMessage], list[tuple[str, str, str, float]]]:
         """The cached entries as this request sent them: a variant gets its own form and token count, and is
-        stored (the forms not stored yet are returned beside)."""
-        entries = list(found.entries)
+        stored (the forms not stored yet are returned beside). `found.entries` itself, which is the request's."""
+        entries = found.entries
         variants: list[tuple[str, str, str, float]] = []
         for position, variant in found.variants.items():
             entry = entries[position]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -23,6 +24,7 @@ from proxy.compaction.builder import (
 )
 from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
 from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.sharing import shared_prefix
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS
@@ -618,13 +620,16 @@ def test_cut_points_are_those_of_the_definition(shape: list[tuple[str, int]]) ->
         max_size=30,
     ),
     st.lists(st.integers(1, 6), max_size=5),
+    st.floats(0, 1),
+    st.none() | st.integers(0, 40),
 )
 def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
-    shape: list[tuple[str, int, int, bool, int | None]], growth: list[int]
+    shape: list[tuple[str, int, int, bool, int | None]], growth: list[int], known_share: float, other: int | None
 ) -> None:
     """A later request's answer may close a group an earlier one opened (an agent's call answered in the
     next request): the carried cut points close it too. What else is carried (token sums, where the system and
-    pinned messages are) is that of the whole path too."""
+    pinned messages are) is that of the whole path too, whatever part of the path before the caller says it
+    knows is shared, and when an item past that part is another object (`other`: more tokens at each step)."""
     items = [
         Item("assistant", tokens, tool_call_ids=(f"c{n}",), pinned=pinned)
         if kind == "calls"
@@ -633,18 +638,22 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         else Item(kind, tokens, pinned=pinned)
         for kind, n, tokens, pinned, stub in shape
     ]
-    cuts = None
+    cuts: Cuts | None = None
     end = 0
-    for step in [*growth, len(items)]:
+    for number, step in enumerate([*growth, len(items)], 1):
         end = min(len(items), end + step)
-        cuts = Cuts.of(items[:end], cuts)
-        assert cuts.points == cuts_by_definition(items[:end])
-        assert cuts.prefix == [sum(item.tokens for item in items[:p]) for p in range(end + 1)]
-        assert cuts.system == [p for p in range(end) if items[p].role == "system"]
-        assert cuts.pinned == [p for p in range(end) if items[p].pinned]
-        stub_costs = [items[p].stub_tokens for p in range(end)]
-        assert cuts.stubbable == [p for p, stub in enumerate(stub_costs) if stub is not None and stub < items[p].tokens]
-        saving = [items[p].tokens - (items[p].stub_tokens or 0) for p in cuts.stubbable]
+        path = items[:end]
+        known = 0 if cuts is None else min(int(known_share * len(cuts.items)), shared_prefix(path, cuts.items))
+        if other is not None and known <= other < end:
+            path[other] = replace(path[other], tokens=path[other].tokens + number)
+        cuts = Cuts.of(path, cuts, known)
+        assert cuts.points == cuts_by_definition(path)
+        assert cuts.prefix == [sum(item.tokens for item in path[:p]) for p in range(end + 1)]
+        assert cuts.system == [p for p in range(end) if path[p].role == "system"]
+        assert cuts.pinned == [p for p in range(end) if path[p].pinned]
+        stub_costs = [path[p].stub_tokens for p in range(end)]
+        assert cuts.stubbable == [p for p, stub in enumerate(stub_costs) if stub is not None and stub < path[p].tokens]
+        saving = [path[p].tokens - (path[p].stub_tokens or 0) for p in cuts.stubbable]
         assert cuts.savings == [sum(saving[:i]) for i in range(len(saving) + 1)]
 
 

@@ -15,6 +15,7 @@ from proxy.errors import InvalidRequest
 from proxy.history.caches import CachedMessage, RecentPaths
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
+from proxy.sharing import LINEAGE_DEPTH, shared_prefix
 from proxy.store.database import Database
 from proxy.vocabulary import ITEMS
 
@@ -536,6 +537,43 @@ def test_a_path_cached_after_a_match_carries_what_the_match_found_it_shares() ->
         entries += request[len(entries) :]
         assert_walked(recent.put(key, entries, derived=False, sent=(messages, len(messages)), matched=found), request)
         recent.put(key, first, derived=False, sent=([entry.private for entry in first], len(first)))
+
+
+def identical_prefix(new: StoredPath, old: StoredPath) -> int:
+    return next((i for i, (a, b) in enumerate(zip(new, old, strict=False)) if a is not b), min(len(new), len(old)))
+
+
+def test_a_cached_path_knows_how_much_of_the_paths_before_it_it_holds() -> None:
+    """Requests that grow, re-send a message in another form, branch or go back, each answered: the path cached
+    for each knows (`shared_prefix`, no pass) how many of its first messages are the very ones of each recent
+    path before it, through the answers' paths between them: what comparing them object by object gives."""
+    recent = RecentPaths()
+    key = ("t", "s", ENCODING)
+    first = [cached_entry(depth, "a") for depth in range(6)]
+    answers = [cached_entry(6, "p"), cached_entry(8, "q")]
+    rewritten = {"role": "user", "content": "rewritten"}
+    variant = CachedMessage(replace(first[4].stored, message=rewritten), rewritten, {}, 1)
+    grown = [*first, answers[0], cached_entry(7, "a")]
+    steps = [
+        (first, answers[0]),
+        (grown, answers[1]),  # grows after the answer
+        ([*first[:4], variant, first[5], answers[0], grown[7], answers[1], cached_entry(9, "a")], None),
+        ([*first[:3], cached_entry(3, "b")], None),  # branches
+        ([*grown, answers[1], cached_entry(9, "a"), cached_entry(10, "a")], None),  # back on the first branch
+    ]
+    paths: list[StoredPath] = []
+    for request, answer in steps:
+        messages = [entry.private for entry in request]
+        found = recent.match("t", ENCODING, "s", messages)
+        entries = [request[i] if i in found.variants else entry for i, entry in enumerate(found.entries)]
+        entries += request[len(entries) :]
+        paths.append(recent.put(key, entries, derived=False, sent=(messages, len(messages)), matched=found))
+        if answer is not None:
+            recent.extend(key, request[-1].stored.id, answer.stored)
+        for older in paths[-1 - LINEAGE_DEPTH // 2 : -1]:
+            assert paths[-1].shared_with(older) is not None
+            assert shared_prefix(paths[-1], older) == identical_prefix(paths[-1], older)
+    assert [identical_prefix(paths[i + 1], paths[i]) for i in range(4)] == [6, 4, 3, 3]
 
 
 def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_changes() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sharing import Resent, shared_prefix, shared_suffix
+from proxy.sharing import LINEAGE_DEPTH, Lineage, Resent, shared_prefix, shared_suffix
 
 
 def naive(new: Sequence[object], old: Sequence[object]) -> int:
@@ -59,3 +59,44 @@ def test_a_resent_list_does_not_keep_the_one_it_was_made_from() -> None:
     gc.collect()
     assert gone() is None
     assert new.shared_with(Resent([])) is None
+
+
+class Derived(list[object]):
+    """A list that knows what it was made from, as a stored path does (`Lineage`)."""
+
+    def __init__(self, elements: Sequence[object], base: Derived | None = None, shared: int = 0) -> None:
+        super().__init__(elements)
+        self.lineage = Lineage(None if base is None else base.lineage, shared)
+
+    def shared_with(self, old: Sequence[object]) -> int | None:
+        return self.lineage.shared_with(old.lineage) if isinstance(old, Derived) else None
+
+
+@given(steps=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3)), min_size=1, max_size=12))
+def test_a_lineage_knows_what_each_remembered_ancestor_shares(steps: list[tuple[int, int]]) -> None:
+    """Each list keeps a prefix of the one before and adds new objects: what it knows it shares with each of its
+    last `LINEAGE_DEPTH` ancestors is the identity prefix, and it knows nothing of older ones."""
+    lists = [Derived([object() for _ in range(6)])]
+    for keep, added in steps:
+        before = lists[-1]
+        lists.append(Derived([*before[:keep], *(object() for _ in range(added))], before, min(keep, len(before))))
+    newest = lists[-1]
+    for back, ancestor in enumerate(reversed(lists[:-1]), 1):
+        known = newest.shared_with(ancestor)
+        if back <= LINEAGE_DEPTH:
+            assert known == naive(newest, ancestor)
+            assert shared_prefix(newest, ancestor) == known
+        else:
+            assert known is None
+            assert shared_prefix(newest, ancestor) == naive(newest, ancestor)
+
+
+def test_a_lineage_is_trusted_up_to_what_it_knows_and_looked_past() -> None:
+    old = Derived([object(), object(), object()])
+    claims = Derived([old[0], object(), object()], old, 2)  # a lie, to show the known part is not compared
+    assert shared_prefix(claims, old) == 2
+    knows_less = Derived([*old, object()], old, 1)  # as through a branch: what follows is compared
+    assert shared_prefix(knows_less, old) == 3
+    assert shared_prefix(old, old) == 3
+    assert Derived(list(old)).shared_with(old) is None  # made from nothing: compared
+    assert shared_prefix(Derived(list(old)), old) == 3
