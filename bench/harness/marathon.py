@@ -173,6 +173,16 @@ def model_entries(fake_url: str, window: int, names: Sequence[str]) -> list[dict
     ]
 
 
+ADDED_SUM = re.compile(r"^context_proxy_added_seconds_sum\{[^}]*\} (\S+)$", re.MULTILINE)
+
+
+def added_seconds(proxy_url: str) -> float:
+    """The proxy's own time before its upstream calls so far (`context_proxy_added_seconds`, every model): what
+    issue 27 saw growing with the session (storing the history, compaction, recall)."""
+    text = httpx.get(f"{proxy_url}/metrics", timeout=ADMIN_TIMEOUT_S).text
+    return sum(float(value) for value in ADDED_SUM.findall(text))
+
+
 class ProcessProbe:
     """CPU seconds and resident memory of one process, read from /proc."""
 
@@ -218,17 +228,28 @@ class MarathonTurn:
 class TurnMeter:
     """What the fake and the proxy's process did between `start` and `stop`."""
 
-    def __init__(self, fake: FakeUpstream, probe: ProcessProbe) -> None:
+    def __init__(self, fake: FakeUpstream, probe: ProcessProbe, proxy_url: str, windows: Sequence[int]) -> None:
+        """`windows`: the last turns of the windows whose time before the upstream calls is wanted
+        (`added_per_turn`); `/metrics` is read only at their edges, so the reads cost no measured turn's CPU."""
         self.fake = fake
         self.probe = probe
+        self.proxy_url = proxy_url
+        self._edges = frozenset(edge for end in windows for edge in (end - CPU_WINDOW, end))
+        self._added: dict[int, float] = {}
+        """Turn number → `added_seconds` after it (0: before the first)."""
         self._marks = (0, 0, 0, 0.0, 0.0)
 
     def start(self) -> None:
         fake = self.fake
+        if not self._added and 0 in self._edges:
+            self._added[0] = added_seconds(self.proxy_url)
         self._marks = (len(fake.requests), len(fake.served), len(fake.rejected), self.probe.cpu_s(), time.monotonic())
 
     def stop(self, number: int, exit_code: int, error: bool, answer: str) -> MarathonTurn:
         requests, served, rejected, cpu, started = self._marks
+        cpu_s = self.probe.cpu_s() - cpu
+        if number in self._edges:
+            self._added[number] = added_seconds(self.proxy_url)
         new = [request.body for request in self.fake.requests[requests:]]
         main = [s for s in self.fake.served[served:] if s.tools and s.model == MAIN_MODEL_ID]
         return MarathonTurn(
@@ -241,10 +262,16 @@ class TurnMeter:
             rejections=len(self.fake.rejected) - rejected,
             sent_tokens=sum(s.prompt_tokens for s in main),
             cached_tokens=sum(s.cached_tokens for s in main),
-            cpu_s=self.probe.cpu_s() - cpu,
+            cpu_s=cpu_s,
             rss_mib=self.probe.rss_mib(),
             answer=answer,
         )
+
+    def added_per_turn(self, end: int) -> float | None:
+        """The proxy's mean time before the upstream calls over the `CPU_WINDOW` turns ending at `end`."""
+        if end not in self._added or end - CPU_WINDOW not in self._added:
+            return None
+        return (self._added[end] - self._added[end - CPU_WINDOW]) / CPU_WINDOW
 
 
 TurnRunner = Callable[[int, str], tuple[int, bool, str]]
@@ -280,7 +307,8 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
             context = {"summarizer_model": "summarizer"}
             raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
             with ProxyProcess(raw, tmp) as proxy:
-                meter = TurnMeter(fake, ProcessProbe(proxy.pid))
+                windows = (EARLY_TURN, args.turns)
+                meter = TurnMeter(fake, ProcessProbe(proxy.pid), proxy.url, windows)
                 run_turn = agent.start(proxy.url, tmp)
                 turns: list[MarathonTurn] = []
                 fact = None
@@ -298,7 +326,8 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                         f"rss {turn.rss_mib:.0f} MiB",
                         file=sys.stderr,
                     )
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url))
+                added = [meter.added_per_turn(end) for end in windows]
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
     finally:
         if args.keep:
             result.notes.append(f"kept {tmp}")
@@ -313,9 +342,15 @@ def cached_share(served: Sequence[Served]) -> float:
 
 
 def marathon_report(
-    report: Report, turns: list[MarathonTurn], fact: str | None, fake: FakeUpstream, proxy_cost: dict[str, Any]
+    report: Report,
+    turns: list[MarathonTurn],
+    fact: str | None,
+    fake: FakeUpstream,
+    proxy_cost: dict[str, Any],
+    added: Sequence[float | None] = (None, None),
 ) -> None:
-    """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question."""
+    """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question;
+    `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn."""
     table = report.table(
         "marathon",
         "per turn: wall time, requests, summarizer calls, rejections, main-model tokens, the proxy's CPU and RSS",
@@ -345,6 +380,10 @@ def marathon_report(
     ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(
         last_cpu / max(early_cpu, 0.001), 2
     )
+    early_added, last_added = added
+    if early_added and last_added is not None:
+        name = f"proxy time before the upstream calls per turn, last {CPU_WINDOW} / {CPU_WINDOW} to turn {EARLY_TURN}"
+        ratios[name] = round(last_added / early_added, 2)
     ratios[f"proxy RSS, turn {last.number} / turn {early.number}"] = round(last.rss_mib / early.rss_mib, 2)
     report.notes.extend(
         [
@@ -355,6 +394,11 @@ def marathon_report(
             f"proxy CPU per turn (mean of {CPU_WINDOW}): to turn {early.number} {early_cpu:.3f} s, to turn "
             f"{last.number} {last_cpu:.3f} s; "
             f"RSS: {early.rss_mib:.1f} MiB → {last.rss_mib:.1f} MiB",
+            f"proxy time before the upstream calls per turn (mean of {CPU_WINDOW}, context_proxy_added_seconds): "
+            + ", ".join(
+                f"to turn {end} " + ("-" if value is None else f"{1000 * value:.1f} ms")
+                for end, value in zip((EARLY_TURN, last.number), added, strict=True)
+            ),
             f"fact question ({FACT_KEY}): answered {fact!r}, expected {FACT_VALUE!r}: "
             + ("RIGHT" if FACT_VALUE in fact else "WRONG"),
             "the proxy's own cost view (GET /sessions/{id} cost): "
