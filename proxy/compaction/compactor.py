@@ -185,8 +185,7 @@ class Compactor:
                 if joined:
                     await self._summaries.release(request.tenant, joined)
                 return await self._recalled(request, result, self._render(request, result, stored, state, written))
-            render = functools.partial(self._read, request, state)
-            summary = await self._writer.write(request, result, stored, allowance, render)
+            summary = await self._write(request, state, result, stored, allowance)
             stored = _superseded(stored, result, summary)
             written += 1
         raise ContextTooLarge(
@@ -224,8 +223,7 @@ class Compactor:
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
         if not isinstance(result, NeedsSummary):
             return None
-        render = functools.partial(self._read, request, state)
-        return await self._writer.write(request, result, stored, request.allowance or self.allowance(), render)
+        return await self._write(request, state, result, stored, request.allowance or self.allowance())
 
     def precompact(self, request: CompactionRequest, prepared: WorkingContext) -> None:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
@@ -250,7 +248,6 @@ class Compactor:
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         allowance = self.allowance()
-        render = functools.partial(self._read, request, state)
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
         written = 0
         while written < MAX_ROUNDS:
@@ -259,10 +256,25 @@ class Compactor:
                 break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
                 break
-            summary = await self._writer.write(request, result, stored, allowance, render, held=batch)
+            summary = await self._write(request, state, result, stored, allowance, held=batch)
             stored = _superseded(stored, result, summary)
             written += 1
         return written
+
+    async def _write(
+        self,
+        request: CompactionRequest,
+        state: PathState,
+        need: NeedsSummary,
+        stored: Mapping[int, StoredSpan],
+        allowance: Allowance,
+        held: int = 0,
+    ) -> StoredSpan:
+        """The span `need` names, from what `state` read: the messages its parts stand for, and what its range's
+        originals count (`Cuts.prefix`)."""
+        render = functools.partial(self._read, request, state)
+        original = state.cuts.prefix[need.end] - state.cuts.prefix[need.start]
+        return await self._writer.write(request, need, stored, allowance, render, original=original, held=held)
 
     async def _in_force(self, request: CompactionRequest) -> dict[int, StoredSpan]:
         return {s.id: s for s in await self._summaries.in_force_on(request.tenant, request.path, request.session_id)}

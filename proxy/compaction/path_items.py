@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,19 +40,41 @@ class PathState:
 
     items: list[Item]
     stubs: Mapping[int, str]
+    """Position → the stub of the tool output there (`PathStubs`)."""
     cuts: Cuts
     """`Cuts.of(items)`."""
 
 
+class PathStubs(Mapping[int, str]):
+    """A path's tool-output stubs by position, looked up by message id in its session's stubs (which are only
+    ever added to, so a request's state is not copied from the last one, and stays right for it)."""
+
+    def __init__(self, path: Sequence[StoredMessage], by_id: Mapping[str, tuple[str, int]]) -> None:
+        self._path = path
+        self._by_id = by_id
+
+    def __getitem__(self, position: int) -> str:
+        if not 0 <= position < len(self._path):
+            raise KeyError(position)
+        return self._by_id[self._path[position].id][0]
+
+    def __iter__(self) -> Iterator[int]:
+        return (position for position, stored in enumerate(self._path) if stored.id in self._by_id)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass(frozen=True)
 class _Read:
-    """A session's last read: its path, pins, items and stubs (texts, and what each stubbed message costs)."""
+    """A session's last read: its path, pins, items and cut points, and the session's stubs."""
 
     path: StoredPath
     pinned: frozenset[int]
     items: list[Item]
-    stubs: dict[int, str]
-    costs: dict[int, int]
+    stubs: dict[str, tuple[str, int]]
+    """Message id → the tool output's stub and what its message costs stubbed: every one the session's reads
+    met, only ever added to."""
     cuts: Cuts
     tokens: int
     """What the path's messages count (`READ_TOKENS`)."""
@@ -86,30 +108,24 @@ class PathReader:
         if last is not None:
             self._tokens -= last.tokens
         shared = shared_prefix(path, last.path) if last is not None and last.pinned == pinned else 0
-        if last is not None and shared:
-            items = last.items[:shared]
-            stubs, costs = dict(last.stubs), dict(last.costs)
-            for position in range(shared, len(last.path)):  # the last read's messages this path does not hold
-                stubs.pop(position, None)
-                costs.pop(position, None)
-        else:
-            items, stubs, costs = [], {}, {}
+        items = last.items[:shared] if last is not None and shared else []
+        stubs = {} if last is None else last.stubs
         if stubbing:
-            for position, (stub, cost) in (await self._stub_costs(request, shared)).items():
-                stubs[position], costs[position] = stub, cost
+            stubs.update(await self._stub_costs(request, shared, stubs))
         items.extend(
-            self._item(path[position], position in pinned, costs.get(position)) for position in range(shared, len(path))
+            self._item(stored, position in pinned, stubs[stored.id][1] if stored.id in stubs else None)
+            for position, stored in enumerate(path[shared:], shared)
         )
         while len(self._items) > ITEM_CACHE_ENTRIES:
             self._items.popitem(last=False)
         cuts = Cuts.of(items, None if last is None else last.cuts, shared)
         tokens = path.tokens
         if tokens <= self._max_tokens:
-            self._last[key] = _Read(path, pinned, items, stubs, costs, cuts, tokens)
+            self._last[key] = _Read(path, pinned, items, stubs, cuts, tokens)
             self._tokens += tokens
             while self._tokens > self._max_tokens:
                 self._tokens -= self._last.popitem(last=False)[1].tokens
-        return PathState(items, stubs, cuts)
+        return PathState(items, PathStubs(path, stubs), cuts)
 
     def _item(self, stored: StoredMessage, pinned: bool, stub_tokens: int | None) -> Item:
         key = (stored.id, stored.tokens, pinned, stub_tokens)
@@ -127,25 +143,27 @@ class PathReader:
         size = sum(map(rough_size, request.messages)) if patterns else 0
         return frozenset(await compute(size, pinned_positions, request.path, ids, patterns, request.messages))
 
-    async def _stub_costs(self, request: CompactionRequest, start: int) -> dict[int, tuple[str, int]]:
-        """Position → (stub, what its message costs) for the path's tool outputs from `start` on; each
-        computed once."""
-        found: dict[int, tuple[str, int]] = {}
+    async def _stub_costs(
+        self, request: CompactionRequest, start: int, known: Mapping[str, tuple[str, int]]
+    ) -> dict[str, tuple[str, int]]:
+        """Message id → (stub, what its message costs stubbed) for the path's tool outputs from `start` on that
+        `known` lacks; each computed once."""
+        found: dict[str, tuple[str, int]] = {}
         missing: set[int] = set()
         for position in range(start, len(request.path)):
             stored = request.path[position]
-            if stored.role == "tool":
+            if stored.role == "tool" and stored.id not in known:
                 cached = self._stubs.get((stored.id, request.encoding))
                 if cached is None:
                     missing.add(position)
                 else:
                     self._stubs.move_to_end((stored.id, request.encoding))
-                    found[position] = cached
+                    found[stored.id] = cached
         if missing:
             size = sum(rough_size(request.path[p].message) for p in missing)
             fresh = await compute(size, _stubs_with_costs, request.path, missing, request.encoding)
             for position, stub in fresh.items():
-                found[position] = stub
+                found[request.path[position].id] = stub
                 self._stubs[(request.path[position].id, request.encoding)] = stub
             while len(self._stubs) > STUB_CACHE_ENTRIES:
                 self._stubs.popitem(last=False)

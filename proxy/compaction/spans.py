@@ -27,7 +27,7 @@ from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
 from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
-from proxy.history.messages import StoredPath, token_counts
+from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.tokens import count_message, rough_size
@@ -153,9 +153,11 @@ class SpanWriter:
         allowance: Allowance,
         render: Render,
         *,
+        original: int,
         held: int = 0,
     ) -> StoredSpan:
-        """The span `need` names, written once however many requests need it at the same moment.
+        """The span `need` names, written once however many requests need it at the same moment. `original`:
+        what its range's messages count (the caller has the path's running sums: a long path is not summed).
 
         Two sessions can be one chain (the same conversation sent under two ids, or two clients in step), and a
         request can need what its session's pre-compaction is writing: the second waits for the first one's
@@ -172,7 +174,7 @@ class SpanWriter:
         )
         running = self._running.get(key)
         if running is None:
-            running = asyncio.ensure_future(self._write_once(request, need, stored, allowance, render, held))
+            running = asyncio.ensure_future(self._write_once(request, need, stored, allowance, render, original, held))
             self._running[key] = running
             running.add_done_callback(functools.partial(self._finished, key))
         return await asyncio.shield(running)
@@ -189,6 +191,7 @@ class SpanWriter:
         stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
+        original: int,
         held: int,
     ) -> StoredSpan:
         mask = need.strategy == TOOL_RESULTS
@@ -203,7 +206,6 @@ class SpanWriter:
         if written_since:  # another request wrote it after this one read the summaries
             return written_since[-1]
         started = self._clock()
-        original = sum(token_counts(request.path[need.start : need.end]))
         event = CompactionEvent(
             session_id=request.session_id,
             event="start",
