@@ -32,6 +32,8 @@ _SELECT = (
     "SELECT id, start_depth, end_depth, end_id, content, tokens, original_tokens, model, generated_by, "
     "replaces, orphaned_at, created_at, strategy, held FROM summaries"
 )
+ENDING_ON_SQL = f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id"
+"""A tenant's spans ending on the messages of a JSON list of ids (by `summaries_by_end`: end, tenant)."""
 
 
 @dataclass(frozen=True)
@@ -149,9 +151,7 @@ class SpanStore:
 
     async def _ending_on(self, tenant: str, messages: Sequence[StoredMessage]) -> list[Row]:
         ids = id_array(message.id for message in messages)
-        return await self._db.fetchall(
-            f"{_SELECT} WHERE tenant = ? AND end_id IN (SELECT value FROM json_each(?)) ORDER BY id", (tenant, ids)
-        )
+        return await self._db.fetchall(ENDING_ON_SQL, (tenant, ids))
 
     def _lying_on(self, path: Sequence[StoredMessage], rows: Sequence[Row]) -> list[StoredSpan]:
         first = path[0].depth  # a path's depths are consecutive: its node at depth d is path[d - first]

@@ -174,8 +174,10 @@ class Listed:
             conversion = tail
         else:
             before, base = kept.conversion, kept.conversion.closed[reused]
+            messages = before.messages[:base]
+            messages += tail.messages
             conversion = Conversion(
-                before.messages[:base] + tail.messages,
+                messages,
                 before.origins[:base] + tail.origins,
                 before.closed[:reused] + array("q", [base + count if count >= 0 else -1 for count in tail.closed]),
             )

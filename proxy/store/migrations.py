@@ -392,6 +392,15 @@ def m013_span_epochs(connection: Connection) -> None:
     )
 
 
+def m014_spans_by_end_and_tenant(connection: Connection) -> None:
+    """The spans ending on given messages are looked up by their end and tenant: with the end alone indexed,
+    SQLite answered a tenant's lookup from `summaries_by_epoch`, walking every span the tenant ever wrote."""
+    run_script(
+        connection,
+        "DROP INDEX summaries_by_end; CREATE INDEX summaries_by_end ON summaries (end_id, tenant)",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -406,4 +415,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m011_model_corrections,
     m012_summarizer_calls,
     m013_span_epochs,
+    m014_spans_by_end_and_tenant,
 )

@@ -293,6 +293,13 @@ def m013_span_epochs(connection: Connection) -> None:
     )
 
 
+def m014_spans_by_end_and_tenant(connection: Connection) -> None:
+    run_script(
+        connection,
+        "DROP INDEX summaries_by_end; CREATE INDEX summaries_by_end ON summaries (end_id, tenant)",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -307,4 +314,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m011_model_corrections,
     m012_summarizer_calls,
     m013_span_epochs,
+    m014_spans_by_end_and_tenant,
 )
