@@ -10,7 +10,8 @@ The proxy runs in its own process, so its CPU time and resident memory are its o
 Per turn: wall time, exit, main-model requests, summarizer calls, upstream rejections, tokens the main model was
 sent and the share served from its cache, the proxy's CPU seconds and RSS. Then the headline figures: median
 turn, turns more than 1.5 s over it, summarizer calls per 10 turns, cached share, CPU and RSS at turn 20 and at
-the last turn and their ratio, and whether the fact was answered.
+the last turn and their ratio, the proxy's time before its upstream calls per turn over the same two windows
+(`/metrics`, read only at the windows' edges), and whether the fact was answered.
 """
 
 from __future__ import annotations
