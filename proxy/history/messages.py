@@ -97,12 +97,6 @@ class StoredPath(tuple[StoredMessage, ...]):
         """The paths it was made from, and how much of each it holds (`proxy.sharing.shared_prefix`)."""
         return Lineage()
 
-    def shared_with(self, old: Sequence[object]) -> int | None:
-        """How many first messages are `old`'s very objects, when this path was built from it (or from a path
-        built from it, a few times over)."""
-        lineage = getattr(old, "__dict__", {}).get("lineage")
-        return None if lineage is None else self.lineage.shared_with(lineage)
-
     @functools.cached_property
     def tokens(self) -> int:
         """Its prompt total (`count_prompt`): what it costs sent whole."""

@@ -15,7 +15,7 @@ from proxy.errors import InvalidRequest
 from proxy.history.caches import CachedMessage, RecentPaths
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
-from proxy.sharing import LINEAGE_DEPTH, shared_prefix
+from proxy.sharing import LINEAGE_DEPTH, known_shared, shared_prefix
 from proxy.store.database import Database
 from proxy.vocabulary import ITEMS
 
@@ -571,7 +571,7 @@ def test_a_cached_path_knows_how_much_of_the_paths_before_it_it_holds() -> None:
         if answer is not None:
             recent.extend(key, request[-1].stored.id, answer.stored)
         for older in paths[-1 - LINEAGE_DEPTH // 2 : -1]:
-            assert paths[-1].shared_with(older) is not None
+            assert known_shared(paths[-1], older) is not None
             assert shared_prefix(paths[-1], older) == identical_prefix(paths[-1], older)
     assert [identical_prefix(paths[i + 1], paths[i]) for i in range(4)] == [6, 4, 3, 3]
 

@@ -18,7 +18,7 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import Conversion, ResentLists
 from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
-from proxy.sharing import Resent, shared_prefix
+from proxy.sharing import Resent, known_shared, shared_prefix
 from tests.unit.test_sharing import naive
 
 LIMITS = RequestLimits()
@@ -393,6 +393,6 @@ def test_a_requests_messages_know_how_far_they_are_the_kept_requests(door: str, 
         for old in earlier:
             assert shared_prefix(messages, old) == naive(messages, old)
         assert isinstance(messages, Resent)
-        known += any(messages.shared_with(old) for old in earlier)
+        known += any(known_shared(messages, old) for old in earlier)
         earlier.append(messages)
     assert known  # the kept request's messages, shared without a pass

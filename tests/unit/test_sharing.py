@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sharing import LINEAGE_DEPTH, Lineage, Resent, shared_prefix, shared_suffix
+from proxy.sharing import LINEAGE_DEPTH, Lineage, Resent, known_shared, shared_prefix, shared_suffix
 
 
 def naive(new: Sequence[object], old: Sequence[object]) -> int:
@@ -43,22 +43,26 @@ def test_equal_values_that_are_other_objects_are_not_shared() -> None:
 def test_a_resent_list_shares_what_it_was_made_with_only_with_the_list_it_was_made_from() -> None:
     old: Resent[object] = Resent([object() for _ in range(5)])
     new = Resent([*old[:3], object()], old, 3)
-    assert new.shared_with(old) == 3
+    assert known_shared(new, old) == 3
     assert shared_prefix(new, old) == 3
     copy = list(old)  # equal elements, another list: compared
-    assert new.shared_with(copy) is None
+    assert known_shared(new, copy) is None
     assert shared_prefix(new, copy) == 3
-    assert Resent(old[:2], old, 5).shared_with(old) == 2  # never more than either holds
+    assert known_shared(Resent(old[:2], old, 5), old) == 2  # never more than either holds
+
+
+class Watched(Resent[object]):
+    """A `Resent` that can be referred to weakly, to see when it is freed."""
 
 
 def test_a_resent_list_does_not_keep_the_one_it_was_made_from() -> None:
-    old: Resent[object] = Resent([object(), object()])
+    old = Watched([object(), object()])
     new = Resent(old, old, 2)
     gone = weakref.ref(old)
     del old
     gc.collect()
     assert gone() is None
-    assert new.shared_with(Resent([])) is None
+    assert known_shared(new, Resent([])) is None
 
 
 class Derived(list[object]):
@@ -67,9 +71,6 @@ class Derived(list[object]):
     def __init__(self, elements: Sequence[object], base: Derived | None = None, shared: int = 0) -> None:
         super().__init__(elements)
         self.lineage = Lineage(None if base is None else base.lineage, shared)
-
-    def shared_with(self, old: Sequence[object]) -> int | None:
-        return self.lineage.shared_with(old.lineage) if isinstance(old, Derived) else None
 
 
 @given(steps=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 3)), min_size=1, max_size=12))
@@ -82,7 +83,7 @@ def test_a_lineage_knows_what_each_remembered_ancestor_shares(steps: list[tuple[
         lists.append(Derived([*before[:keep], *(object() for _ in range(added))], before, min(keep, len(before))))
     newest = lists[-1]
     for back, ancestor in enumerate(reversed(lists[:-1]), 1):
-        known = newest.shared_with(ancestor)
+        known = known_shared(newest, ancestor)
         if back <= LINEAGE_DEPTH:
             assert known == naive(newest, ancestor)
             assert shared_prefix(newest, ancestor) == known
@@ -98,5 +99,5 @@ def test_a_lineage_is_trusted_up_to_what_it_knows_and_looked_past() -> None:
     knows_less = Derived([*old, object()], old, 1)  # as through a branch: what follows is compared
     assert shared_prefix(knows_less, old) == 3
     assert shared_prefix(old, old) == 3
-    assert Derived(list(old)).shared_with(old) is None  # made from nothing: compared
+    assert known_shared(Derived(list(old)), old) is None  # made from nothing: compared
     assert shared_prefix(Derived(list(old)), old) == 3
