@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 from proxy.errors import StoreUnavailable
 from proxy.store.connection import Connection, Row, WriteWork
-from proxy.store.migrations import Migration
 
 __all__ = [
     "Engine",
+    "Migration",
     "Outcome",
     "SchemaTooNew",
     "StoreRefused",
@@ -27,6 +27,7 @@ __all__ = [
     "apply_migrations",
     "refuse_foreign",
     "run_job",
+    "run_script",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,15 @@ MIGRATION_NAME = re.compile(r"m[0-9]{3}_\w+")
 """How this proxy names its migrations, this version's and any newer one's."""
 LISTED_TABLES = 5
 Works = list[tuple[WriteWork[Any], bool]]
+Migration = Callable[[Connection], None]
+"""One named step of a schema (`proxy.store.migrations`, `proxy.store.pg_migrations`)."""
+
+
+def run_script(connection: Connection, sql: str) -> None:
+    """A migration's statements, separated by `;`, one after the other."""
+    for statement in sql.split(";"):
+        if statement.strip():
+            connection.execute(statement)
 
 
 class Engine(Protocol):

@@ -26,17 +26,8 @@ can open the file with `sqlite3` and read their conversations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from proxy.store.connection import Connection
-
-Migration = Callable[[Connection], None]
-
-
-def run_script(connection: Connection, sql: str) -> None:
-    for statement in sql.split(";"):
-        if statement.strip():
-            connection.execute(statement)
+from proxy.store.engine import Migration, run_script
 
 
 def m001_history(connection: Connection) -> None:
