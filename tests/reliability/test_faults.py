@@ -165,13 +165,14 @@ def journal_steps(http: httpx.Client, session: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_fault_reaches_the_client_and_leaves_the_store_consistent(
-    serve_proxy: ServeProxy, fake: FakeUpstream, case: Case
+    serve_proxy: ServeProxy, fake: FakeUpstream, case: Case, request: pytest.FixtureRequest
 ) -> None:
     proxy: ProxyServer = serve_proxy(
         models=[model_entry("fake", fake.url), model_entry("dead", f"http://127.0.0.1:{free_port()}/v1")],
         upstream={"timeout_s": UPSTREAM_TIMEOUT_S},
     )
     client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S)
+    request.addfinalizer(client.close)  # the caught error's traceback holds this frame: collected, not freed
     session = f"fault-{case.name}"
     first_turn = [SYSTEM, FIRST]
     assert ask(client, first_turn, model="fake", stream=case.stream, session=session, seen=[]) == echo(FIRST)

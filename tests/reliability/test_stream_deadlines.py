@@ -9,6 +9,7 @@ event once the stream has started, a 504 before), the step ends `failed`, and a 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -28,7 +29,10 @@ CLIENT_TIMEOUT_S = 20.0
 MESSAGES: list[Any] = [{"role": "user", "content": "tell me a long story"}]
 
 
-def start(serve_proxy: ServeProxy, fake: FakeUpstream) -> tuple[ProxyServer, openai.OpenAI]:
+@pytest.fixture
+def deadlines(serve_proxy: ServeProxy) -> Iterator[tuple[ProxyServer, openai.OpenAI]]:
+    """The proxy with short deadlines, and a client of it, closed after the test (a test that raises holds it in
+    a reference cycle, and an unclosed pooled socket would then warn in whichever test the collector runs)."""
     proxy = serve_proxy(
         upstream={
             "timeout_s": BETWEEN_READS_S,
@@ -36,8 +40,8 @@ def start(serve_proxy: ServeProxy, fake: FakeUpstream) -> tuple[ProxyServer, ope
             "first_byte_timeout_s": FIRST_BYTE_S,
         }
     )
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S)
-    return proxy, client
+    with openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S) as client:
+        yield proxy, client
 
 
 def statuses(proxy: ProxyServer) -> list[tuple[str, Any]]:
@@ -48,9 +52,9 @@ def statuses(proxy: ProxyServer) -> list[tuple[str, Any]]:
 
 @pytest.mark.time_budget(30)
 def test_a_dripping_stream_ends_at_its_deadline_with_an_sse_timeout(
-    serve_proxy: ServeProxy, fake: FakeUpstream
+    deadlines: tuple[ProxyServer, openai.OpenAI], fake: FakeUpstream
 ) -> None:
-    proxy, client = start(serve_proxy, fake)
+    proxy, client = deadlines
     fake.responder = lambda body: Reply(content="word " * 200, finish_reason="stop")
     fake.chunk_delay_s = DRIP_S  # 200 chunks 0.2 s apart: 40 s, never a pause of 2 s
     seen: list[str] = []
@@ -84,9 +88,9 @@ def test_a_dripping_stream_ends_at_its_deadline_with_an_sse_timeout(
 
 @pytest.mark.time_budget(30)
 def test_a_silent_upstream_is_answered_504_at_the_first_byte_deadline(
-    serve_proxy: ServeProxy, fake: FakeUpstream
+    deadlines: tuple[ProxyServer, openai.OpenAI], fake: FakeUpstream
 ) -> None:
-    proxy, client = start(serve_proxy, fake)
+    proxy, client = deadlines
     fake.fail_next(Fault(status=200, delay_s=BETWEEN_READS_S * 0.9))  # under the between-reads timeout
     started = time.monotonic()
     with (
