@@ -31,8 +31,9 @@ MESSAGES: list[Any] = [{"role": "user", "content": "tell me a long story"}]
 
 @pytest.fixture
 def deadlines(serve_proxy: ServeProxy) -> Iterator[tuple[ProxyServer, openai.OpenAI]]:
-    """The proxy with short deadlines, and a client of it, closed after the test (a test that raises holds it in
-    a reference cycle, and an unclosed pooled socket would then warn in whichever test the collector runs)."""
+    """The proxy with short deadlines, and a client of it, closed after the test: a caught error's traceback holds
+    the test's frame in a reference cycle, so the client would be collected, not freed, and its pooled socket
+    warn in whichever test the collector runs."""
     proxy = serve_proxy(
         upstream={
             "timeout_s": BETWEEN_READS_S,
