@@ -147,7 +147,7 @@ class Database:
                 live = [job for job in batch if not job.future.cancelled()]
                 works = [(job.work, job.atomic) for job in live]
                 try:
-                    if engine.inline and not any(job.bulk for job in live):
+                    if engine.runs_inline(any(job.bulk for job in live)):
                         outcomes = engine.run_batch(works)
                     else:
                         outcomes = await loop.run_in_executor(self._executor, engine.run_batch, works)

@@ -51,11 +51,13 @@ def run_script(connection: Connection, sql: str) -> None:
 class Engine(Protocol):
     name: str
     """`sqlite` or `postgresql`: what the few engine-specific queries (recall's full-text search) choose by."""
-    inline: bool
-    """Run small write groups on the event loop (a commit costs less than a thread hop) rather than the writer
-    thread."""
     errors: tuple[type[Exception], ...]
     """What a failing statement raises."""
+
+    def runs_inline(self, bulk: bool) -> bool:
+        """Whether the next group (`bulk`: it holds a bulk job) runs on the event loop, where a small commit costs
+        less than a thread hop, rather than on the writer thread."""
+        ...
 
     def run_batch(self, works: Works) -> list[Outcome]:
         """On the writer: every job of the group in one transaction, each in its own savepoint. Raises when the

@@ -76,7 +76,6 @@ def _retryable(exc: BaseException) -> bool:
 
 class PostgresEngine:
     name = "postgresql"
-    inline = False
     errors: tuple[type[Exception], ...] = (psycopg.Error,)
 
     def __init__(
@@ -122,6 +121,9 @@ class PostgresEngine:
             await loop.run_in_executor(executor, writer.raw.close)
             raise
         return cls(url, writer, reads, locks, translations, outage)
+
+    def runs_inline(self, bulk: bool) -> bool:
+        return False  # a commit is a round trip to the server
 
     def run_batch(self, works: Works) -> list[Outcome]:
         connection = self._begin()

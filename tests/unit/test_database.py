@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.store.database import Database, id_array
+from proxy.store.sqlite import BACKSTOP_PAGES, CHECKPOINT_EVERY
 from tests.support.raw_store import committed_rows
 
 TIMEOUT_S = 10
@@ -261,6 +262,40 @@ async def test_normal_mode_runs_small_groups_inline(sqlite_items: Database) -> N
 
     await items.write(work)
     assert threads == [threading.current_thread()]
+
+
+async def test_the_log_is_checkpointed_on_the_writer_thread_never_in_an_inline_commit(sqlite_items: Database) -> None:
+    """A checkpoint waits for the disk: after every `CHECKPOINT_EVERY` commits the next group goes to the writer
+    thread, which checkpoints before it; the writer's own (inside a commit, which may be inline) is put off."""
+    items = sqlite_items
+    threads: list[str] = []
+
+    def row(item_id: int) -> Callable[[sqlite3.Connection], None]:
+        def work(connection: sqlite3.Connection) -> None:
+            threads.append(threading.current_thread().name)
+            connection.execute("INSERT INTO items (id, value) VALUES (?, ?)", (item_id, "x" * 3000))
+
+        return work
+
+    def autocheckpoint(connection: sqlite3.Connection) -> int:
+        return int(connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    assert await items.write(autocheckpoint) == BACKSTOP_PAGES
+    for item_id in range(2 * CHECKPOINT_EVERY + 5):  # one at a time: a group each
+        await items.write(row(item_id))
+    on_thread = [index for index, name in enumerate(threads) if name != threading.current_thread().name]
+    # The fixture's table and the pragma above were the first two commits.
+    assert on_thread == [CHECKPOINT_EVERY - 2, 2 * CHECKPOINT_EVERY - 2]
+    assert all(threads[index].startswith("store-writer") for index in on_thread)
+    # Each commit wrote a page or more; the log has been started over since the last checkpoint.
+    assert items.path is not None
+    connection = sqlite3.connect(items.path)
+    try:
+        busy, frames, _copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        connection.close()
+    assert busy == 0
+    assert 0 < frames < CHECKPOINT_EVERY // 2
 
 
 async def test_cancelled_write_is_not_run(full_db: Database) -> None:
