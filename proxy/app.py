@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -32,6 +32,7 @@ from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
 from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
+from proxy.offload import json_pieces
 from proxy.pinning import checked_ids
 from proxy.services import Services, open_services
 from proxy.ui.routes import ui_routes
@@ -194,8 +195,10 @@ async def _sessions(request: Request, caller: Caller) -> Response:
 
 
 async def _session(request: Request, caller: Caller) -> Response:
+    """The whole session: its JSON grows with it, so it is made in pieces off the event loop (`json_pieces`)."""
     services = _services(request)
-    return JSONResponse(await services.inspector.session(caller.tenant, request.path_params["session_id"]))
+    session = await services.inspector.session(caller.tenant, request.path_params["session_id"])
+    return StreamingResponse(json_pieces(session), media_type="application/json")
 
 
 async def _summarize(request: Request, caller: Caller) -> Response:

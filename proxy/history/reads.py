@@ -22,7 +22,8 @@ from proxy.history.queries import (
     session_from_row,
 )
 from proxy.history.settings import fold
-from proxy.store.connection import Connection
+from proxy.offload import compute
+from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
 from proxy.tokens import DEFAULT_ENCODING
 from proxy.types import Message
@@ -96,6 +97,13 @@ class HistoryReads:
         """The path from the root to `message_id` in one query; tokens missing for `encoding` are counted
         now and stored, once. Not tenant-checked: callers pass ids they got from a tenant's session."""
         rows = await self._db.fetchall(PATH_SQL, (message_id, encoding))
+        # Decoding a long session's path is ~40 MB of JSON after 1,000 agent turns: not on the event loop.
+        path, counted = await compute(sum(len(row["body"]) for row in rows), self._stored, rows, encoding)
+        await self._store_counts(counted)
+        return path
+
+    def _stored(self, rows: Sequence[Row], encoding: str) -> tuple[list[StoredMessage], list[tuple[str, str, int]]]:
+        """The path's rows as messages, and the token counts they lacked for `encoding`, counted here."""
         path: list[StoredMessage] = []
         counted: list[tuple[str, str, int]] = []
         for row in rows:
@@ -107,8 +115,7 @@ class HistoryReads:
             path.append(
                 StoredMessage(row["id"], row["parent_id"], row["depth"], row["role"], normal, count, row["created_at"])
             )
-        await self._store_counts(counted)
-        return path
+        return path, counted
 
     async def _count_missing(self, heads: str) -> None:
         rows = await self._db.fetchall(UNCOUNTED_SQL, (heads, DEFAULT_ENCODING))
