@@ -18,7 +18,7 @@ def session_like(messages: int) -> dict[str, Any]:
         "ratio": 0.25,
         "empty": [],
         "messages": [
-            {"id": f"m{n}", "content": f"ligne {n} — “quoted” \\ \n\t\u0001 " * 40, "pinned": n % 7 == 0, "summary": None}
+            {"id": f"m{n}", "content": f"ligne {n} — “quoted” \\ \n\t\u0001 " * 40, "pinned": n % 7 == 0, "x": None}
             for n in range(messages)
         ],
     }
@@ -61,7 +61,7 @@ async def test_a_large_document_comes_in_pieces_and_the_event_loop_runs_between_
 
 
 async def test_a_value_json_cannot_hold_fails_as_json_response_does() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         JSONResponse({"x": float("nan")})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         await joined({"x": float("nan")})
