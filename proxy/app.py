@@ -29,12 +29,14 @@ from proxy.doors.door import Doors, DoorType, error_response
 from proxy.doors.paging import page_params
 from proxy.doors.registry import DOORS
 from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
+from proxy.heap import freeze_loaded
 from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
 from proxy.offload import json_pieces
 from proxy.pinning import checked_ids
 from proxy.services import Services, open_services
+from proxy.tokens import encoding_for_model, load_encoding
 from proxy.ui.routes import ui_routes
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ MAX_PINS_BODY_BYTES = 256 * 1024
 """A pin request names at most `pinning.MAX_PIN_IDS` ids: far below this."""
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(config: Config, *, serving: bool = False) -> Starlette:
+    """`serving`: the process is `serve`'s, which this app has to itself (`heap.freeze_loaded` at startup)."""
     metrics = Metrics(entry.name for entry in config.models)
 
     @asynccontextmanager
@@ -57,6 +60,10 @@ def create_app(config: Config) -> Starlette:
             app.state.doors = Doors(config, services.pipeline, doors)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
+            for encoding in {encoding_for_model(entry.model) for entry in config.models}:
+                load_encoding(encoding)  # ~100,000 objects: loaded before they are frozen, not in a first request
+            if serving:
+                freeze_loaded()
             log.info("serving models %s from store %s", [m.name for m in config.models], config.store.location)
             yield
 

@@ -164,7 +164,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     raise_file_limit()
     keep_large_buffers()
     options = server_options(config.server)
-    app = create_app(config)
+    app = create_app(config, serving=True)
     uvicorn.run(app, host=host, port=port, log_level=level, log_config=logs, lifespan="on", **options)
     return 0
 

@@ -37,3 +37,38 @@ def test_a_growing_body_is_not_faulted_in_anew_every_turn() -> None:
     assert set_up is True
     assert default > 10 * 900  # ~1,000 faults a 4 MB body by default: its pages mapped for it
     assert kept < default / 5
+
+
+SERVING = """
+import asyncio, gc, json, sys, tempfile
+from pathlib import Path
+from proxy import tokens
+from proxy.app import create_app
+from proxy.config import parse_config
+
+async def started(serving: bool) -> dict[str, int]:
+    with tempfile.TemporaryDirectory() as folder:
+        raw = {
+            "store": {"path": str(Path(folder) / "store.db")},
+            "models": [{"name": "m", "model": "openai/gpt-4o", "api_base": "http://127.0.0.1:9/v1", "api_key": "k"}],
+        }
+        app = create_app(parse_config(raw, base_dir=Path(folder), environ={}), serving=serving)
+        async with app.router.lifespan_context(app):
+            return {"frozen": gc.get_freeze_count(), "encodings": tokens._encoding.cache_info().currsize}
+
+print(json.dumps(asyncio.run(started(sys.argv[1] == "serving"))))
+"""
+
+
+def started(mode: str) -> dict[str, int]:
+    """What the garbage collector leaves frozen, and which encodings are loaded, once an app has started."""
+    done = subprocess.run([sys.executable, "-c", SERVING, mode], capture_output=True, text=True, check=True, timeout=60)
+    result: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def test_serve_leaves_what_it_loaded_out_of_the_collectors_full_passes() -> None:
+    serving, embedded = started("serving"), started("embedded")
+    assert serving["frozen"] > 50_000  # the modules' objects and the encoding's tables
+    assert embedded["frozen"] == 0  # an app in another program (a test) leaves its host's collector alone
+    assert serving["encodings"] == embedded["encodings"] == 1  # gpt-4o's o200k_base, read at startup
