@@ -56,8 +56,8 @@ CHECKPOINT_EVERY = 100
 eight small commits each), close to SQLite's own 1,000."""
 
 BACKSTOP_PAGES = 10_000
-"""The log's size at which the writer's own checkpoint still runs, inline in a commit: only should commits write
-far more pages than usual between two of the writer thread's (bulk groups, which run there anyway)."""
+"""The log's size at which the writer's own checkpoint still runs, inside a commit: reached only when commits write
+far more pages than usual between two of the writer thread's checkpoints."""
 
 
 class SqliteEngine:
