@@ -25,6 +25,7 @@ from proxy.journal.steps import (
     replay_events,
     stored_events,
 )
+from proxy.offload import compute
 from proxy.store.connection import Row
 from proxy.store.database import Database
 from proxy.types import Chunk
@@ -118,22 +119,9 @@ class JournalReader:
             "session_id = ? ORDER BY id",
             (tenant, session_id),
         )
-        costs = []
-        for row in rows:
-            usage = json.loads(row["usage"]) if row["usage"] else None
-            context = json.loads(row["context"]) if row["context"] else {}
-            costs.append(
-                StepCost(
-                    step_id=row["id"],
-                    created_at=row["created_at"],
-                    status=row["status"],
-                    model=row["model"],
-                    upstream=TokenCost.from_usage(usage if isinstance(usage, dict) else None),
-                    counted=int(context.get("prompt_tokens") or 0),
-                    requested=int(context.get("history_tokens") or 0),
-                )
-            )
-        return costs
+        # Two JSON documents a step: ~30 ms on the event loop for a 1,000-turn agent session's 2,000 steps.
+        size = sum(len(row["usage"] or "") + len(row["context"] or "") for row in rows)
+        return await compute(size, _step_costs, rows)
 
     async def replay(
         self, tenant: str, idempotency_key: str, fingerprint: str
@@ -167,3 +155,22 @@ class JournalReader:
             else record_from_row(row)
             for row in rows
         ]
+
+
+def _step_costs(rows: Sequence[Row]) -> list[StepCost]:
+    costs = []
+    for row in rows:
+        usage = json.loads(row["usage"]) if row["usage"] else None
+        context = json.loads(row["context"]) if row["context"] else {}
+        costs.append(
+            StepCost(
+                step_id=row["id"],
+                created_at=row["created_at"],
+                status=row["status"],
+                model=row["model"],
+                upstream=TokenCost.from_usage(usage if isinstance(usage, dict) else None),
+                counted=int(context.get("prompt_tokens") or 0),
+                requested=int(context.get("history_tokens") or 0),
+            )
+        )
+    return costs
