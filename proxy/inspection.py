@@ -30,11 +30,15 @@ from proxy.history.store import History
 from proxy.journal.costs import session_cost, with_summarizer_calls
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
+from proxy.offload import compute
 from proxy.pinning import Pinning, checked_ids
 from proxy.tokens import count_prompt, encoding_for_model
 
 YELLOW_AT = 70
 RED_AT = 90
+LISTED_CHARS = 100
+"""About what one entry of the whole-session view (a message's fields, an id a summary covers) makes it look at,
+content aside: what decides whether listing them is worth a thread (`proxy.offload`)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,34 @@ class SessionState:
             },
             "usage": self.usage,
         }
+
+
+def _session_listing(state: SessionState) -> dict[str, Any]:
+    """The whole-session view's messages (each with the summary that covers it, and whether it is pinned) and
+    summaries (each with the messages it covers)."""
+    path = state.path
+    covered_by = {
+        position: span.id for span in state.view.spans for position in range(span.start_depth, span.end_depth + 1)
+    }
+    return {
+        "messages": [
+            {
+                "id": stored.id,
+                "role": stored.role,
+                "content": stored.message.get("content"),
+                **({"tool_calls": stored.message["tool_calls"]} if "tool_calls" in stored.message else {}),
+                "tokens": stored.tokens,
+                "created_at": stored.created_at,
+                "summary_id": covered_by.get(position),
+                "pinned": position in state.pinned,
+            }
+            for position, stored in enumerate(path)
+        ],
+        "summaries": [
+            {**summary.as_json(), "covers": [m.id for m in path[summary.start_depth : summary.end_depth + 1]]}
+            for summary in state.summaries
+        ],
+    }
 
 
 def severity(percent: float) -> str:
@@ -113,34 +145,10 @@ class Inspector:
 
     async def session(self, tenant: str, session_id: str) -> dict[str, Any]:
         state = await self.state(tenant, session_id)
-        path = state.path
-        covered_by = {
-            position: span.id for span in state.view.spans for position in range(span.start_depth, span.end_depth + 1)
-        }
-        return {
-            **state.header(),
-            "messages": [
-                {
-                    "id": stored.id,
-                    "role": stored.role,
-                    "content": stored.message.get("content"),
-                    **({"tool_calls": stored.message["tool_calls"]} if "tool_calls" in stored.message else {}),
-                    "tokens": stored.tokens,
-                    "created_at": stored.created_at,
-                    "summary_id": covered_by.get(position),
-                    "pinned": position in state.pinned,
-                }
-                for position, stored in enumerate(path)
-            ],
-            "summaries": [
-                {
-                    **summary.as_json(),
-                    "covers": [m.id for m in path[summary.start_depth : summary.end_depth + 1]],
-                }
-                for summary in state.summaries
-            ],
-            "cost": await self.cost(tenant, session_id),
-        }
+        # Every message, and every message each summary covers: ~40 ms on the event loop at 4,000 messages.
+        listed = len(state.path) + sum(summary.end_depth + 1 - summary.start_depth for summary in state.summaries)
+        listing = await compute(listed * LISTED_CHARS, _session_listing, state)
+        return {**state.header(), **listing, "cost": await self.cost(tenant, session_id)}
 
     async def cost(self, tenant: str, session_id: str, turns: int | None = None) -> dict[str, Any]:
         """The session's cost (`proxy.journal.costs`): its totals, and per step (the latest `turns` of them)."""
