@@ -62,6 +62,7 @@ rest at once moves the next crossing furthest away and changes the prompt least 
 DEFAULT_PRECOMPACT_RATIO = 0.8
 DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024
+DEFAULT_CORRECTION_TTL_S = 6 * 3600.0
 LOG_FORMATS = ("TEXT", "JSON")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MIN_BODY_RATE = 500.0
@@ -159,6 +160,9 @@ class ContextConfig:
     recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
     """Tokens of archived originals recalled into the working context when the latest user message refers to
     them; 0: no recall."""
+    correction_ttl_s: float = setting(DEFAULT_CORRECTION_TTL_S, low=60.0, high=30 * 86400.0)
+    """How long a correction learned from an upstream's context-window refusal holds before the upstream has to
+    confirm it by refusing again (`proxy.budget.corrections`)."""
     client_compaction: bool = True
     """Answer a client's own compaction request (Claude Code's /compact, Codex's local compaction) from what the
     proxy holds, with no model call, and expand its summary back to the whole conversation later; false: such a
@@ -199,6 +203,8 @@ class UpstreamConfig:
 @dataclass(frozen=True)
 class AuthConfig:
     keys: tuple[str, ...] = setting((), repr=False)
+    admin_keys: tuple[str, ...] = setting((), repr=False)
+    """Keys of the operator's routes (`/admin/...`); none: those routes answer 403. Not tenants' keys."""
 
     @property
     def enabled(self) -> bool:
@@ -295,6 +301,8 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     precompact = config.context.precompact_ratio
     if precompact is not None and precompact > config.context.trigger_ratio:
         raise ConfigError("context.precompact_ratio must not be greater than context.trigger_ratio")
+    if set(config.auth.admin_keys) & set(config.auth.keys):
+        raise ConfigError("auth.admin_keys: an admin key must not also be a client key in auth.keys")
     summarizer = config.context.summarizer_model
     if summarizer is not None and config.model(summarizer) is None:
         raise ConfigError(f"context.summarizer_model: {summarizer!r} is not the name of an entry in models")

@@ -11,6 +11,7 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── InvalidRequest          400, `param` names the field or header
     │   │   └── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
     │   ├── AuthenticationFailed    401 invalid_api_key
+    │   ├── Forbidden               403 admin_disabled (an operator's route with no `auth.admin_keys` set)
     │   ├── NotFound                404 model_not_found / session_not_found / ...
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── ClientTooSlow           408 client_too_slow (a stream's client fell too far behind; dropped)
@@ -90,6 +91,10 @@ class AuthenticationFailed(ClientError):
         super().__init__(message, headers={"Connection": "close"})
 
 
+class Forbidden(ClientError):
+    status, code = 403, "admin_disabled"
+
+
 class NotFound(ClientError):
     status, code = 404, "not_found"
 
@@ -131,6 +136,11 @@ class ContextOverflow:
     """The prompt as the upstream's tokenizer counted it."""
     context_window: int | None = None
     """The window the upstream says it has (prompt and output together)."""
+    wording: tuple[str, ...] = ()
+    """The sentences of the upstream's message it was recognized by: an upstream that quotes the client's text
+    (`Invalid value: '…'`) could be made to say them by the client (`proxy.upstream.context_window.unquoted`)."""
+    coded: bool = False
+    """Recognized by a field of the upstream's error object (a code or type), which no client text can set."""
 
 
 class UpstreamError(ProxyError):
