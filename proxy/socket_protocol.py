@@ -11,6 +11,8 @@ a client that reads nothing. `SocketProtocol` mixes in what every connection has
   reason, and the app a disconnect.
 - A socket whose client takes none of its events for `server.write_timeout_s` is reset: the app's next send
   fails as the client leaving, and the stream's relay journals the answer to its end and seals it.
+It reads uvicorn's protocol's own state (`queue`, `close_sent`, `disconnected`, its send waiting while the
+transport's buffer is full: `pyproject.toml` asks for the uvicorn that has them).
 """
 
 from __future__ import annotations
