@@ -107,9 +107,7 @@ def test_an_idle_socket_is_closed_but_one_answering_is_not(serve_proxy: ServePro
     with open_socket(proxy.port) as sock:
         events = create(sock, input="take your time")
         assert events[-1]["type"] == "response.completed", events[-1]
-        started = time.monotonic()
         assert close_code(sock, within_s=IDLE_S + SLACK_S) == GOING_AWAY
-        assert time.monotonic() - started >= IDLE_S * 0.9
 
 
 def test_one_key_holds_at_most_max_sockets_per_key(serve_proxy: ServeProxy) -> None:
