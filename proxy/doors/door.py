@@ -147,6 +147,31 @@ class Door(Generic[R]):
 DoorType = type[Door[Any]]
 
 
+class OpenSockets:
+    """The WebSockets each tenant holds open, held against `server.max_sockets_per_key`: one key cannot take
+    every connection of the proxy, however long its sockets last."""
+
+    def __init__(self) -> None:
+        self._open: Counter[str] = Counter()
+
+    @contextmanager
+    def held(self, tenant: str, limit: int) -> Iterator[None]:
+        if self._open[tenant] >= limit:
+            raise TooManySockets(
+                f"This key already holds {limit} WebSockets (server.max_sockets_per_key); close one, or use HTTP."
+            )
+        self._open[tenant] += 1
+        try:
+            yield
+        finally:
+            self._open[tenant] -= 1
+            if not self._open[tenant]:
+                del self._open[tenant]
+
+    def count(self, tenant: str) -> int:
+        return self._open[tenant]
+
+
 @dataclass(frozen=True)
 class Doors:
     """The served doors, built once when serving starts."""
@@ -154,7 +179,7 @@ class Doors:
     config: Config
     pipeline: Pipeline
     by_name: dict[str, Door[Any]] = field(default_factory=dict)
-    sockets: OpenSockets = field(default_factory=lambda: OpenSockets())
+    sockets: OpenSockets = field(default_factory=OpenSockets)
 
     async def serve(self, name: str, request: Request) -> Response:
         door = self.by_name[name]
@@ -228,31 +253,6 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
-
-
-class OpenSockets:
-    """The WebSockets each tenant holds open, held against `server.max_sockets_per_key`: one key cannot take
-    every connection of the proxy, however long its sockets last."""
-
-    def __init__(self) -> None:
-        self._open: Counter[str] = Counter()
-
-    @contextmanager
-    def held(self, tenant: str, limit: int) -> Iterator[None]:
-        if self._open[tenant] >= limit:
-            raise TooManySockets(
-                f"This key already holds {limit} WebSockets (server.max_sockets_per_key); close one, or use HTTP."
-            )
-        self._open[tenant] += 1
-        try:
-            yield
-        finally:
-            self._open[tenant] -= 1
-            if not self._open[tenant]:
-                del self._open[tenant]
-
-    def count(self, tenant: str) -> int:
-        return self._open[tenant]
 
 
 @dataclass
