@@ -69,6 +69,11 @@ DEFAULT_MIN_BODY_RATE = 500.0
 """Bytes a second below which a request body's connection may be closed to make room (Apache's MinRate)."""
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 """How long a response may wait for its client to take bytes (a full socket) before the client is dropped."""
+DEFAULT_SOCKET_IDLE_TIMEOUT_S = 300.0
+"""How long a WebSocket may wait for its client's next request: a coding agent's socket outlives a turn's
+thinking, and one closed is reopened by the client (Codex resends the whole input on the new one)."""
+DEFAULT_MAX_SOCKETS_PER_KEY = 64
+"""WebSockets one key may hold open: an agent keeps one per conversation, so 64 agents at once on one key."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,12 @@ class ServerConfig:
     min_body_rate: float = setting(DEFAULT_MIN_BODY_RATE, low=0.0, high=1e12)
     """Bytes a second: a request body arriving slower (after a second) makes its connection evictable when
     `max_connections` is reached."""
+    socket_idle_timeout_s: float = setting(DEFAULT_SOCKET_IDLE_TIMEOUT_S, low=0.001, high=86400.0)
+    """How long a WebSocket may wait for its client's next `response.create` before it is closed (1001, going
+    away); while it waits it is evictable as an idle keep-alive connection is."""
+    max_sockets_per_key: int = setting(DEFAULT_MAX_SOCKETS_PER_KEY, minimum=1, maximum=1_000_000)
+    """WebSockets one key may hold open (without `auth.keys`, all clients together); a handshake past it is
+    refused 429 `too_many_sockets`."""
 
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")

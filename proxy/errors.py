@@ -16,7 +16,8 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── ClientTooSlow           408 client_too_slow (a stream's client fell too far behind; dropped)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
-    │   └── PayloadTooLarge         413 request_too_large / message_too_large
+    │   ├── PayloadTooLarge         413 request_too_large / message_too_large
+    │   └── TooManySockets          429 too_many_sockets (a key's WebSockets past `server.max_sockets_per_key`)
     ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
     │                               when it refused the prompt as longer than its context window
     ├── AnswerTooLarge              502 answer_too_large (the upstream's answer outgrew `limits.max_answer_chars`)
@@ -121,6 +122,12 @@ class Conflict(ClientError):
 
 class PayloadTooLarge(ClientError):
     status, code = 413, "request_too_large"
+
+
+class TooManySockets(ClientError):
+    """A key already holds `server.max_sockets_per_key` WebSockets: the handshake is refused until one closes."""
+
+    status, code = 429, "too_many_sockets"
 
 
 @dataclass(frozen=True)
