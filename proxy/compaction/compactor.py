@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
-from proxy.compaction.plans import Plans
+from proxy.compaction.plans import Plans, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.refusals import not_converging, too_large
@@ -168,7 +168,7 @@ class Compactor:
         session = (request.tenant, request.session_id)
         rounds = most_rounds(len(state.items))
         while written + replanned < rounds:
-            result = self._plans.build(session, state, list(stored.values()), policy, compacting=written > 0)
+            result = await self._plans.plan(session, state, list(stored.values()), policy, compacting=written > 0)
             if isinstance(result, RecentTooLarge):
                 raise too_large(result, request)
             if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
@@ -177,9 +177,7 @@ class Compactor:
                 # in the background and join at the next crossing. Else it waits for the session's pre-compaction
                 # (it is writing them), then writes what is still missing itself.
                 shallow = replace(policy, compact_to=policy.trigger_ratio)
-                fitting = build(
-                    state.items, [s.span for s in stored.values()], shallow, compacting=True, cuts=state.cuts
-                )
+                fitting = await planned(state, [s.span for s in stored.values()], shallow, compacting=True)
                 if isinstance(fitting, ContextLayout):
                     result = fitting
                 elif not waited:
@@ -272,7 +270,7 @@ class Compactor:
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
         written = 0
         while written < AHEAD_ROUNDS:
-            result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
+            result = await planned(state, [s.span for s in stored.values()], policy, compacting=True)
             if not isinstance(result, NeedsSummary):
                 break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
