@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
-from proxy.compaction.plans import Plans
+from proxy.compaction.plans import Plans, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
@@ -46,10 +47,11 @@ FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
 WITHOUT_MODEL = frozenset({TOOL_RESULTS, SLIDING_WINDOW})
 """Strategies whose spans are written without a model call: a crossing writes them at once."""
-MAX_ROUNDS = 32
-"""Spans one request may write; each round shrinks the context, so this is never reached in practice."""
-NAMED_PINS = 10
-"""Pinned message ids an error names before it says how many more there are."""
+ROUNDS_PER_MESSAGE = 3
+"""Each round covers messages no span covered with one, merges two blocks or more into one, or stubs tool outputs
+no mask stubbed: a path of n messages is compacted in fewer than 3n rounds."""
+AHEAD_ROUNDS = 32
+"""Spans one pre-compaction run may write: the crossing writes what more it needs."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Compactor:
         self._summaries = summaries
         self._summarizer = summarizer
         self._recall = recall
-        self._writer = SpanWriter(config, summaries, summarizer, events, clock)
+        self._writer = SpanWriter(config, summaries, summarizer, events, clock, locks)
         self._paths = PathReader(config, pins)
         self._plans = Plans()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
@@ -156,40 +158,57 @@ class Compactor:
         allowance = request.allowance or self.allowance()
         state = await self._paths.read(request)
         stored = await self._in_force(request)
+        known = set(stored)
+        """Every span this request has planned with: one it did not is another request's, written since."""
+        asked: set[NeedsSummary] = set()
         policy = self._request_policy(request)
         waited = False
         written = 0
+        replanned = 0
         session = (request.tenant, request.session_id)
-        while written < MAX_ROUNDS:
-            result = self._plans.build(session, state, list(stored.values()), policy, compacting=written > 0)
+        rounds = most_rounds(len(state.items))
+        while written + replanned < rounds:
+            result = await self._plans.plan(session, state, list(stored.values()), policy, compacting=written > 0)
             if isinstance(result, RecentTooLarge):
-                raise _too_large(result, request)
+                raise too_large(result, request)
             if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
                 # A crossing never waits for a model while what is written (its masks, the batches written ahead,
                 # a summary it had to write) fits the budget: the summaries that would take it deeper are written
                 # in the background and join at the next crossing. Else it waits for the session's pre-compaction
                 # (it is writing them), then writes what is still missing itself.
                 shallow = replace(policy, compact_to=policy.trigger_ratio)
-                fitting = build(
-                    state.items, [s.span for s in stored.values()], shallow, compacting=True, cuts=state.cuts
-                )
+                fitting = await planned(state, [s.span for s in stored.values()], shallow, compacting=True)
                 if isinstance(fitting, ContextLayout):
                     result = fitting
                 elif not waited:
                     waited = True
                     await self._ahead.wait(request, allowance)
                     stored = await self._in_force(request)
+                    known.update(stored)
                     continue
             if isinstance(result, ContextLayout):
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
                 return await self._recalled(request, result, self._render(request, result, stored, state, written))
+            fresh = await self._in_force(request)
+            if not fresh.keys() <= known:
+                # Others compacting this path (sessions continuing one conversation, replicas) wrote spans since
+                # this request read them, maybe the very span it needs, or a wider one orphaning it: plan again
+                # with theirs rather than write around them.
+                stored = fresh
+                known.update(fresh)
+                replanned += 1
+                continue
+            if result in asked:
+                raise not_converging(result, request)
+            asked.add(result)
             summary = await self._write(request, state, result, stored, allowance)
+            known.add(summary.id)
             stored = _superseded(stored, result, summary)
             written += 1
         raise ContextTooLarge(
-            f"The conversation could not be compacted to fit {request.budget} tokens in {MAX_ROUNDS} rounds.",
+            f"The conversation could not be compacted to fit {request.budget} tokens in {rounds} rounds.",
             param="messages",
         )
 
@@ -250,8 +269,8 @@ class Compactor:
         allowance = self.allowance()
         batch = time.time_ns()  # increasing from run to run: the order in which batches join (`Span.held`)
         written = 0
-        while written < MAX_ROUNDS:
-            result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
+        while written < AHEAD_ROUNDS:
+            result = await planned(state, [s.span for s in stored.values()], policy, compacting=True)
             if not isinstance(result, NeedsSummary):
                 break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
@@ -356,6 +375,17 @@ class Compactor:
         )
 
 
+def most_rounds(messages: int) -> int:
+    """The rounds one request's compaction of a path of `messages` may take (spans written, and plans made again
+    with spans other requests wrote meanwhile) before it is taken as not converging.
+
+    A path that was never compacted (a conversation sent whole, or continued from a `compaction` item) needs a
+    first summary per summarizer input's worth of it and then merges: ~40 rounds at 3,000 messages of ~100
+    tokens. A fixed number refused long conversations that compact well (issue 41); a round that changes nothing
+    is caught as it happens (`not_converging`)."""
+    return max(AHEAD_ROUNDS, ROUNDS_PER_MESSAGE * messages)
+
+
 def _superseded(stored: Mapping[int, StoredSpan], need: NeedsSummary, summary: StoredSpan) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
@@ -369,23 +399,3 @@ def _message_index(context: ContextLayout, position: int) -> int:
     """Where item `position` is in the rendered messages (acknowledgements included)."""
     index = context.parts.index(position)
     return index + sum(1 for acknowledged in context.acknowledgements if acknowledged <= index)
-
-
-def _too_large(result: RecentTooLarge, request: CompactionRequest) -> ContextTooLarge:
-    if result.pinned:
-        ids = [request.path[position].id for position in result.pinned]
-        named = ", ".join(ids[:NAMED_PINS]) + (f" and {len(ids) - NAMED_PINS} more" if len(ids) > NAMED_PINS else "")
-        return ContextTooLarge(
-            f"The session's pinned messages ({named}: {result.pinned_tokens} tokens), the system messages and the "
-            f"{request.preserve_recent} most recent messages need {result.needed} tokens, but the input budget for "
-            f"model '{request.entry.name}' is {result.budget} tokens. Unpin some (DELETE /sessions/"
-            f"{request.session_id}/pins) or use a model with a larger context window.",
-            param="messages",
-            code="pins_too_large",
-        )
-    return ContextTooLarge(
-        f"The system messages and the {request.preserve_recent} most recent messages need {result.needed} tokens, "
-        f"but the input budget for model '{request.entry.name}' is {result.budget} tokens. Shorten the latest "
-        "messages, lower X-Context-Preserve-Recent, or use a model with a larger context window.",
-        param="messages",
-    )

@@ -149,6 +149,14 @@ class SpanStore:
             self._sessions.popitem(last=False)
         return spans
 
+    async def on_range(self, tenant: str, start_depth: int, end_id: str) -> list[StoredSpan]:
+        """Every span (orphaned ones too) from depth `start_depth` to the message `end_id`, oldest first: on every
+        path that holds `end_id`."""
+        rows = await self._db.fetchall(
+            f"{_SELECT} WHERE tenant = ? AND end_id = ? AND start_depth = ? ORDER BY id", (tenant, end_id, start_depth)
+        )
+        return [self._span(row) for row in rows]
+
     async def _ending_on(self, tenant: str, messages: Sequence[StoredMessage]) -> list[Row]:
         ids = id_array(message.id for message in messages)
         return await self._db.fetchall(ENDING_ON_SQL, (tenant, ids))

@@ -30,13 +30,15 @@ from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
+from proxy.store.database import Database, lock_name
 from proxy.tokens import count_message, rough_size
 from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
 
-SummaryKey = tuple[str, int, str, tuple[int, ...], str, str]
-"""(tenant, start depth, end message id, spans replaced, encoding, strategy): one span being written."""
+SpanKey = tuple[str, int, str, str, str]
+"""(tenant, start depth, end message id, encoding, strategy): one span being written, whichever spans the requests
+that need it would have it replace (what each of them read of the spans may be older than another's)."""
 RULE_MODEL = "none"
 """The `model` of a span no model wrote (a marker, a mask)."""
 
@@ -136,13 +138,17 @@ class SpanWriter:
         summarizer: Summarizer,
         events: CompactionEvents | None = None,
         clock: Clock = time.monotonic,
+        locks: Database | None = None,
     ) -> None:
+        """`locks`: the store shared with other replicas, under whose lock a span's range is written once among
+        them (none: this process is the only one)."""
         self._config = config
         self._summaries = summaries
         self._summarizer = summarizer
         self._events = events
         self._clock = clock
-        self._running: dict[SummaryKey, asyncio.Future[StoredSpan]] = {}
+        self._locks = locks
+        self._running: dict[SpanKey, asyncio.Future[StoredSpan]] = {}
         """Spans being written now, by range: what a second request needing one waits for."""
 
     async def write(
@@ -159,16 +165,15 @@ class SpanWriter:
         """The span `need` names, written once however many requests need it at the same moment. `original`:
         what its range's messages count (the caller has the path's running sums: a long path is not summed).
 
-        Two sessions can be one chain (the same conversation sent under two ids, or two clients in step), and a
-        request can need what its session's pre-compaction is writing: the second waits for the first one's
-        span instead of paying the summarizer for the same range. The work is shielded: a request that goes
-        away does not waste it for the others.
+        Two sessions can be one chain (the same conversation sent under two ids, two clients in step, sessions
+        continuing one `compaction` item), and a request can need what its session's pre-compaction is writing:
+        the second waits for the first one's span instead of paying the summarizer for the same range. The work
+        is shielded: a request that goes away does not waste it for the others.
         """
         key = (
             request.tenant,
             request.path[need.start].depth,
             request.path[need.end - 1].id,
-            need.replaces,
             request.encoding,
             need.strategy,
         )
@@ -179,7 +184,7 @@ class SpanWriter:
             running.add_done_callback(functools.partial(self._finished, key))
         return await asyncio.shield(running)
 
-    def _finished(self, key: SummaryKey, task: asyncio.Future[StoredSpan]) -> None:
+    def _finished(self, key: SpanKey, task: asyncio.Future[StoredSpan]) -> None:
         del self._running[key]
         if not task.cancelled():
             task.exception()  # retrieved here: every waiter may have gone away
@@ -194,17 +199,42 @@ class SpanWriter:
         original: int,
         held: int,
     ) -> StoredSpan:
+        """The span, unless another request (or replica: under the store's lock on the range) wrote one over the
+        same range since this one read the spans."""
+        if self._locks is None:
+            return await self._written_since(request, need, stored) or await self._new(
+                request, need, stored, allowance, render, original, held
+            )
+        start, end = request.path[need.start].depth, request.path[need.end - 1].id
+        async with self._locks.lock(lock_name("span", request.tenant, start, end, request.encoding, need.strategy)):
+            return await self._written_since(request, need, stored) or await self._new(
+                request, need, stored, allowance, render, original, held
+            )
+
+    async def _written_since(
+        self, request: CompactionRequest, need: NeedsSummary, stored: Mapping[int, StoredSpan]
+    ) -> StoredSpan | None:
+        """A span over `need`'s range that this request did not read: one in use if there is one, else one a wider
+        span has orphaned since (a summary of the range all the same; the compactor then finds the wider one)."""
         mask = need.strategy == TOOL_RESULTS
-        written_since = [
+        start, end = request.path[need.start].depth, request.path[need.end - 1].id
+        found = [
             summary
-            for summary in await self._summaries.in_force_on(request.tenant, request.path, request.session_id)
-            if summary.orphaned_at is None
-            and summary.id not in stored
-            and summary.span.is_mask == mask
-            and (summary.start_depth, summary.end_id) == (request.path[need.start].depth, request.path[need.end - 1].id)
+            for summary in await self._summaries.on_range(request.tenant, start, end)
+            if summary.id not in stored and summary.id not in need.replaces and summary.span.is_mask == mask
         ]
-        if written_since:  # another request wrote it after this one read the summaries
-            return written_since[-1]
+        return max(found, key=lambda summary: (summary.orphaned_at is None, summary.id), default=None)
+
+    async def _new(
+        self,
+        request: CompactionRequest,
+        need: NeedsSummary,
+        stored: Mapping[int, StoredSpan],
+        allowance: Allowance,
+        render: Render,
+        original: int,
+        held: int,
+    ) -> StoredSpan:
         started = self._clock()
         event = CompactionEvent(
             session_id=request.session_id,

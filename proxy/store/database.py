@@ -193,10 +193,10 @@ def id_array(ids: Iterable[str]) -> str:
     return json.dumps(listed)
 
 
-def lock_name(kind: str, tenant: str, session_id: str) -> str:
-    """The name of a lock on one session, as `Database.lock` takes it: one per kind (a session's requests, its
-    pre-compaction), unambiguous whatever the ids hold."""
-    return json.dumps([kind, tenant, session_id])
+def lock_name(kind: str, tenant: str, *subject: str | int) -> str:
+    """The name of a lock, as `Database.lock` takes it: one per kind (a session's requests, its pre-compaction,
+    the writing of a span over one range) and subject (a session id, a range), unambiguous whatever they hold."""
+    return json.dumps([kind, tenant, *subject])
 
 
 def check_store(location: Path | str) -> None:

@@ -1,18 +1,23 @@
 """The per-session plan memo (`Plans`): over random sessions asked random sequences of questions, what it returns
-is what `build` computes from scratch, and it answers from memory only for the very same question."""
+is what `build` computes from scratch, and it answers from memory only for the very same question; a long path's
+plan is built in a worker thread."""
 
 from __future__ import annotations
 
 import random
+import threading
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.compaction.builder import Policy, build
+from proxy.compaction import plans as plans_module
+from proxy.compaction.builder import BuildResult, Policy, build
 from proxy.compaction.groups import Cuts
 from proxy.compaction.layout import Item
 from proxy.compaction.path_items import PathState
-from proxy.compaction.plans import Plans
+from proxy.compaction.plans import OFF_LOOP_ITEMS, Plans
 from proxy.compaction.span_store import StoredSpan
 from proxy.config import SUMMARIZE, TOOL_RESULTS
 
@@ -84,3 +89,31 @@ def test_only_the_same_question_is_answered_from_memory() -> None:
     assert again is not first
     plans.build(("t", "other"), state, [], policy)  # one session remembered: the first is forgotten
     assert plans.build(SESSION, state, [], policy) is not again
+
+
+@pytest.mark.parametrize("messages", [OFF_LOOP_ITEMS - 1, OFF_LOOP_ITEMS])
+async def test_a_long_path_is_planned_in_a_worker_thread_and_remembered(
+    messages: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction builds once or twice a round, each session compacting a path at once too: from
+    `OFF_LOOP_ITEMS` messages on, not on the event loop."""
+    threads: list[int] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> BuildResult:
+        threads.append(threading.get_ident())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(plans_module, "build", recorded)
+    rng = random.Random(3)
+    items = session_items(rng, messages)
+    state = PathState(items, {}, Cuts.of(items))
+    spans = [stored_span(rng, 1, messages)]
+    policy = Policy(budget=2_000, strategies=(TOOL_RESULTS, SUMMARIZE))
+    plans = Plans()
+
+    planned = await plans.plan(SESSION, state, spans, policy, compacting=True)
+
+    assert planned == build(items, [span.span for span in spans], policy, compacting=True)
+    assert (threads[0] != threading.get_ident()) == (messages >= OFF_LOOP_ITEMS)
+    assert await plans.plan(SESSION, state, spans, policy, compacting=True) is planned
+    assert len(threads) == 1
