@@ -1,6 +1,6 @@
 """What one hostile client costs everyone else: the attack tables of issue 12 item 1 and issue 29.
 
-Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29] [--only NAME,...]`. For every attack, and for
+Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29|41] [--only NAME,...]`. For every attack, and for
 every target (this checkout, then the baseline's), a fresh `context-proxy serve` process with its own store (SQLite,
 or a PostgreSQL server of its own), one model with a context window no attack reaches (`BIG_WINDOW`) on a fake
 upstream of its own (answering as the attack needs: `bench.harness.servers.ANSWERS`). While the attack runs (and
@@ -18,7 +18,8 @@ balancer does; the table gives
                   call imports for ~0.5 s: `warm_up`), and after the attack
 
 The attacks of issue 12 (`REQUEST_ATTACKS`) are single hostile requests; issue 29's (`hostile_attacks.ATTACKS`,
-items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`.
+items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`; issue 41's
+are in modules by topic (`hostile_outage.py`: items 7 and 9).
 Bodies are built once, before any target runs, so that the client is not what is measured.
 
 Both targets run with default limits except where an attack sets one the baseline also knows. `--baseline DIR` is
@@ -389,14 +390,15 @@ def ratios(table: Table, result: Report) -> None:
 
 def all_attacks() -> list[Attack]:
     from bench.hostile_attacks import ATTACKS
+    from bench.hostile_outage import ATTACKS as OUTAGE_ATTACKS
 
-    return [*REQUEST_ATTACKS, *ATTACKS]
+    return [*REQUEST_ATTACKS, *ATTACKS, *OUTAGE_ATTACKS]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout whose proxy is attacked beside this one")
-    parser.add_argument("--issue", type=int, choices=(12, 29), help="only the attacks of this issue")
+    parser.add_argument("--issue", type=int, choices=(12, 29, 41), help="only the attacks of this issue")
     parser.add_argument("--only", help="comma-separated attack names (see --list)")
     parser.add_argument("--list", action="store_true", help="print the attacks' names and stop")
     add_json_option(parser)
