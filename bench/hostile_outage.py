@@ -17,6 +17,7 @@ PostgreSQL is down, `/healthz` answers 503 by design: the worst gap of item 7 is
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ SETTLE_S = 30.0
 NOTHING_SAVED = "nothing of this request was saved"
 NO_STREAM = "no stream"
 RESET_CALLS = 20
+UPSTREAM_STOP_S = 10.0
 
 
 @contextmanager
@@ -55,10 +57,25 @@ def slow_streams() -> Iterator[str]:
 
 @contextmanager
 def resetting() -> Iterator[str]:
+    """The resetting upstream in a process of its own: the prober's process, forked from this one, would hold a
+    copy of each of its sockets, and a reset socket whose copy lives on is never reset."""
+    stop = multiprocessing.Event()
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    server = multiprocessing.Process(target=_serve_resetting, args=(sender, stop), daemon=True)
+    server.start()
+    try:
+        yield receiver.recv()
+    finally:
+        stop.set()
+        server.join(UPSTREAM_STOP_S)
+
+
+def _serve_resetting(sender: Any, stop: Any) -> None:
     from tests.support.resetting_upstream import ResettingUpstream
 
     with ResettingUpstream("reset-on-reuse") as upstream:
-        yield upstream.url
+        sender.send(upstream.url)
+        stop.wait()
 
 
 # --- 7: steps cut off by a store outage ---------------------------------------------------------------------------
