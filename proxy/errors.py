@@ -197,9 +197,9 @@ class StoreUnavailable(ProxyError):
         """The error for a request whose step `step_id` was begun: what it kept, and that this process records
         the step as failed once the store is back (`Recovery.settle_unrecorded`)."""
         return StoreUnavailable(
-            f"The proxy's store became unreachable while this request was answered: {kept.value} The answer is not "
-            f"part of the conversation; journal step {step_id} is recorded as failed once the store is back. "
-            "Retry shortly.",
+            f"The proxy's store became unreachable while this request was answered: {kept.value} It is not part of "
+            f"the conversation; journal step {step_id} holds the request and is recorded as failed once the store is "
+            "back. Retry shortly.",
             headers=self.headers,
         )
 

@@ -45,7 +45,7 @@ from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamErr
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
-from proxy.journal.assembly import assemble
+from proxy.journal.assembly import Assembly, assemble
 from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
@@ -190,7 +190,10 @@ class Pipeline:
         journal then knows the step ended without its row, and records it once the store is back:
         `Journal.close`)."""
         step = await step_begun
-        told = exc.in_step(step.id, StepKept.NOTHING) if isinstance(exc, StoreUnavailable) else exc
+        told: Exception = exc
+        if isinstance(exc, StoreUnavailable):
+            told = exc.in_step(step.id, StepKept.NOTHING)
+            step.assembly = Assembly()  # a failed seal's answer was never saved, whether or not the ending is
         try:
             await self.journal.fail(step, error_fields(told))
         except Exception as again:
