@@ -1,4 +1,4 @@
-"""What one hostile client costs everyone else: the attack tables of issue 12 item 1 and issue 29.
+"""What one hostile client costs everyone else: the attack tables of issue 12 item 1, issue 29 and issue 41.
 
 Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29|41] [--only NAME,...]`. For every attack, and for
 every target (this checkout, then the baseline's), a fresh `context-proxy serve` process with its own store (SQLite,
@@ -18,8 +18,9 @@ balancer does; the table gives
                   call imports for ~0.5 s: `warm_up`), and after the attack
 
 The attacks of issue 12 (`REQUEST_ATTACKS`) are single hostile requests; issue 29's (`hostile_attacks.ATTACKS`,
-items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`; issue 41's
-are in modules by topic (`hostile_outage.py`: items 7 and 9).
+items 1-11) and issue 41's (`ROUND_THREE`: a module per concern, `hostile_tenants.py` item 1, `hostile_sockets.py`
+items 2-4, `hostile_outage.py` items 7 and 9) are scaled down to run in seconds, their sizes in their names and in
+their modules' docstrings.
 Bodies are built once, before any target runs, so that the client is not what is measured.
 
 Both targets run with default limits except where an attack sets one the baseline also knows. `--baseline DIR` is
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import multiprocessing
 import shutil
@@ -393,11 +395,15 @@ def ratios(table: Table, result: Report) -> None:
         result.ratios[f"worst /healthz gap this/base, {this['attack']}"] = row["gap_ratio"]
 
 
+ROUND_THREE = ("bench.hostile_tenants", "bench.hostile_sockets", "bench.hostile_outage")
+"""The modules of issue 41's attacks, in the order of its items."""
+
+
 def all_attacks() -> list[Attack]:
     from bench.hostile_attacks import ATTACKS
-    from bench.hostile_outage import ATTACKS as OUTAGE_ATTACKS
 
-    return [*REQUEST_ATTACKS, *ATTACKS, *OUTAGE_ATTACKS]
+    round_three = [attack for name in ROUND_THREE for attack in importlib.import_module(name).ATTACKS]
+    return [*REQUEST_ATTACKS, *ATTACKS, *round_three]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from proxy.auth import Caller, authenticate
+from proxy.auth import Caller, authenticate, authenticate_admin
 from proxy.config import Config
 from proxy.doors.body import parse_json_object, parse_off_loop, request_body
 from proxy.doors.door import Doors, DoorType, error_response
@@ -81,6 +81,8 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/sessions/{session_id}/events", _authenticated(_events), methods=["GET"]),
         Route("/journal", _authenticated(_journal), methods=["GET"]),
         Route("/journal/{step_id}", _authenticated(_journal_step), methods=["GET"]),
+        Route("/admin/corrections", _corrections, methods=["GET", "DELETE"]),
+        Route("/admin/corrections/{model:path}", _corrections, methods=["DELETE"]),
     ]
     if config.observability.metrics:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -258,6 +260,16 @@ async def _journal_step(request: Request, caller: Caller) -> Response:
     if step_id is None:  # past SQLite's integers: no step can have it
         raise NotFound(f"No journal step {text[:40]}….", code="step_not_found")
     return JSONResponse(await services.inspector.step(caller.tenant, step_id))
+
+
+async def _corrections(request: Request) -> Response:
+    """The operator's view of the budget corrections learned from upstream refusals; `DELETE` resets them (all,
+    or one model's). They bind every tenant, so an admin key (`auth.admin_keys`) is needed, not a client's."""
+    services = _services(request)
+    authenticate_admin(request.headers, services.config.auth)
+    if request.method == "GET":
+        return JSONResponse(services.inspector.corrections())
+    return JSONResponse(await services.inspector.forget_corrections(request.path_params.get("model")))
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

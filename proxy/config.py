@@ -62,12 +62,18 @@ rest at once moves the next crossing furthest away and changes the prompt least 
 DEFAULT_PRECOMPACT_RATIO = 0.8
 DEFAULT_PRECOMPACT_CONCURRENCY = 2
 DEFAULT_RECALL_TOKENS = 1024
+DEFAULT_CORRECTION_TTL_S = 6 * 3600.0
 LOG_FORMATS = ("TEXT", "JSON")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MIN_BODY_RATE = 500.0
 """Bytes a second below which a request body's connection may be closed to make room (Apache's MinRate)."""
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 """How long a response may wait for its client to take bytes (a full socket) before the client is dropped."""
+DEFAULT_SOCKET_IDLE_TIMEOUT_S = 300.0
+"""How long a WebSocket may wait for its client's next request: a coding agent's socket outlives a turn's
+thinking, and one closed is reopened by the client (Codex resends the whole input on the new one)."""
+DEFAULT_MAX_SOCKETS_PER_KEY = 64
+"""WebSockets one key may hold open: an agent keeps one per conversation, so 64 agents at once on one key."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ class ServerConfig:
     min_body_rate: float = setting(DEFAULT_MIN_BODY_RATE, low=0.0, high=1e12)
     """Bytes a second: a request body arriving slower (after a second) makes its connection evictable when
     `max_connections` is reached."""
+    socket_idle_timeout_s: float = setting(DEFAULT_SOCKET_IDLE_TIMEOUT_S, low=0.001, high=86400.0)
+    """How long a WebSocket may wait for its client's next `response.create` before it is closed (1001, going
+    away); while it waits it is evictable as an idle keep-alive connection is."""
+    max_sockets_per_key: int = setting(DEFAULT_MAX_SOCKETS_PER_KEY, minimum=1, maximum=1_000_000)
+    """WebSockets one key may hold open (without `auth.keys`, all clients together); a handshake past it is
+    refused 429 `too_many_sockets`."""
 
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
@@ -159,6 +171,9 @@ class ContextConfig:
     recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
     """Tokens of archived originals recalled into the working context when the latest user message refers to
     them; 0: no recall."""
+    correction_ttl_s: float = setting(DEFAULT_CORRECTION_TTL_S, low=60.0, high=30 * 86400.0)
+    """How long a correction learned from an upstream's context-window refusal holds before the upstream has to
+    confirm it by refusing again (`proxy.budget.corrections`)."""
     client_compaction: bool = True
     """Answer a client's own compaction request (Claude Code's /compact, Codex's local compaction) from what the
     proxy holds, with no model call, and expand its summary back to the whole conversation later; false: such a
@@ -199,6 +214,8 @@ class UpstreamConfig:
 @dataclass(frozen=True)
 class AuthConfig:
     keys: tuple[str, ...] = setting((), repr=False)
+    admin_keys: tuple[str, ...] = setting((), repr=False)
+    """Keys of the operator's routes (`/admin/...`); none: those routes answer 403. Not tenants' keys."""
 
     @property
     def enabled(self) -> bool:
@@ -295,6 +312,8 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     precompact = config.context.precompact_ratio
     if precompact is not None and precompact > config.context.trigger_ratio:
         raise ConfigError("context.precompact_ratio must not be greater than context.trigger_ratio")
+    if set(config.auth.admin_keys) & set(config.auth.keys):
+        raise ConfigError("auth.admin_keys: an admin key must not also be a client key in auth.keys")
     summarizer = config.context.summarizer_model
     if summarizer is not None and config.model(summarizer) is None:
         raise ConfigError(f"context.summarizer_model: {summarizer!r} is not the name of an entry in models")

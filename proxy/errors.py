@@ -11,11 +11,13 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     │   ├── InvalidRequest          400, `param` names the field or header
     │   │   └── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
     │   ├── AuthenticationFailed    401 invalid_api_key
+    │   ├── Forbidden               403 admin_disabled (an operator's route with no `auth.admin_keys` set)
     │   ├── NotFound                404 model_not_found / session_not_found / ...
     │   ├── RequestTimeout          408 (the body did not arrive within `server.body_timeout_s`; closes)
     │   ├── ClientTooSlow           408 client_too_slow (a stream's client fell too far behind; dropped)
     │   ├── Conflict                409 (an Idempotency-Key reused with another body)
-    │   └── PayloadTooLarge         413 request_too_large / message_too_large
+    │   ├── PayloadTooLarge         413 request_too_large / message_too_large
+    │   └── TooManySockets          429 too_many_sockets (a key's WebSockets past `server.max_sockets_per_key`)
     ├── UpstreamError               the upstream's own status, type, code and Retry-After; `context_overflow`
     │                               when it refused the prompt as longer than its context window
     ├── AnswerTooLarge              502 answer_too_large (the upstream's answer outgrew `limits.max_answer_chars`)
@@ -91,6 +93,10 @@ class AuthenticationFailed(ClientError):
         super().__init__(message, headers={"Connection": "close"})
 
 
+class Forbidden(ClientError):
+    status, code = 403, "admin_disabled"
+
+
 class NotFound(ClientError):
     status, code = 404, "not_found"
 
@@ -119,6 +125,12 @@ class PayloadTooLarge(ClientError):
     status, code = 413, "request_too_large"
 
 
+class TooManySockets(ClientError):
+    """A key already holds `server.max_sockets_per_key` WebSockets: the handshake is refused until one closes."""
+
+    status, code = 429, "too_many_sockets"
+
+
 @dataclass(frozen=True)
 class ContextOverflow:
     """The upstream refused the prompt as longer than its context window, in whatever words it used.
@@ -132,6 +144,11 @@ class ContextOverflow:
     """The prompt as the upstream's tokenizer counted it."""
     context_window: int | None = None
     """The window the upstream says it has (prompt and output together)."""
+    wording: tuple[str, ...] = ()
+    """The sentences of the upstream's message it was recognized by: an upstream that quotes the client's text
+    (`Invalid value: '…'`) could be made to say them by the client (`proxy.upstream.context_window.unquoted`)."""
+    coded: bool = False
+    """Recognized by a field of the upstream's error object (a code or type), which no client text can set."""
 
 
 class UpstreamError(ProxyError):

@@ -197,6 +197,30 @@ class Inspector:
             )
         return {"object": "summary", "session_id": session_id, **summary.as_json()}
 
+    def corrections(self) -> dict[str, Any]:
+        """The budget corrections in force (`proxy.budget.corrections`): every tenant's, so the operator's only."""
+        expiry = self.budgets.correction_ttl_s
+        data = []
+        for correction in self.budgets.corrections():
+            entry = self.config.model(correction.model)
+            data.append(
+                {
+                    "model": correction.model,
+                    "factor": round(correction.factor, 6),
+                    "context_window": correction.window,
+                    "configured_window": None if entry is None else self.budgets.configured(entry).context_window,
+                    "learned_at": correction.learned_at,
+                    "expires_at": correction.learned_at + expiry,
+                }
+            )
+        return {"object": "list", "data": data}
+
+    async def forget_corrections(self, model: str | None) -> dict[str, Any]:
+        """The operator's reset of one model's correction (None: of every model's)."""
+        if model is not None and self.config.model(model) is None:
+            raise NotFound(f"No model named '{model[:100]}' is configured.", param="model", code="model_not_found")
+        return {"object": "corrections.reset", "models": await self.budgets.forget(model)}
+
     async def session_pins(self, tenant: str, session_id: str) -> dict[str, Any]:
         _session, _entry, encoding = await self._model_of(tenant, session_id)
         path = await self.history.path(tenant, session_id, encoding) or []

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from proxy import continuations
 from proxy.budget.budgets import Budgets
+from proxy.budget.corrections import Refused
 from proxy.client_compaction import compaction_prompt, summary_text, wants_tags
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config import Config, ModelEntry
@@ -57,6 +58,7 @@ from proxy.references import References
 from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
 from proxy.tokens import encoding_for_model
 from proxy.types import Chunk
+from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
 from proxy.upstream.protocol import Upstream
@@ -277,12 +279,20 @@ class Pipeline:
         except UpstreamError as exc:
             if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
-            factor = await self.budgets.learn(plan.entry, plan.sent_tokens, exc.context_overflow)
+            overflow = unquoted(exc.context_overflow, (plan.prepared.messages, conversation.params))
+            if overflow is None:
+                raise  # the upstream repeated the client's words: its own verdict is something else
+            budget = plan.budget
+            refused = Refused(plan.sent_tokens, budget.reserved_output, budget.input_budget)
+            learned = await self.budgets.learn(plan.entry, refused, overflow)
+            if learned is None:
+                raise  # nothing learned: compacting again would send the same request
             log.warning(
-                "upstream rejected %d tokens for %s; budget factor now %.3f, compacting again",
+                "upstream rejected %d tokens for %s; budget factor now %.3f, window %s, compacting again",
                 plan.sent_tokens,
                 plan.entry.name,
-                factor,
+                learned.factor,
+                learned.window or "as configured",
             )
             plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry, plan.allowance)
             return plan, await self._timed(conversation, plan, call)

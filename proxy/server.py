@@ -8,7 +8,8 @@ and one whose body is not complete within `server.body_timeout_s` of its headers
 chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) and answers a 408 first; the
 protocol's timer is the backstop for a body nobody reads. A response whose client takes none of its bytes for
 `server.write_timeout_s` (its socket and the transport's buffer full) is dropped: the connection is aborted,
-which the app hears as the client leaving (a stream's relay journals the answer to its end). The keep-alive
+which the app hears as the client leaving (a stream's relay journals the answer to its end); an upgraded
+WebSocket (`proxy.socket_protocol`) has the same write deadline (`proxy.connections`). The keep-alive
 timeout stays well above common clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a
 server that closes at the same moment races the client's next request on that connection, which then fails with
 a `ReadError`.
@@ -21,14 +22,14 @@ while with what arrives dropped, and closed: closing a socket with unread data r
 lose the answer it has not read yet.
 
 Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
-open-file limit, the other half left to upstream connections and the store) a new connection makes room by
-closing an *evictable* one: first the one that has waited longest without a request under way (slow headers,
-or idle keep-alive), else the slowest whose request body has arrived, for `BODY_RATE_GRACE_S` or more, slower
-than `server.min_body_rate` bytes a second (a body the app is not reading, its socket paused, is not the
-client's fault and is kept). When nothing is evictable the new connection takes one of `HEALTH_RESERVE` spare
-sockets where only a health check (`HEALTH_PATHS`) is served, then closed; anything else is answered 503
-`server_busy` with `Connection: close`. Slow clients thus cannot take the sockets real clients need, health
-checks are answered while every slot is full, and the process never meets its open-file limit (which `serve`
+open-file limit, the other half left to upstream connections and the store) a new connection makes room by closing
+an *evictable* one: first the one that has waited longest without a request under way (slow headers, idle
+keep-alive, or a WebSocket waiting for its next request), else the slowest whose request body has arrived, for
+`BODY_RATE_GRACE_S` or more, slower than `server.min_body_rate` bytes a second (a body the app is not reading, its
+socket paused, is not the client's fault and is kept). When nothing is evictable the new connection takes one of
+`HEALTH_RESERVE` spare sockets where only a health check (`HEALTH_PATHS`) is served, then closed; anything else is
+answered 503 `server_busy` with `Connection: close`. Slow clients thus cannot take the sockets real clients need,
+health checks are answered while every slot is full, and the process never meets its open-file limit (which `serve`
 raises to the hard limit).
 
 The CLI (`serve`) and the end-to-end tests' server both take their options from `server_options`.
@@ -39,8 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
-import socket
-import struct
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -48,9 +48,11 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerConfig
+from proxy.connections import ClientConnection, peer
 from proxy.doors.door import error_door
 from proxy.doors.registry import DOORS
 from proxy.errors import ClientError, ProxyError, openai_error
+from proxy.socket_protocol import SocketProtocol
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -109,50 +111,49 @@ class HeldBody(bytearray):
         return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
 
-class DeadlineProtocol(HttpToolsProtocol):
+class DeadlineProtocol(ClientConnection, HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline and a body deadline per request, a cap on the size of
-    a request's headers, and a cap on connections enforced at accept time."""
+    a request's headers, a write deadline (`ClientConnection`), and a cap on connections enforced at accept
+    time."""
 
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
     max_header_bytes: ClassVar[int]
-    write_timeout_s: ClassVar[float]
     max_connections: ClassVar[int]
     min_body_rate: ClassVar[float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
-        self._waiting_since: float | None = None
-        """Since when this connection waits for a request's headers (None while a request is under way)."""
+        self.waiting_since = None
         self._head_bytes: int | None = 0
         """Bytes of the current request's line and headers received so far (None once they are complete)."""
         self._refused = False
         """Answered 431: what still arrives is dropped until the connection closes."""
-        self._write_deadline: asyncio.TimerHandle | None = None
-        """Armed while the transport's buffer is full (writing paused): the client takes nothing."""
         self._body_since: float | None = None
         """Since when the current request's body arrives (None when no body is under way)."""
         self._body_bytes = 0
-        self._spare = False
+        self.spare = False
         """Accepted on a spare socket (`HEALTH_RESERVE`): serves one health check, refuses anything else."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._waiting_since = self.loop.time()
+        self.waiting_since = self.loop.time()
         self._arm(self.header_timeout_s)
         if len(self.connections) > self.max_connections:
             self._make_room()
 
     def _make_room(self) -> None:
-        others = [other for other in self.connections if isinstance(other, DeadlineProtocol) and other is not self]
+        """Close the connection that has waited longest for a request, an HTTP one or a socket alike
+        (`ClientConnection`), else the slowest body, else take a spare socket."""
+        others = [other for other in _client_connections(self.connections) if other is not self]
         now = self.loop.time()
-        waiting = [other for other in others if other._waiting_since is not None and not other._spare]
+        waiting = [other for other in others if other.waiting_since is not None and not other.spare]
         if waiting:
-            victim = min(waiting, key=lambda other: other._waiting_since or 0.0)
+            victim = min(waiting, key=lambda other: other.waiting_since or 0.0)
             reason = "it had waited longest without a request"
         else:
-            slow = [(rate, other) for other in others if (rate := other._slow_body_rate(now)) is not None]
+            slow = [(rate, other) for other in others if (rate := other.slow_body_rate(now)) is not None]
             if not slow:
                 self._take_spare(others)
                 return
@@ -160,30 +161,32 @@ class DeadlineProtocol(HttpToolsProtocol):
             reason = f"its body arrived at {rate:.0f} bytes/s (server.min_body_rate={self.min_body_rate:g})"
         self.logger.info(
             "closing a connection from %s: %d connections open (server.max_connections=%d), and %s",
-            _peer(victim.client),
+            peer(victim.client),
             len(self.connections),
             self.max_connections,
             reason,
         )
-        victim._waiting_since = None
-        victim._body_since = None
-        victim.transport.close()
+        victim.evict()
 
-    def _take_spare(self, others: list[DeadlineProtocol]) -> None:
+    def evict(self) -> None:
+        self._body_since = None
+        super().evict()
+
+    def _take_spare(self, others: list[ClientConnection]) -> None:
         """Every connection is busy: serve a health check on a spare socket, or close this one if none is left."""
-        if sum(other._spare for other in others) < HEALTH_RESERVE:
-            self._spare = True
+        if sum(other.spare for other in others) < HEALTH_RESERVE:
+            self.spare = True
             return
         self.logger.info(
             "closing a connection from %s: %d connections open (server.max_connections=%d), all busy",
-            _peer(self.client),
+            peer(self.client),
             len(self.connections),
             self.max_connections,
         )
-        self._waiting_since = None
+        self.waiting_since = None
         self.transport.close()
 
-    def _slow_body_rate(self, now: float) -> float | None:
+    def slow_body_rate(self, now: float) -> float | None:
         """The rate its body arrives at, if below `server.min_body_rate` after the grace (else None: not slow)."""
         if self._body_since is None or self.transport.is_closing() or self.flow.read_paused:
             return None
@@ -218,7 +221,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     def _refuse_headers(self) -> None:
         self.logger.info(
             "refusing a request from %s: its line and headers passed %d bytes (server.max_header_bytes)",
-            _peer(self.client),
+            peer(self.client),
             self.max_header_bytes,
         )
         error = ClientError(
@@ -244,41 +247,11 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._waiting_since = self.loop.time()  # idle keep-alive until the next request begins
+            self.waiting_since = self.loop.time()  # idle keep-alive until the next request begins
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        self._disarm_write()
         super().connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._write_deadline is None:
-            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
-
-    def resume_writing(self) -> None:
-        self._disarm_write()
-        super().resume_writing()
-
-    def _disarm_write(self) -> None:
-        if self._write_deadline is not None:
-            self._write_deadline.cancel()
-            self._write_deadline = None
-
-    def _write_expired(self) -> None:
-        self._write_deadline = None
-        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
-            self.logger.info(
-                "dropping a client at %s: it took none of its response for %s s (server.write_timeout_s)",
-                _peer(self.client),
-                self.write_timeout_s,
-            )
-            sock = self.transport.get_extra_info("socket")
-            if sock is not None:
-                # Linger 0: the kernel resets the connection instead of holding the unsent bytes (megabytes) in a
-                # closing socket that retries them for minutes.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.transport.abort()  # close() would wait for the buffer to drain, i.e. for ever
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -286,17 +259,17 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._arm(self.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        self._waiting_since = None
+        self.waiting_since = None
         self._head_bytes = None
         self._disarm()
-        if self._spare and _path(self.url) not in HEALTH_PATHS:
-            self.logger.info("refusing a request from %s: every connection is busy", _peer(self.client))
+        if self.spare and _path(self.url) not in HEALTH_PATHS:
+            self.logger.info("refusing a request from %s: every connection is busy", peer(self.client))
             self._refuse(
                 ServerBusy("Every connection of the proxy is busy; retry shortly.", headers={"Retry-After": "1"})
             )
             return
         super().on_headers_complete()
-        if self._spare and self.cycle is not None:
+        if self.spare and self.cycle is not None:
             self.cycle.keep_alive = False  # a spare socket serves one health check: `Connection: close`
         self._body_since, self._body_bytes = self.loop.time(), 0
         self._arm(self.body_timeout_s + BODY_GRACE_S)
@@ -329,8 +302,12 @@ class DeadlineProtocol(HttpToolsProtocol):
     def _expire(self) -> None:
         self._deadline = None
         if not self.transport.is_closing():
-            self.logger.info("closing a connection from %s: its request did not arrive in time", _peer(self.client))
+            self.logger.info("closing a connection from %s: its request did not arrive in time", peer(self.client))
             self.transport.close()
+
+
+def _client_connections(connections: Iterable[object]) -> list[ClientConnection]:
+    return [connection for connection in connections if isinstance(connection, ClientConnection)]
 
 
 def refusal(error: ProxyError, path: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -353,10 +330,6 @@ def _path(url: bytes) -> str:
         return ""
 
 
-def _peer(client: tuple[str, int] | None) -> str:
-    return f"{client[0]}:{client[1]}" if client else "an unknown peer"
-
-
 def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
     """`DeadlineProtocol` bound to this config's deadlines and cap (uvicorn builds protocols from a class)."""
     return type(
@@ -370,6 +343,15 @@ def protocol_class(server: ServerConfig) -> type[DeadlineProtocol]:
             "max_connections": server.max_connections or default_max_connections(),
             "min_body_rate": server.min_body_rate,
         },
+    )
+
+
+def socket_protocol_class(server: ServerConfig) -> type[SocketProtocol]:
+    """`SocketProtocol` bound to this config's deadlines (uvicorn builds an upgraded socket's protocol from it)."""
+    return type(
+        "ProxySocketProtocol",
+        (SocketProtocol,),
+        {"write_timeout_s": server.write_timeout_s, "idle_timeout_s": server.socket_idle_timeout_s},
     )
 
 
@@ -388,4 +370,8 @@ def raise_file_limit() -> None:
 
 def server_options(server: ServerConfig) -> dict[str, Any]:
     """The keyword arguments of `uvicorn.run` / `uvicorn.Config` that the `server:` section decides."""
-    return {"http": protocol_class(server), "timeout_keep_alive": server.keep_alive_s}
+    return {
+        "http": protocol_class(server),
+        "ws": socket_protocol_class(server),
+        "timeout_keep_alive": server.keep_alive_s,
+    }

@@ -87,7 +87,10 @@ async def open_services(
         upstream = UpstreamRouter(
             config.upstream, config.models, Redactor.from_config(config), config.request_limits.max_answer_chars
         )
-        budgets = Budgets(config.models, upstream.model_info, config.context.safety_margin, SharedCorrections(db))
+        ttl_s = config.context.correction_ttl_s
+        budgets = Budgets(
+            config.models, upstream.model_info, config.context.safety_margin, SharedCorrections(db, ttl_s), ttl_s=ttl_s
+        )
         await budgets.refresh()
         name = config.context.summarizer_model
         summaries = SpanStore(db)

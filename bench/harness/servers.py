@@ -65,7 +65,17 @@ def proxy_config(workdir: Path, upstream: str, name: str, *, window: int = BIG_W
     return path
 
 
-ANSWERS = ("error", "sse-to-json", "one-event", "json-answer", "non-json-lines", "wrong-shape", "key-echo", "chunks")
+ANSWERS = (
+    "error",
+    "sse-to-json",
+    "one-event",
+    "json-answer",
+    "non-json-lines",
+    "wrong-shape",
+    "key-echo",
+    "chunks",
+    "quote",
+)
 """`--answer MODE ARG` of the fake: ARG is a size in characters, except for `key-echo` (the key) and `chunks`
 (`SIZE:PIECE`, an answer of SIZE characters in PIECE-character chunks)."""
 RAW_PIECE = 65536
@@ -170,6 +180,10 @@ def hostile_answer(mode: str, arg: str) -> Any:
     if mode == "key-echo":
         error = {"message": f"Incorrect API key provided: {arg}.", "type": "invalid_request_error"}
         return Fault(status=401, body={"error": {**error, "param": None, "code": "invalid_api_key"}})
+    if mode == "quote":  # OpenAI's answer to a value it refuses, quoting it, to every request that carries it
+        error = {"message": f"Invalid value: '{arg}'.", "type": "invalid_request_error", "param": "messages"}
+        quoted = {"error": {**error, "code": "invalid_value"}}
+        return Fault(status=400, body=quoted, when=lambda body: arg in json.dumps(body))
     if mode == "chunks":
         size, piece = (int(part) for part in arg.split(":"))
         word = "x" * (piece - 1) + " "
@@ -194,7 +208,7 @@ def serve_fake(
         if isinstance(hostile, Reply):
             fake.responder = lambda body: hostile if asks_hostile(body) else short
         else:
-            fake.fail_next(replace(hostile, when=asks_hostile), count=ANSWER_FAULTS)
+            fake.fail_next(hostile if hostile.when else replace(hostile, when=asks_hostile), count=ANSWER_FAULTS)
     if reply_words is not None:
         words_reply = Reply(content=" ".join(f"w{n}" for n in range(reply_words)))
         fake.responder = lambda body: words_reply

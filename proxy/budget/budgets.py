@@ -21,12 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.budget.corrections import TokenCorrections
+from proxy.budget.corrections import DEFAULT_TTL_S, Correction, Refused, TokenCorrections, implausible
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
-from proxy.budget.shared_corrections import Learned, SharedCorrections
+from proxy.budget.shared_corrections import SharedCorrections
 from proxy.config import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.history.settings import session_budget
+from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +81,28 @@ class Budgets:
         lookup: ModelInfoLookup,
         safety_margin: float,
         shared: SharedCorrections | None = None,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Clock = time.time,
     ) -> None:
-        """`shared`: the corrections the replicas of the store share (none: this process learns alone)."""
+        """`shared`: the corrections the replicas of the store share (none: this process learns alone); `ttl_s`:
+        how long one lasts (`context.correction_ttl_s`)."""
         self._lookup = lookup
         self._table = {entry.name: model_limits(entry, lookup) for entry in models}
         self._safety_margin = safety_margin
-        self._corrections = TokenCorrections()
+        self._corrections = TokenCorrections(ttl_s)
         self._shared = shared
+        self._clock = clock
+
+    def configured(self, entry: ModelEntry) -> ModelLimits:
+        """The model's limits as configured (or looked up), before anything was learned."""
+        known = self._table.get(entry.name)
+        return known if known is not None else model_limits(entry, self._lookup)
 
     def limits(self, entry: ModelEntry) -> ModelLimits:
         """The model's limits, with the smaller window its upstream reported when it refused a prompt."""
-        known = self._table.get(entry.name)
-        limits = known if known is not None else model_limits(entry, self._lookup)
-        reported = self._corrections.window(entry.name)
+        reported = self._corrections.window(entry.name, self._clock())
+        limits = self.configured(entry)
         return limits if reported is None else with_reported_window(limits, reported)
 
     def budget(
@@ -113,7 +123,7 @@ class Budgets:
         return Budget(
             budget.limits,
             budget.reserved_output,
-            self._corrections.apply(entry.name, budget.input_budget),
+            self._corrections.apply(entry.name, budget.input_budget, self._clock()),
             budget.session_cap,
             definitions,
         )
@@ -125,22 +135,43 @@ class Budgets:
         limits = self.limits(entry)
         return min(requested, limits.max_output, limits.context_window // OUTPUT_SHARE)
 
-    async def learn(self, entry: ModelEntry, ours: int, overflow: ContextOverflow) -> float:
-        """The upstream refused `ours` tokens as too many for its window: shrink this model's budgets from now on
-        by what its refusal reported (`upstream.context_window` read it where the error entered), here and, once
-        published, on the other replicas."""
-        factor = self._corrections.learn(entry.name, ours, overflow, self.limits(entry).context_window)
-        if self._shared is not None:
-            learned = Learned(entry.name, factor, self._corrections.window(entry.name))
+    async def learn(self, entry: ModelEntry, refused: Refused, overflow: ContextOverflow) -> Correction | None:
+        """The upstream refused `refused` as too many tokens for its window: shrink this model's budgets from now
+        on by what its refusal reported (`upstream.context_window` read it where the error entered), here and,
+        once published, on the other replicas. None: nothing learned (an implausible refusal, or nothing tighter
+        than what is known), so a retry would be refused the same way."""
+        configured = self.configured(entry).context_window
+        reason = implausible(refused, overflow, configured)
+        if reason is not None:
+            log.warning("upstream refusal for %s not learned from: %s", entry.name, reason)
+            return None
+        learned = self._corrections.learn(entry.name, refused, overflow, configured, self._clock())
+        if learned is not None and self._shared is not None:
             try:
-                await self._shared.publish(learned, time.time())
+                await self._shared.publish(learned)
             except Exception as exc:  # the store down: this replica keeps it, the others learn for themselves
                 log.warning("could not share the correction learned for %s: %s", entry.name, exc)
-        return factor
+        return learned
+
+    def corrections(self) -> list[Correction]:
+        """The corrections in force, for the operator (`GET /admin/corrections`, `context-proxy corrections`)."""
+        return self._corrections.in_force(self._clock())
+
+    @property
+    def correction_ttl_s(self) -> float:
+        return self._corrections.ttl_s
+
+    async def forget(self, model: str | None) -> list[str]:
+        """The operator's reset: the correction of `model` (None: every model) is dropped here and in the store,
+        which the other replicas read within `REFRESH_S`; returns the models that had one."""
+        known = {correction.model for correction in self.corrections() if model in (None, correction.model)}
+        self._corrections.forget(model)
+        if self._shared is not None:
+            known.update(await self._shared.forget(model))
+        return sorted(known)
 
     async def refresh(self) -> None:
-        """Adopt what the other replicas learned (`SharedCorrections`)."""
+        """Take what the store holds (every replica's corrections, and resets) as what this process knows."""
         if self._shared is None:
             return
-        for learned in await self._shared.read():
-            self._corrections.adopt(learned.model, learned.factor, learned.window)
+        self._corrections.replace(await self._shared.read(self._clock()))

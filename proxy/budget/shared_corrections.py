@@ -2,20 +2,23 @@
 the others.
 
 `model_corrections` keeps, per configured model name, the largest tokenizer ratio and the smallest window any
-replica learned; each replica publishes what it learns at once and adopts what the others learned every
-`REFRESH_S` (and at startup), so a fleet behind a round-robin balancer is refused once per model, not once per
-replica. Both only ever tighten the budget, so merging is a max and a min, in the upsert and in memory alike.
+replica learned, and when (`updated_at`); each replica publishes what it learns at once and every `REFRESH_S`
+(and at startup) takes what the store holds as what it knows, so a fleet behind a round-robin balancer is refused
+once per model, not once per replica, and an operator's reset (`forget`) reaches every replica. Learning only
+tightens, so the upsert merges with a max and a min, except over a row older than the corrections' lifetime,
+which it replaces; rows that old are not read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from proxy.budget.corrections import Correction
+from proxy.store.connection import Connection
 from proxy.store.database import Database
 
 REFRESH_S = 5.0
 """How often a replica reads what the others learned: a refused request is healed at once on its own replica."""
 
+_EXPIRED = "DELETE FROM model_corrections WHERE model = ? AND updated_at <= ?"
 _UPSERT = """
 INSERT INTO model_corrections (model, factor, context_window, updated_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (model) DO UPDATE SET
@@ -29,24 +32,37 @@ ON CONFLICT (model) DO UPDATE SET
 """
 
 
-@dataclass(frozen=True)
-class Learned:
-    """What the fleet learned for one model: the tokenizer ratio (≥ 1) and a smaller window, if one was reported."""
-
-    model: str
-    factor: float
-    window: int | None
-
-
 class SharedCorrections:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, ttl_s: float) -> None:
         self._db = db
+        self._ttl_s = ttl_s
 
-    async def publish(self, learned: Learned, now: float) -> None:
-        await self._db.write(
-            lambda connection: connection.execute(_UPSERT, (learned.model, learned.factor, learned.window, now))
+    async def publish(self, learned: Correction) -> None:
+        def upsert(connection: Connection) -> None:
+            connection.execute(_EXPIRED, (learned.model, learned.learned_at - self._ttl_s))
+            connection.execute(_UPSERT, (learned.model, learned.factor, learned.window, learned.learned_at))
+
+        await self._db.write(upsert)
+
+    async def read(self, now: float) -> list[Correction]:
+        """The corrections in force at `now`."""
+        rows = await self._db.fetchall(
+            "SELECT model, factor, context_window, updated_at FROM model_corrections WHERE updated_at > ? "
+            "ORDER BY model",
+            (now - self._ttl_s,),
         )
+        return [
+            Correction(row["model"], float(row["factor"]), row["context_window"], float(row["updated_at"]))
+            for row in rows
+        ]
 
-    async def read(self) -> list[Learned]:
-        rows = await self._db.fetchall("SELECT model, factor, context_window FROM model_corrections")
-        return [Learned(row["model"], float(row["factor"]), row["context_window"]) for row in rows]
+    async def forget(self, model: str | None) -> list[str]:
+        """Delete the correction of `model` (None: of every model); returns the models whose row went."""
+
+        def delete(connection: Connection) -> list[str]:
+            where, params = ("", ()) if model is None else (" WHERE model = ?", (model,))
+            rows = connection.execute(f"SELECT model FROM model_corrections{where} ORDER BY model", params).fetchall()
+            connection.execute(f"DELETE FROM model_corrections{where}", params)
+            return [row[0] for row in rows]
+
+        return await self._db.write(delete)

@@ -6,7 +6,8 @@ version, another application's database, a damaged, read-only or locked file, a 
 of a traceback. `sessions` and `journal` open the same parts the server runs
 (`proxy.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
 lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
-writer, checked as `POST /sessions/{id}/pins` checks them. `migrate` applies the schema's migrations as `serve`
+writer, checked as `POST /sessions/{id}/pins` checks them. `corrections` lists and resets the budget corrections
+learned from upstream refusals (every tenant's: no `--key`). `migrate` applies the schema's migrations as `serve`
 does on startup (under a lock, so replicas starting together apply each once) and says which; `export` and
 `import` move a whole store between files and servers, SQLite and PostgreSQL alike (`proxy.store.transfer`).
 """
@@ -32,8 +33,10 @@ from proxy import environment
 from proxy.app import create_app
 from proxy.auth import OPEN_TENANT, tenant_of
 from proxy.cli.render import (
+    render_corrections,
     render_events,
     render_pins,
+    render_reset,
     render_session,
     render_sessions,
     render_step,
@@ -120,6 +123,19 @@ def _parser() -> argparse.ArgumentParser:
     jlist.set_defaults(run=_inspection(_journal_list, render_steps))
     jshow.set_defaults(run=_inspection(_journal_show, render_step))
 
+    corrections = commands.add_parser("corrections", help="budget corrections learned from upstream refusals")
+    corrections_commands = corrections.add_subparsers(title="corrections commands", required=True)
+    clist = corrections_commands.add_parser("list", help="the corrections in force, per model")
+    reset = corrections_commands.add_parser("reset", help="drop a model's correction (every replica, within 5 s)")
+    which = reset.add_mutually_exclusive_group(required=True)
+    which.add_argument("model", nargs="?", help="the configured model name")
+    which.add_argument("--all", action="store_true", help="every model's correction")
+    for command in (clist, reset):
+        command.add_argument("--config", required=True, help="the config file the server runs with")
+        command.add_argument("--json", action="store_true", help="machine-readable output")
+    clist.set_defaults(run=_inspection(_corrections_list, render_corrections, tenanted=False))
+    reset.set_defaults(run=_inspection(_corrections_reset, render_reset, tenanted=False))
+
     migrate = commands.add_parser("migrate", help="apply the schema's migrations to the store (serve does too)")
     export = commands.add_parser("export", help="write every row of the store as JSON lines")
     export.add_argument("output", metavar="OUTPUT", help="the file to write, or - for stdout")
@@ -177,11 +193,13 @@ class InspectionError(Exception):
     """A look-up that found nothing or was asked wrongly: one line on stderr, exit 1."""
 
 
-def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
+def _inspection(view: View, render: Callable[[dict[str, Any]], str], *, tenanted: bool = True) -> Command:
+    """`tenanted`: the view shows one tenant's data (`--key`); otherwise the operator's, for every tenant."""
+
     def run(config: Config, args: argparse.Namespace) -> int:
         environment.prepare()
         try:
-            data = asyncio.run(_look_up(config, args, view))
+            data = asyncio.run(_look_up(config, args, view, tenanted))
         except (InspectionError, StoreRefused, StoreUnavailable) as exc:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 1
@@ -191,9 +209,9 @@ def _inspection(view: View, render: Callable[[dict[str, Any]], str]) -> Command:
     return run
 
 
-async def _look_up(config: Config, args: argparse.Namespace, view: View) -> dict[str, Any]:
+async def _look_up(config: Config, args: argparse.Namespace, view: View, tenanted: bool) -> dict[str, Any]:
     """Open the store read-side, build one view, close again."""
-    tenant = _tenant(config, args.key)
+    tenant = _tenant(config, args.key) if tenanted else OPEN_TENANT
     async with open_services(config, recover=False) as services:
         try:
             return await view(services.inspector, tenant, args)
@@ -253,6 +271,14 @@ async def _journal_list(inspector: Inspector, tenant: str, args: argparse.Namesp
 
 async def _journal_show(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
     return await inspector.step(tenant, args.step_id)
+
+
+async def _corrections_list(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return inspector.corrections()
+
+
+async def _corrections_reset(inspector: Inspector, tenant: str, args: argparse.Namespace) -> dict[str, Any]:
+    return await inspector.forget_corrections(None if args.all else args.model)
 
 
 StoreWork = Callable[[Database, Config, argparse.Namespace, float], Awaitable[None]]

@@ -28,6 +28,29 @@ def render_sessions(data: dict[str, Any]) -> str:
     return _table(rows) + more
 
 
+def render_corrections(data: dict[str, Any]) -> str:
+    if not data["data"]:
+        return "no corrections in force: every model's budget is as configured"
+    rows = [("MODEL", "FACTOR", "WINDOW", "CONFIGURED", "LEARNED", "EXPIRES")]
+    rows += [
+        (
+            c["model"],
+            f"{c['factor']:.3f}",
+            str(c["context_window"] or "-"),
+            str(c["configured_window"] or "-"),
+            _time(c["learned_at"]),
+            _time(c["expires_at"]),
+        )
+        for c in data["data"]
+    ]
+    return _table(rows)
+
+
+def render_reset(data: dict[str, Any]) -> str:
+    models = data["models"]
+    return f"reset: {', '.join(models)}" if models else "nothing to reset: no correction was in force"
+
+
 def render_session(data: dict[str, Any]) -> str:
     usage = data["usage"]
     lines = [

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -31,7 +33,7 @@ from proxy.conversation import Answer, Conversation, Streaming
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
-from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, openai_error
+from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
 from proxy.observability.requests import observe_model
 from proxy.pieces import Received
 from proxy.pipeline import Pipeline
@@ -145,6 +147,31 @@ class Door(Generic[R]):
 DoorType = type[Door[Any]]
 
 
+class OpenSockets:
+    """The WebSockets each tenant holds open, held against `server.max_sockets_per_key`: one key cannot take
+    every connection of the proxy, however long its sockets last."""
+
+    def __init__(self) -> None:
+        self._open: Counter[str] = Counter()
+
+    @contextmanager
+    def held(self, tenant: str, limit: int) -> Iterator[None]:
+        if self._open[tenant] >= limit:
+            raise TooManySockets(
+                f"This key already holds {limit} WebSockets (server.max_sockets_per_key); close one, or use HTTP."
+            )
+        self._open[tenant] += 1
+        try:
+            yield
+        finally:
+            self._open[tenant] -= 1
+            if not self._open[tenant]:
+                del self._open[tenant]
+
+    def count(self, tenant: str) -> int:
+        return self._open[tenant]
+
+
 @dataclass(frozen=True)
 class Doors:
     """The served doors, built once when serving starts."""
@@ -152,6 +179,7 @@ class Doors:
     config: Config
     pipeline: Pipeline
     by_name: dict[str, Door[Any]] = field(default_factory=dict)
+    sockets: OpenSockets = field(default_factory=OpenSockets)
 
     async def serve(self, name: str, request: Request) -> Response:
         door = self.by_name[name]
@@ -163,17 +191,23 @@ class Doors:
         return door.render(answer, parsed)
 
     async def serve_socket(self, name: str, websocket: WebSocket) -> None:
-        """A door's API over a WebSocket: the handshake authenticated like a request (refused with the door's
-        HTTP error), then one request at a time, each answered by its events; a failed request is an error
-        event and the socket stays open; the client closes it."""
+        """A door's API over a WebSocket: the handshake authenticated like a request and counted against the
+        key's `server.max_sockets_per_key` (refused with the door's HTTP error), then one request at a time,
+        each answered by its events; a failed request is an error event and the socket stays open; the client
+        closes it (or the server, idle: `proxy.socket_protocol`)."""
         door = self.by_name[name]
-        try:
-            caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
-        except ProxyError as exc:
-            status, body, headers = door.error(exc)
-            await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
-            return
-        await websocket.accept()
+        with ExitStack() as held:
+            try:
+                caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
+                held.enter_context(self.sockets.held(caller.tenant, self.config.server.max_sockets_per_key))
+            except ProxyError as exc:
+                status, body, headers = door.error(exc)
+                await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
+                return
+            await websocket.accept()
+            await self._serve_events(door, caller, websocket)
+
+    async def _serve_events(self, door: Door[Any], caller: Caller, websocket: WebSocket) -> None:
         socket = SocketState()
         try:
             while True:
@@ -199,7 +233,7 @@ class Doors:
         if warm is not None:
             reference, events = warm
             conversation, _ = await self.pipeline.continued(caller.tenant, parsed.conversation)
-            socket.warmed[reference] = conversation
+            socket.warm(reference, conversation)
             for event in events:
                 await websocket.send_text(_json(event))
             return
@@ -224,19 +258,24 @@ class Doors:
 @dataclass
 class SocketState:
     """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
-    a response answered on the same socket even if the client did not store it, or a warm-up."""
+    a response answered on the same socket even if the client did not store it, or its latest warm-up. Only the
+    latest: a client warms a socket up just before the turn that continues it (Codex, every turn), and a
+    warm-up may hold a whole conversation, so a socket keeps one rather than every one it was sent."""
 
     answered: set[int] = field(default_factory=set)
     """The journal steps answered on this socket."""
-    warmed: dict[str, Conversation] = field(default_factory=dict)
-    """Warm-ups by the id they answered with: the conversation each was sent with, resolved."""
+    warmed: tuple[str, Conversation] | None = None
+    """The latest warm-up: the id it answered with, and the conversation it was sent with, resolved."""
+
+    def warm(self, reference: str, conversation: Conversation) -> None:
+        self.warmed = (reference, conversation)
 
     def resolve(self, conversation: Conversation) -> Conversation:
         continues = conversation.continues
         if continues is None:
             return conversation
-        warmed = self.warmed.get(continues.reference)
-        if warmed is not None:
+        if self.warmed is not None and self.warmed[0] == continues.reference:
+            warmed = self.warmed[1]
             return extended(conversation, warmed.messages[warmed.instructions :])
         if continues.step_id in self.answered:
             return replace(conversation, continues=replace(continues, same_connection=True))

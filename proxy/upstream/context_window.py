@@ -11,7 +11,7 @@ smaller than the configured one. Pure: no LiteLLM import (its class is matched b
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow
@@ -101,37 +101,68 @@ def context_overflow(
         return None
     fields = error or {}
     reported = reported_counts(message)
-    recognized = (
-        reported is not None
-        or str(fields.get("code")) in CONTEXT_ERROR_CODES
-        or str(fields.get("type")) in CONTEXT_ERROR_TYPES
-        or (exception is not None and _is_litellm_context_error(exception))
-    )
+    coded = str(fields.get("code")) in CONTEXT_ERROR_CODES or str(fields.get("type")) in CONTEXT_ERROR_TYPES
+    recognized = reported is not None or coded or (exception is not None and _is_litellm_context_error(exception))
     if not recognized:
         return None
     reported = reported or ContextOverflow()
     return ContextOverflow(
         prompt_tokens=_count(fields.get(LLAMA_CPP_PROMPT_FIELD)) or reported.prompt_tokens,
         context_window=_count(fields.get(LLAMA_CPP_WINDOW_FIELD)) or reported.context_window,
+        wording=reported.wording,
+        coded=coded,
     )
 
 
 def reported_counts(message: str) -> ContextOverflow | None:
-    """The counts a context-window refusal's sentence reports (either may be None), or None when the sentence
-    is not a context-window refusal in any wording known here."""
-    window = _first(WINDOW_WORDINGS, message)
-    prompt = _first(PROMPT_WORDINGS, message)
-    if window is None and prompt is None and not any(wording.search(message) for wording in COUNTLESS_WORDINGS):
-        return None
-    return ContextOverflow(prompt_tokens=prompt, context_window=window)
+    """The counts a context-window refusal's sentence reports (either may be None), with the sentences they were
+    read from, or None when the sentence is not a context-window refusal in any wording known here."""
+    window, window_text = _first(WINDOW_WORDINGS, message)
+    prompt, prompt_text = _first(PROMPT_WORDINGS, message)
+    wording = tuple(text for text in (window_text, prompt_text) if text)
+    if not wording:
+        wording = tuple(match.group(0) for w in COUNTLESS_WORDINGS if (match := w.search(message)) is not None)[:1]
+        if not wording:
+            return None
+    return ContextOverflow(prompt_tokens=prompt, context_window=window, wording=wording)
 
 
-def _first(wordings: tuple[re.Pattern[str], ...], message: str) -> int | None:
+def unquoted(overflow: ContextOverflow, sent: Iterable[Any]) -> ContextOverflow | None:
+    """The overflow as far as the upstream said it in its own words, not the client's.
+
+    Upstreams quote the request in their errors (OpenAI's `Invalid value: '…'`, vLLM's `input_value=…`), so a
+    client can make one "say" any context-window sentence; learned from, it would shrink every tenant's budget. A
+    wording that occurs in the strings of what was `sent` (messages, parameters) is not the upstream's: without it
+    the refusal is countless when a field of the error object marked it (`coded`), and no overflow at all
+    otherwise. Only called for a refusal, whose context fits the budget: the walk is short.
+    """
+    if not overflow.wording:
+        return overflow
+    wordings = [text.lower() for text in overflow.wording]
+    if not any(wording in text for text in _lowered_strings(sent) for wording in wordings):
+        return overflow
+    return ContextOverflow(coded=True) if overflow.coded else None
+
+
+def _lowered_strings(values: Iterable[Any]) -> Iterator[str]:
+    pending: list[Any] = list(values)
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            yield value.lower()
+        elif isinstance(value, Mapping):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+
+
+def _first(wordings: tuple[re.Pattern[str], ...], message: str) -> tuple[int | None, str]:
     for wording in wordings:
         match = wording.search(message)
         if match is not None:
-            return int(match.group(1).replace(",", ""))
-    return None
+            return int(match.group(1).replace(",", "")), match.group(0)
+    return None, ""
 
 
 def _count(value: Any) -> int | None:

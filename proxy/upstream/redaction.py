@@ -59,6 +59,7 @@ class Redactor:
     def from_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
         """The config's secrets and the provider keys its models read from `environ` (the process's, now)."""
         found = {entry.api_key for entry in config.models if entry.api_key} | set(config.auth.keys)
+        found |= set(config.auth.admin_keys)
         found |= set(environment_keys(config.models, os.environ if environ is None else environ))
         usable = (secret for secret in found if len(secret) >= MIN_SECRET_CHARS)
         return cls(tuple(sorted(usable, key=len, reverse=True)))

@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from proxy.cli.commands import EXIT_CONFIG, EXIT_STORE, main
 from proxy.observability.logs import TEXT_FORMAT
 from proxy.server import DeadlineProtocol
+from proxy.socket_protocol import SocketProtocol
 from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
 from tests.support.fake_upstream import FakeUpstream
@@ -139,6 +140,7 @@ def test_serve_binds_beyond_loopback_when_asked_explicitly_or_with_keys(
     assert uvicorn_run.calls[2]["log_config"]["formatters"]["proxy"] == {"format": TEXT_FORMAT}
     assert uvicorn_run.calls[2]["timeout_keep_alive"] == 75.0
     assert issubclass(uvicorn_run.calls[2]["http"], DeadlineProtocol)
+    assert issubclass(uvicorn_run.calls[2]["ws"], SocketProtocol)
 
 
 def test_serve_logs_json_at_the_configured_level_unless_the_flag_says_otherwise(

@@ -295,7 +295,7 @@ def test_each_providers_refusal_is_recognized_with_its_counts(
 ) -> None:
     converted = upstream_error(ProviderRefusal(status, {"error": error}))
 
-    assert converted.context_overflow == ContextOverflow(prompt_tokens=counts[0], context_window=counts[1])
+    assert counts_of(converted.context_overflow) == counts
     # What the client hears is the upstream's own status, type and message.
     assert (converted.status, converted.message) == (status, error["message"])
     assert converted.type == str(error.get("type") or "invalid_request_error")
@@ -321,7 +321,7 @@ def test_anthropics_own_error_shape_through_litellm_is_recognized() -> None:
 
     converted = upstream_error(refusal)
 
-    assert converted.context_overflow == ContextOverflow(prompt_tokens=208310, context_window=200000)
+    assert counts_of(converted.context_overflow) == (208310, 200000)
     assert (converted.type, converted.message) == ("invalid_request_error", body["error"]["message"])
 
 
@@ -334,18 +334,22 @@ def test_whatever_litellm_maps_to_its_context_window_error_is_recognized() -> No
     converted = upstream_error(mapped)
 
     assert converted.status == 400
-    assert converted.context_overflow == ContextOverflow()
+    assert counts_of(converted.context_overflow) == (None, None)
 
 
 def test_the_counts_of_a_message_alone() -> None:
-    assert reported_counts("prompt is too long: 1,024 tokens > 1,000 maximum") == ContextOverflow(1024, 1000)
+    assert counts_of(reported_counts("prompt is too long: 1,024 tokens > 1,000 maximum")) == (1024, 1000)
     assert reported_counts("Bad request.") is None
-    assert context_overflow(400, {"code": OPENAI_CODE}, "Bad request.") == ContextOverflow()
-    assert context_overflow(400, {"type": "exceed_context_size_error", "n_ctx": 512}, "") == ContextOverflow(None, 512)
+    assert context_overflow(400, {"code": OPENAI_CODE}, "Bad request.") == ContextOverflow(coded=True)
+    assert counts_of(context_overflow(400, {"type": "exceed_context_size_error", "n_ctx": 512}, "")) == (None, 512)
     # llama.cpp's fields win over its sentence.
-    assert context_overflow(
-        400, {"n_prompt_tokens": 700, "n_ctx": 512}, "request (9 tokens) exceeds the available context size (8 tokens)"
-    ) == ContextOverflow(700, 512)
+    sentence = "request (9 tokens) exceeds the available context size (8 tokens)"
+    assert counts_of(context_overflow(400, {"n_prompt_tokens": 700, "n_ctx": 512}, sentence)) == (700, 512)
+
+
+def counts_of(overflow: ContextOverflow | None) -> tuple[int | None, int | None]:
+    assert overflow is not None
+    return overflow.prompt_tokens, overflow.context_window
 
 
 # --- the LiteLLM boundary, against the fake upstream speaking each dialect ------------------------------------
@@ -522,10 +526,11 @@ def test_a_refusal_that_comes_again_after_healing_reaches_the_client_as_the_upst
     _proxy, client = local
     message = "request (10 tokens) exceeds the available context size (2048 tokens), try increasing it"
     error = {"code": 400, "message": message, "type": "exceed_context_size_error", "n_prompt_tokens": 10, "n_ctx": 2048}
-    fake.fail_next(Fault(status=400, body={"error": error}), count=2)
+    answers = Fault(status=400, body={"error": error}, when=lambda body: body["model"] != SUMMARIZER_ID)
+    fake.fail_next(answers, count=2)
 
     with pytest.raises(openai.BadRequestError) as caught:
-        ask(client, [{"role": "user", "content": "hello"}], stream)
+        ask(client, long_history(), stream)
 
     assert len(chat_requests(fake)) == 2, "healed once per request, not more"
     assert caught.value.status_code == 400

@@ -248,7 +248,7 @@ def test_slow_clients_past_the_cap_make_room_for_real_ones(serve_proxy: ServePro
 def test_the_default_cap_leaves_half_the_file_limit_to_upstreams() -> None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert default_max_connections() == max(16, (soft - RESERVED_FILES) // 2)
-    assert server_options(ServerConfig()).keys() == {"http", "timeout_keep_alive"}
+    assert server_options(ServerConfig()).keys() == {"http", "ws", "timeout_keep_alive"}
 
 
 def test_an_unauthenticated_slow_body_is_answered_401_and_closed_at_once(serve_proxy: ServeProxy) -> None:

@@ -1,16 +1,14 @@
-"""Model limits (config → LiteLLM's map → prefix table → default), the effective input budget, and the
-corrections learned from an upstream's context-window refusals."""
+"""Model limits (config → LiteLLM's map → prefix table → default) and the effective input budget; the corrections
+learned from an upstream's refusals are `test_corrections`'s."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from proxy.budget.budgets import Budget, Budgets, effective_budget
-from proxy.budget.corrections import FALLBACK_FACTOR_STEP, HEADROOM, MAX_FACTOR, TokenCorrections
+from proxy.budget.budgets import Budget, effective_budget
 from proxy.budget.limits import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_OUTPUT,
@@ -19,10 +17,7 @@ from proxy.budget.limits import (
     prefix_limits,
     with_reported_window,
 )
-from proxy.budget.shared_corrections import SharedCorrections
 from proxy.config import ModelEntry
-from proxy.errors import ContextOverflow
-from proxy.store.database import Database
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:
@@ -162,110 +157,6 @@ def test_no_room_left_is_a_zero_budget_for_the_caller_to_report() -> None:
     assert effective_budget(LIMITS, 10_000_000, 0.05).input_budget == 0
 
 
-# Corrections: learning from the upstream's refusals how much more it counts, and how large its window really is.
-
-
-def counted(prompt: int | None = None, window: int | None = None) -> ContextOverflow:
-    return ContextOverflow(prompt_tokens=prompt, context_window=window)
-
-
-def test_a_counted_refusal_shrinks_that_models_budget_by_the_ratio() -> None:
-    corrections = TokenCorrections()
-
-    factor = corrections.learn("small", 1000, counted(1200), 4096)
-
-    assert factor == pytest.approx(1.2 * HEADROOM)
-    assert corrections.apply("small", 3379) == math.floor(3379 / (1.2 * HEADROOM))
-    assert corrections.apply("big", 3379) == 3379
-    assert corrections.factor("big") == 1.0
-
-
-def test_a_refusal_that_explains_nothing_shrinks_by_a_fixed_step_up_to_a_limit() -> None:
-    corrections = TokenCorrections()
-
-    assert corrections.learn("m", 1000, counted(), 4096) == pytest.approx(FALLBACK_FACTOR_STEP)
-    assert corrections.learn("m", 1000, counted(900), 4096) == pytest.approx(FALLBACK_FACTOR_STEP**2)
-    for _ in range(20):
-        corrections.learn("m", 1000, counted(), 4096)
-    assert corrections.factor("m") == MAX_FACTOR
-    assert corrections.apply("m", 4000) == 1000
-
-
-def test_a_factor_never_shrinks_back() -> None:
-    corrections = TokenCorrections()
-    corrections.learn("m", 1000, counted(1500), 4096)
-
-    again = corrections.learn("m", 1000, counted(1100), 4096)
-
-    assert again == pytest.approx(1.5 * HEADROOM * HEADROOM)
-
-
-def test_a_smaller_reported_window_is_learned_without_shrinking_the_factor_when_the_counts_agree() -> None:
-    corrections = TokenCorrections()
-
-    assert corrections.learn("m", 3000, counted(3000, 2048), 4096) == 1.0
-    assert corrections.window("m") == 2048
-    assert corrections.factor("m") == 1.0
-
-
-def test_a_reported_window_no_smaller_than_ours_is_not_learned() -> None:
-    corrections = TokenCorrections()
-
-    corrections.learn("m", 1000, counted(1270, 4096), 4096)
-
-    assert corrections.window("m") is None
-    assert corrections.factor("m") == pytest.approx(1.27 * HEADROOM)
-
-
-# Budgets: what the request path and the views ask, after a refusal was learned.
-
-LLAMA_CPP_REFUSAL = ContextOverflow(prompt_tokens=2063, context_window=2048)
-"""What llama.cpp's "request (2063 tokens) exceeds the available context size (2048 tokens)" reports."""
-
-
-async def test_budgets_learn_the_ratio_from_the_refusal_of_another_provider() -> None:
-    local = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 2048, 256)
-    budgets = Budgets((local,), unknown, 0.05)
-    before = budgets.budget(local).input_budget
-
-    factor = await budgets.learn(local, 1624, LLAMA_CPP_REFUSAL)
-
-    assert factor == pytest.approx(2063 / 1624 * HEADROOM)
-    assert budgets.budget(local).input_budget == math.floor(before / factor)
-    assert budgets.limits(local) == ModelLimits(2048, 256, "config")
-
-
-async def test_budgets_use_the_smaller_window_the_upstream_reported() -> None:
-    configured = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 8192, 1024)
-    budgets = Budgets((configured,), unknown, 0.05)
-
-    await budgets.learn(configured, 2063, LLAMA_CPP_REFUSAL)
-
-    assert budgets.limits(configured) == ModelLimits(2048, 1024, "upstream")
-    assert budgets.budget(configured).input_budget == 2048 - 1024 - math.ceil(0.05 * 2048)
-
-
 def test_a_reported_window_keeps_the_output_limit_below_it() -> None:
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 4096) == ModelLimits(4096, 2048, "upstream")
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 16384) == ModelLimits(8192, 4096, "config")
-
-
-async def test_what_one_replica_learns_the_others_adopt_and_keep_across_restarts(db: Database) -> None:
-    local = ModelEntry("local", "openai/smollm2", "http://127.0.0.1:8080/v1", None, 8192, 1024)
-    first, second = (Budgets((local,), unknown, 0.05, SharedCorrections(db)) for _ in range(2))
-    before = second.budget(local).input_budget
-
-    factor = await first.learn(local, 1500, ContextOverflow(prompt_tokens=1800, context_window=None))
-    assert second.budget(local).input_budget == before  # until it reads what the other learned
-    await second.refresh()
-
-    assert second.budget(local).input_budget == math.floor(before / factor)
-    # The second replica's own refusal builds on what it adopted; a restart starts from what the fleet knows.
-    again = await second.learn(local, 2000, ContextOverflow(prompt_tokens=2063, context_window=4096))
-    assert again > factor
-    await first.learn(local, 1500, ContextOverflow(prompt_tokens=1600, context_window=None))  # looser: ignored
-    restarted = Budgets((local,), unknown, 0.05, SharedCorrections(db))
-    await restarted.refresh()
-    assert restarted.limits(local) == ModelLimits(4096, 1024, "upstream")
-    assert [(row.factor, row.window) for row in await SharedCorrections(db).read()] == [(again, 4096)]
-    assert restarted.budget(local).input_budget == math.floor((4096 - 1024 - math.ceil(0.05 * 4096)) / again)

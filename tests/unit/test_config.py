@@ -13,6 +13,8 @@ import pytest
 from proxy.config import (
     DEFAULT_KEEP_EVENTS_S,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SOCKETS_PER_KEY,
+    DEFAULT_SOCKET_IDLE_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
     Config,
     ConfigError,
@@ -44,6 +46,8 @@ def test_empty_config_has_every_default() -> None:
     assert config.server.body_timeout_s == 120.0
     assert config.server.keep_alive_s == 75.0
     assert config.server.max_connections is None
+    assert config.server.socket_idle_timeout_s == DEFAULT_SOCKET_IDLE_TIMEOUT_S == 300.0
+    assert config.server.max_sockets_per_key == DEFAULT_MAX_SOCKETS_PER_KEY == 64
     assert config.store.path == BASE / "context-infinity.db"
     assert config.models == ()
     assert config.context.preserve_recent == 4
@@ -79,6 +83,8 @@ def test_every_key_is_parsed() -> None:
                 "body_timeout_s": 60.5,
                 "keep_alive_s": 120,
                 "max_connections": 500,
+                "socket_idle_timeout_s": 30,
+                "max_sockets_per_key": 4,
             },
             "store": {"path": "/var/lib/ci/store.db"},
             "models": [
@@ -110,6 +116,7 @@ def test_every_key_is_parsed() -> None:
     assert (config.server.host, config.server.port) == ("0.0.0.0", 9000)
     assert (config.server.header_timeout_s, config.server.body_timeout_s) == (5.0, 60.5)
     assert (config.server.keep_alive_s, config.server.max_connections) == (120.0, 500)
+    assert (config.server.socket_idle_timeout_s, config.server.max_sockets_per_key) == (30.0, 4)
     assert config.store.path == Path("/var/lib/ci/store.db")
     assert config.models == (
         ModelEntry("big", "openai/gpt-4o", "http://127.0.0.1:1/v1", "sk-1", 100_000, 2_000),
@@ -273,6 +280,9 @@ def test_example_config_takes_the_key_from_the_environment() -> None:
         ({"server": {"header_timeout_s": 0}}, "server.header_timeout_s", "between"),
         ({"server": {"body_timeout_s": "slow"}}, "server.body_timeout_s", "number"),
         ({"server": {"max_connections": 0}}, "server.max_connections", "at least 1"),
+        ({"server": {"socket_idle_timeout_s": 0}}, "server.socket_idle_timeout_s", "between"),
+        ({"server": {"max_sockets_per_key": 0}}, "server.max_sockets_per_key", "at least 1"),
+        ({"server": {"max_sockets_per_key": 2.5}}, "server.max_sockets_per_key", "whole number"),
         ({"context": {"preserve_recent": -1}}, "context.preserve_recent", "at least 0"),
         ({"context": {"target_ratio": 1.5}}, "context.target_ratio", "between"),
         ({"context": {"safety_margin": 0.9}}, "context.safety_margin", "between"),

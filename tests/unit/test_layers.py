@@ -11,7 +11,16 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("proxy.app", "proxy.server", "proxy.services", "proxy.cli", "proxy.__main__", "proxy.ui.routes"),
+    (
+        "proxy.app",
+        "proxy.server",
+        "proxy.socket_protocol",
+        "proxy.connections",
+        "proxy.services",
+        "proxy.cli",
+        "proxy.__main__",
+        "proxy.ui.routes",
+    ),
     ("proxy.doors", "proxy.ui"),
     (
         "proxy.pipeline",

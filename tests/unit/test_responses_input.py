@@ -275,6 +275,14 @@ def test_previous_response_id_is_the_continuation() -> None:
     assert conversation.continues == Continuation(0xA1, "responses", "resp_00000000000000a1", "previous_response_id")
 
 
+def test_a_previous_response_id_alone_continues_with_no_input_of_its_own() -> None:
+    """The Agents SDK's compaction session compacts with `previous_response_id` and no `input`."""
+    conversation = parse({"model": "m", "previous_response_id": "resp_00000000000000a1"}).conversation
+    assert conversation.messages == []
+    assert conversation.continues == Continuation(0xA1, "responses", "resp_00000000000000a1", "previous_response_id")
+    assert refusal({"model": "m"}).message == "Missing required parameter: 'input'."
+
+
 def test_a_previous_response_id_the_proxy_did_not_issue_continues_no_step() -> None:
     conversation = parse({"model": "m", "input": "more", "previous_response_id": "resp_abc"}).conversation
     assert conversation.continues == Continuation(None, "responses", "resp_abc", "previous_response_id")

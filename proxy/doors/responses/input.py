@@ -119,7 +119,8 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
         compacted = split_input(raw_input)
         messages.extend(input_messages(compacted.items))
     elif raw_input is None:
-        raise InvalidRequest("Missing required parameter: 'input'.", param="input")
+        if body.get("previous_response_id") is None:  # with it, the previous response's conversation is the input
+            raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     else:
         raise InvalidRequest(
             f"'input' must be a string or an array of items, not {json_type(raw_input)}.", param="input"
