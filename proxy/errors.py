@@ -206,6 +206,8 @@ class StoreUnavailable(ProxyError):
     once the request's journal step exists, `in_step` says what that step kept."""
 
     status, code = 503, "store_unavailable"
+    commit_unknown = False
+    """Set on a write whose server went away during its transaction: whether it committed cannot be known."""
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, headers: dict[str, str] | None = None) -> None:
         super().__init__(message, headers=headers or {"Retry-After": str(max(1, round(retry_after_s)))})

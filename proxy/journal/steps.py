@@ -107,8 +107,11 @@ class UnrecordedEnds:
 
     def __init__(self) -> None:
         self._endings: dict[int, tuple[StepStatus, str | None]] = {}
+        self._begins: dict[tuple[str, float], str] = {}
+        """Begins whose commit was not confirmed (the server went away during it), by (tenant, created_at): the
+        error their client was told. Such a row may exist, open, with no handle in this process."""
         self._waiting = asyncio.Event()
-        """Set while an ending waits to be written."""
+        """Set while an ending (or an unconfirmed begin) waits to be written."""
 
     def remember(self, step_id: int, status: StepStatus, error: str | None) -> None:
         self._endings[step_id] = (status, error)
@@ -121,7 +124,22 @@ class UnrecordedEnds:
     def forget(self, step_id: int) -> None:
         """The ending is written now (or the row was ended otherwise)."""
         self._endings.pop(step_id, None)
-        if not self._endings:
+        self._idle()
+
+    def remember_begin(self, tenant: str, created_at: float, error: str) -> None:
+        """A begin failed where its commit may have happened unseen: its row, if any, ends `failed` with `error`."""
+        self._begins[(tenant, created_at)] = error
+        self._waiting.set()
+
+    def unconfirmed_begins(self) -> list[tuple[str, float, str]]:
+        return [(tenant, created_at, error) for (tenant, created_at), error in self._begins.items()]
+
+    def forget_begin(self, tenant: str, created_at: float) -> None:
+        self._begins.pop((tenant, created_at), None)
+        self._idle()
+
+    def _idle(self) -> None:
+        if not self._endings and not self._begins:
             self._waiting.clear()
 
     def step_ids(self) -> list[int]:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.config import JournalConfig
-from proxy.errors import Conflict
+from proxy.errors import Conflict, StoreUnavailable, error_fields
 from proxy.history.answers import Answers, PendingAnswer
 from proxy.history.messages import StoredMessage
 from proxy.journal.assembly import assemble
@@ -148,7 +148,12 @@ class Journal:
         # Without an unrecorded ending to write, the only statement that changes anything is the INSERT, which
         # SQLite rolls back alone if it fails.
         known_dead = idempotency_key is not None and len(unrecorded) > 0
-        step_id = await self._db.write(write, atomic=not known_dead)
+        try:
+            step_id = await self._db.write(write, atomic=not known_dead)
+        except StoreUnavailable as exc:
+            if exc.commit_unknown and self.owner is not None:  # an unowned row is any process's to recover
+                unrecorded.remember_begin(tenant, now, JSON_ENCODER.encode(error_fields(exc)))
+            raise
         for prior_id in ended_prior:
             unrecorded.forget(prior_id)
         return Step(step_id, tenant, session_id, model, stream, parent_message_id, encoding=encoding, created_at=now)

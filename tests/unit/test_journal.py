@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.config import JournalConfig
-from proxy.errors import Conflict
+from proxy.errors import Conflict, StoreUnavailable
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
@@ -265,6 +265,47 @@ async def test_an_unrecorded_ending_a_keyed_retry_wrote_is_forgotten(store: Stor
     assert await store.recovery.settle_unrecorded() == []
     assert store.journal.unrecorded.step_ids() == []
     assert retry.id != step.id
+
+
+async def test_a_begin_whose_commit_went_unconfirmed_is_ended_once_the_store_is_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.journal.owner = "this-process"
+    live = await store.begin()
+    store.clock.now += 1
+    writable = store.db.write
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(store.db, "write", writable)
+        await writable(*args, **kwargs)  # committed, but the server went away before saying so
+        lost = StoreUnavailable("The proxy's store is unreachable.")
+        lost.commit_unknown = True
+        raise lost
+
+    monkeypatch.setattr(store.db, "write", answer_lost)
+    with pytest.raises(StoreUnavailable) as raised:
+        await store.begin()
+    [(unseen,)] = rows(store.path, "SELECT id FROM journal_steps WHERE id != ?", (live.id,))
+    assert await store.recovery.settle_unrecorded() == [unseen]
+    statuses = rows(store.path, "SELECT id, status, error FROM journal_steps ORDER BY id")
+    assert statuses == [
+        (live.id, "open", None),
+        (unseen, "failed", json.dumps(raised.value.fields(), separators=(",", ":"))),
+    ]
+    assert store.journal.unrecorded.unconfirmed_begins() == []
+    assert await store.recovery.settle_unrecorded() == []
+
+
+async def test_a_begin_refused_outright_leaves_nothing_to_settle(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.journal.owner = "this-process"
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("The proxy's store is unreachable.")
+
+    monkeypatch.setattr(store.db, "write", refused)
+    with pytest.raises(StoreUnavailable):
+        await store.begin()
+    assert store.journal.unrecorded.unconfirmed_begins() == []
 
 
 async def test_interrupt_keeps_the_partial_answer_and_a_late_end_is_a_no_op(store: Store) -> None:
