@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,9 @@ class Attack:
     """Changes to the one model entry (a key of None removes it)."""
     env: Mapping[str, str] = field(default_factory=dict)
     postgres: bool = False
+    upstream: Callable[[], AbstractContextManager[str]] | None = None
+    """An upstream of the attack's own in place of the fake (one the fake cannot play): a context manager yielding
+    its API's URL, entered for each target."""
     serve: bool = True
     """False: the attack starts the proxy itself (its store is the attack), and no prober runs."""
 
@@ -287,6 +290,8 @@ def measure(attack: Attack, upstream: str, root: Path, workdir: Path, name: str)
     row: dict[str, Any] = {"attack": attack.name, "item": f"{attack.issue}.{attack.item}", "target": name}
     with ExitStack() as stack:
         postgres = stack.enter_context(postgres_server(attack.postgres))
+        if attack.upstream is not None:
+            upstream = stack.enter_context(attack.upstream())
         config = write_config(attack, storedir, upstream, name, postgres)
         log = workdir / f"{name}.log"
         store_path = None if postgres is not None else storedir / f"{name}.db"
@@ -389,7 +394,12 @@ def ratios(table: Table, result: Report) -> None:
         result.ratios[f"worst /healthz gap this/base, {this['attack']}"] = row["gap_ratio"]
 
 
-ROUND_THREE = ("bench.hostile_tenants", "bench.hostile_sockets", "bench.hostile_compaction")
+ROUND_THREE = (
+    "bench.hostile_tenants",  # item 1
+    "bench.hostile_sockets",  # items 2-4
+    "bench.hostile_compaction",  # item 6
+    "bench.hostile_outage",  # items 7 and 9
+)
 """The modules of issue 41's attacks, in the order of its items."""
 
 

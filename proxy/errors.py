@@ -27,6 +27,7 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,13 +201,34 @@ class StorageFull(ProxyError):
 
 
 class StoreUnavailable(ProxyError):
-    """The store's server cannot be reached (PostgreSQL down or restarting, a wrong URL or password): nothing of
-    the request was kept, and the client may retry once the store is back (`proxy.store.outage`)."""
+    """The store's server cannot be reached (PostgreSQL down or restarting, a wrong URL or password); the client
+    may retry once the store is back (`proxy.store.outage`). Raised by the store, it says no answer was saved;
+    once the request's journal step exists, `in_step` says what that step kept."""
 
     status, code = 503, "store_unavailable"
+    commit_unknown = False
+    """Set on a write whose server went away during its transaction: whether it committed cannot be known."""
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
-        super().__init__(message, headers={"Retry-After": str(max(1, round(retry_after_s)))})
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, headers=headers or {"Retry-After": str(max(1, round(retry_after_s)))})
+
+    def in_step(self, step_id: int, kept: StepKept) -> StoreUnavailable:
+        """The error for a request whose step `step_id` was begun: what it kept, and that this process records
+        the step as failed once the store is back (`Recovery.settle_unrecorded`)."""
+        return StoreUnavailable(
+            f"The proxy's store became unreachable while this request was answered: {kept.value} It is not part of "
+            f"the conversation; journal step {step_id} holds the request and is recorded as failed once the store is "
+            "back. Retry shortly.",
+            headers=self.headers,
+        )
+
+
+class StepKept(enum.Enum):
+    """What a step cut off by a store outage holds of its answer, as its client is told (`StoreUnavailable`)."""
+
+    NOTHING = "the answer was not saved."
+    RELAYED = "the answer was cut off here; what was relayed before this point is kept, the rest was not saved."
+    WHOLE = "the answer was relayed whole and is kept, but the store could not end the step."
 
 
 def error_fields(exc: BaseException) -> JSONBody:

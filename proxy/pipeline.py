@@ -42,11 +42,11 @@ from proxy.conversation import (
     StepRef,
     Streaming,
 )
-from proxy.errors import AnswerTooLarge, UpstreamError, error_fields
+from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
-from proxy.journal.assembly import assemble
+from proxy.journal.assembly import Assembly, assemble
 from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
@@ -137,8 +137,10 @@ class Pipeline:
             await asyncio.shield(self._interrupt(step_begun))
             raise
         except Exception as exc:
-            await self._fail(step_begun, exc)
-            raise
+            told = await self._fail(step_begun, exc)
+            if told is exc:
+                raise
+            raise told from exc
 
     async def _compacted(
         self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
@@ -184,14 +186,21 @@ class Pipeline:
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
         await self.journal.interrupt(await step_begun)
 
-    async def _fail(self, step_begun: asyncio.Task[Step], exc: Exception) -> None:
-        """End the step with the request's failure; a store that cannot write it must not hide that failure
-        (the journal then knows the step ended without its row: `Journal.close`)."""
+    async def _fail(self, step_begun: asyncio.Task[Step], exc: Exception) -> Exception:
+        """End the step with the request's failure, and return the error its client is told: the store's outage
+        names the step, which kept no answer. A store that cannot write the ending must not hide the failure (the
+        journal then knows the step ended without its row, and records it once the store is back:
+        `Journal.close`)."""
         step = await step_begun
+        told: Exception = exc
+        if isinstance(exc, StoreUnavailable):
+            told = exc.in_step(step.id, StepKept.NOTHING)
+            step.assembly = Assembly()  # a failed seal's answer was never saved, whether or not the ending is
         try:
-            await self.journal.fail(step, error_fields(exc))
+            await self.journal.fail(step, error_fields(told))
         except Exception as again:
             log.error("could not record step %d as failed: %s", step.id, again)
+        return told
 
     async def _plan(
         self,

@@ -4,7 +4,8 @@ Both the server (for its lifetime) and the CLI (for one look-up) open the same s
 and the views they read are always wired the same way. The process environment is prepared here, before the
 first token count or LiteLLM import. A serving process registers as a journal owner and recovers the steps of
 gone owners before it accepts its first request, then heartbeats and sweeps for steps other processes abandoned
-while it runs; a look-up (`recover=False`) registers nothing and recovers nothing.
+while it runs, and writes the endings of its own steps that the store could not take once it can; a look-up
+(`recover=False`) registers nothing and recovers nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 10.0
 """How long streams still being read to their end (client gone) may take before shutdown interrupts them."""
 PRUNE_INTERVAL_S = 3600.0
+SETTLE_RETRY_S = 0.5
+"""How often the endings the store could not write are tried again: they show as in flight until written."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ async def open_services(
         if owners is not None:
             maintenance.append(asyncio.create_task(_prune_periodically(recovery), name="journal-pruning"))
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
+            maintenance.append(asyncio.create_task(_settle_unrecorded(recovery, journal), name="journal-unrecorded"))
             maintenance.append(asyncio.create_task(_refresh_periodically(budgets), name="shared-corrections"))
         yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics)
     finally:
@@ -160,6 +164,20 @@ async def _prune_periodically(recovery: Recovery) -> None:
             continue
         if pruned:
             log.info("journal: pruned %d events of expired steps", pruned)
+
+
+async def _settle_unrecorded(recovery: Recovery, journal: Journal) -> None:
+    """Write the endings of this process's own steps that the store could not take (an outage, a full disk) as
+    soon as it takes writes again: until then their rows say `open`, in flight to every reader, and no other
+    process may end them while this one lives. Tried again every `SETTLE_RETRY_S`, at most, while it fails (a
+    store known down fails such a try at once: `proxy.store.outage`)."""
+    while True:
+        await journal.unrecorded.wait()
+        try:
+            await recovery.settle_unrecorded()
+        except Exception as exc:
+            log.debug("journal: ended steps not recorded yet: %s", exc)
+            await asyncio.sleep(SETTLE_RETRY_S)
 
 
 async def _sweep_periodically(recovery: Recovery, owners: Owners) -> None:

@@ -5,8 +5,10 @@ same store keeps its live streams. One whose events show the answer ended (a fin
 sealed into history as `complete`; one with an `error` event is `failed`; the rest are kept as `interrupted`
 with their partial text — never deleted. Two processes may recover at once: each ending is an update of an
 open row, so one of them ends the step and the other skips it. A gone owner's row is deleted once it holds no
-open step. Events of ended steps are pruned after `journal.keep_events` (the step row keeps the assembled
-answer, which is enough to replay it); interrupted steps keep theirs.
+open step. A live process's own steps that it ended while the store could not be written
+(`Journal.unrecorded`) are written by it once the store takes writes again (`settle_unrecorded`). Events of
+ended steps are pruned after `journal.keep_events` (the step row keeps the assembled answer, which is enough to
+replay it); interrupted steps keep theirs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ _OPEN_STEP_OWNERS = """SELECT s.id, s.owner, o.id AS owner_id, o.host AS owner_h
     o.heartbeat_at AS owner_heartbeat_at
 FROM journal_steps AS s LEFT JOIN journal_owners AS o ON o.id = s.owner
 WHERE s.status = ?"""
+
+_BEGUN = f"""SELECT {STEP_COLUMNS} FROM journal_steps AS s
+WHERE s.status = ? AND s.owner = ? AND s.tenant = ? AND s.created_at = ?"""
 
 _STEPS = f"""SELECT {STEP_COLUMNS} FROM journal_steps AS s
 WHERE s.status = ? AND s.id IN (SELECT value FROM json_each(?)) ORDER BY s.id"""
@@ -119,6 +124,52 @@ class Recovery:
                 report.owners_removed,
             )
         return report
+
+    async def settle_unrecorded(self) -> list[int]:
+        """Write the endings this process decided for its own steps while the store could not take them (an
+        outage, a full disk: `Journal.unrecorded`); returns the steps ended. Each keeps its answer as its stored
+        events add up to: what was made durable, which is what its client was relayed and told of. A row no
+        longer open (ended by a retry under its key, or by a write whose answer was lost) is only forgotten. The
+        rows of begins whose commit went unconfirmed are ended too (`_settle_unconfirmed_begins`). Raises, with
+        the rest left for the next try, while the store still fails."""
+        unrecorded = self._journal.unrecorded
+        ended = await self._settle_unconfirmed_begins()
+        wanted = unrecorded.step_ids()
+        if not wanted:
+            return ended
+        rows = await self._db.fetchall(_STEPS, (StepStatus.OPEN, json.dumps(wanted)))
+        events = await stored_events(self._db, [row["id"] for row in rows])
+        for step_id in set(wanted) - {row["id"] for row in rows}:
+            unrecorded.forget(step_id)
+        for row in rows:
+            known = unrecorded.ending(row["id"])
+            if known is None:
+                continue  # written meanwhile, by a retry under its key
+            status, error = known
+            step = step_from_row(row, events[row["id"]])
+            step.assembly = replay_events(step.stream, events[row["id"]]).assembly
+            event = (EventType.ERROR, error) if status == StepStatus.FAILED and error is not None else None
+            if await self._journal.close(step, status, event, None if error is None else json.loads(error)):
+                ended.append(step.id)
+            unrecorded.forget(step.id)
+        if ended:
+            log.info("journal: %d steps ended while the store could not be written are recorded now", len(ended))
+        return ended
+
+    async def _settle_unconfirmed_begins(self) -> list[int]:
+        """End `failed` the rows of begins this process saw fail but whose commit may have happened (the server
+        went away before confirming it): its client was told the request failed, and no handle of it lives here.
+        Found by owner, tenant and begin time, which no other step of this process shares."""
+        unrecorded = self._journal.unrecorded
+        ended: list[int] = []
+        for tenant, created_at, error in unrecorded.unconfirmed_begins():
+            rows = await self._db.fetchall(_BEGUN, (StepStatus.OPEN, self._journal.owner, tenant, created_at))
+            for row in rows:
+                step = step_from_row(row, [])
+                if await self._journal.close(step, StepStatus.FAILED, (EventType.ERROR, error), json.loads(error)):
+                    ended.append(step.id)
+            unrecorded.forget_begin(tenant, created_at)
+        return ended
 
     async def prune_expired(self) -> int:
         """Delete the events of ended steps older than `keep_events_s`; returns how many were deleted."""

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.config import DEFAULT_WRITE_TIMEOUT_S
-from proxy.errors import AnswerTooLarge, ClientTooSlow, StorageFull, error_fields
+from proxy.errors import AnswerTooLarge, ClientTooSlow, StepKept, StorageFull, StoreUnavailable, error_fields
 from proxy.journal.assembly import answer_chars
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
@@ -182,6 +182,7 @@ class StreamRelay:
             await self._journal.interrupt(self._step)
             return
         reader = asyncio.create_task(self._read())
+        sealing = False
         try:
             while True:
                 await self._arrived.wait()
@@ -201,6 +202,7 @@ class StreamRelay:
                 if self._ended and not self._pending:
                     break
             if self._error is None:
+                sealing = True
                 await self._journal.seal(self._step)
                 self._publish(DONE)
             else:
@@ -214,12 +216,18 @@ class StreamRelay:
                 log.error("could not record stream step %d as interrupted: %s", self._step.id, exc)
             raise
         except Exception as exc:
-            # The journal itself failed (disk full, I/O error): nothing more can be made durable, so nothing
-            # more may be relayed. The consumer hears why, and the step ends failed (or, if the store cannot
-            # even record that, is known failed in this process: `Journal.close`).
-            log.exception("journal failed for stream step %d", self._step.id)
+            # The journal itself failed (disk full, I/O error, the store's server gone): nothing more can be made
+            # durable, so nothing more may be relayed. The consumer hears why and what the step kept, and the step
+            # ends failed (or, if the store cannot even record that, is known failed in this process and recorded
+            # once the store is back: `Journal.close`, `Recovery.settle_unrecorded`).
+            if isinstance(exc, StoreUnavailable):
+                log.error("journal failed for stream step %d: %s", self._step.id, exc)
+            else:
+                log.exception("journal failed for stream step %d", self._step.id)
             if isinstance(exc, StorageFull):
                 exc = StorageFull.mid_stream(self._step.id)
+            elif isinstance(exc, StoreUnavailable):
+                exc = exc.in_step(self._step.id, self._kept(sealing))
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             try:
@@ -229,6 +237,13 @@ class StreamRelay:
             self._publish(exc)
         finally:
             await asyncio.gather(reader, return_exceptions=True)
+
+    def _kept(self, sealing: bool) -> StepKept:
+        """What the step holds of the answer when the store failed: every chunk was journaled and relayed once it
+        was sealing (the seal failed); before that, the groups relayed so far."""
+        if sealing:
+            return StepKept.WHOLE
+        return StepKept.RELAYED if self._first_relayed.is_set() else StepKept.NOTHING
 
     async def _read(self) -> None:
         deadlines = self._deadlines

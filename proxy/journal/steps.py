@@ -14,6 +14,7 @@ spoke, so replay and recovery never depend on a client's format.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from collections.abc import Iterable, Sequence
@@ -93,28 +94,60 @@ class Step:
 
 
 class UnrecordedEnds:
-    """Steps this process ended whose ending the store could not write (disk full): open in their rows, dead here.
+    """Steps this process ended whose ending the store could not write (disk full, its server gone): open in their
+    rows, dead here.
 
-    An open row holds its Idempotency-Key, so without this a client retrying a step that failed on a full disk
-    would be refused (409) until a restart's recovery closed the row. The writer records each such ending here
-    (`Journal.close`); the key checks of the writer and the reader read a step's status through `status`, and a
-    retry under the key writes the ending before its own step (`Journal.begin`). Until then, one small entry per
-    step that ended while the store could not be written.
+    An open row holds its Idempotency-Key and is shown in flight (`/journal`, the dashboard), and no other process
+    recovers it while this one lives. The writer records each such ending here (`Journal.close`); the key checks of
+    the writer and the reader read a step's status through `status`, a retry under the key writes the ending before
+    its own step (`Journal.begin`), and this process writes the rest once the store takes writes again
+    (`Recovery.settle_unrecorded`, woken by `wait`). Until then, one small entry per step that ended while the
+    store could not be written.
     """
 
     def __init__(self) -> None:
         self._endings: dict[int, tuple[StepStatus, str | None]] = {}
+        self._begins: dict[tuple[str, float], str] = {}
+        """Begins whose commit was not confirmed (the server went away during it), by (tenant, created_at): the
+        error their client was told. Such a row may exist, open, with no handle in this process."""
+        self._waiting = asyncio.Event()
+        """Set while an ending (or an unconfirmed begin) waits to be written."""
 
     def remember(self, step_id: int, status: StepStatus, error: str | None) -> None:
         self._endings[step_id] = (status, error)
+        self._waiting.set()
 
     def ending(self, step_id: int) -> tuple[StepStatus, str | None] | None:
         """The status and error (JSON) this process knows of a step whose row says `open`."""
         return self._endings.get(step_id)
 
     def forget(self, step_id: int) -> None:
-        """The ending is written now."""
+        """The ending is written now (or the row was ended otherwise)."""
         self._endings.pop(step_id, None)
+        self._idle()
+
+    def remember_begin(self, tenant: str, created_at: float, error: str) -> None:
+        """A begin failed where its commit may have happened unseen: its row, if any, ends `failed` with `error`."""
+        self._begins[(tenant, created_at)] = error
+        self._waiting.set()
+
+    def unconfirmed_begins(self) -> list[tuple[str, float, str]]:
+        return [(tenant, created_at, error) for (tenant, created_at), error in self._begins.items()]
+
+    def forget_begin(self, tenant: str, created_at: float) -> None:
+        self._begins.pop((tenant, created_at), None)
+        self._idle()
+
+    def _idle(self) -> None:
+        if not self._endings and not self._begins:
+            self._waiting.clear()
+
+    def step_ids(self) -> list[int]:
+        return list(self._endings)
+
+    async def wait(self) -> None:
+        """Return once an ending waits to be written."""
+        await self._waiting.wait()
 
     def status(self, step_id: int, stored: str) -> str:
         """The status to act on: the stored one, or the ending this process knows of an `open` row."""

@@ -5,7 +5,8 @@ durable (docs/architecture.md, invariant 7): a client can never have seen a chun
 Ending a step with a whole answer (`seal`, and `complete` in recovery) writes the `done` event, the answer's
 history node (`proxy.history.answers`) and the step row in one transaction, so there is no moment where the
 answer is sealed but missing from the conversation, or the reverse. A step failed or interrupted while the store
-cannot be written (disk full) is remembered as such in memory (`unrecorded`), so its Idempotency-Key is free.
+cannot be written (disk full, the store's server gone) is remembered as such in memory (`unrecorded`), so its
+Idempotency-Key is free, and written once the store takes writes again (`Recovery.settle_unrecorded`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.config import JournalConfig
-from proxy.errors import Conflict
+from proxy.errors import Conflict, StoreUnavailable, error_fields
 from proxy.history.answers import Answers, PendingAnswer
 from proxy.history.messages import StoredMessage
 from proxy.journal.assembly import assemble
@@ -147,7 +148,12 @@ class Journal:
         # Without an unrecorded ending to write, the only statement that changes anything is the INSERT, which
         # SQLite rolls back alone if it fails.
         known_dead = idempotency_key is not None and len(unrecorded) > 0
-        step_id = await self._db.write(write, atomic=not known_dead)
+        try:
+            step_id = await self._db.write(write, atomic=not known_dead)
+        except StoreUnavailable as exc:
+            if exc.commit_unknown and self.owner is not None:  # an unowned row is any process's to recover
+                unrecorded.remember_begin(tenant, now, JSON_ENCODER.encode(error_fields(exc)))
+            raise
         for prior_id in ended_prior:
             unrecorded.forget(prior_id)
         return Step(step_id, tenant, session_id, model, stream, parent_message_id, encoding=encoding, created_at=now)
@@ -241,7 +247,8 @@ class Journal:
         An ending status (sealed, complete) also links the answer into history and raises Conflict if the step
         is no longer open; failing or interrupting an ended step is a no-op returning None, since cleanup paths
         (a cancelled seal) may call them late. If the store cannot write a failed or interrupted ending, the
-        step is remembered as ended in `unrecorded` (its row stays open for recovery) and the error is raised.
+        step is remembered as ended in `unrecorded` (its row stays open until that ending is written) and the
+        error is raised.
         """
         answer = await self._pending_answer(step) if status in ENDED else None
         now = self.clock()
@@ -277,9 +284,15 @@ class Journal:
             raise
         except Exception:
             if status not in ENDED:
+                if self.unrecorded.ending(step.id) is None:  # not again at each retry of `settle_unrecorded`
+                    log.error(
+                        "journal step %d could not be recorded as %s; this process knows it ended and records it "
+                        "once the store takes writes again",
+                        step.id,
+                        status,
+                    )
                 self.unrecorded.remember(step.id, status, dumps(error))
                 step.status = status
-                log.error("journal step %d could not be recorded as %s; this process knows it ended", step.id, status)
             raise
         if not closed:
             log.warning("journal step %d was no longer open; not marked %s", step.id, status)

@@ -74,9 +74,10 @@ class Outage:
 
     @staticmethod
     def _error(retry_after_s: float) -> StoreUnavailable:
-        # The reason (a host, a port) is for the operator's log, not for clients.
+        # The reason (a host, a port) is for the operator's log, not for clients. Where the request's journal step
+        # exists, the journal says what it kept instead (`StoreUnavailable.in_step`).
         return StoreUnavailable(
-            "The proxy's store is unreachable: nothing of this request was saved. Retry shortly.",
+            "The proxy's store is unreachable: this request was not answered, and no answer was saved. Retry shortly.",
             retry_after_s=retry_after_s,
         )
 

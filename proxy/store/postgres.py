@@ -131,7 +131,9 @@ class PostgresEngine:
             outcomes = self._run_batch(connection, works)
         except psycopg.OperationalError as exc:
             if connection.raw.closed:  # the server went away: whether the COMMIT happened cannot be known
-                raise self._outage.failed(reason_of(exc)) from exc
+                error = self._outage.failed(reason_of(exc))
+                error.commit_unknown = True
+                raise error from exc
             raise
         self._outage.recovered()
         return outcomes

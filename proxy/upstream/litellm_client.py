@@ -39,6 +39,7 @@ from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError
 from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
+from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
 from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
@@ -150,7 +151,7 @@ class LiteLLMUpstream:
         handler = cache.get_cache(name)
         if handler is None:
             transport = BoundedBodies(
-                httpx.AsyncHTTPTransport(), json_only=not stream, max_answer_chars=self._max_answer_chars
+                upstream_transport(), json_only=not stream, max_answer_chars=self._max_answer_chars
             )
             module = self._litellm.llms.custom_httpx.http_handler
             handler = module.AsyncHTTPHandler(timeout=self._config.timeout_s, transport=transport)

@@ -24,6 +24,7 @@ from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
+from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import ERROR_READ_BYTES, SHAPE_ERRORS, UpstreamRefusal, upstream_error
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 
@@ -68,7 +69,7 @@ class NativeClient:
         if self._http is None:
             # Errors are read bounded here (`error_text`); answers by the transport.
             transport = BoundedBodies(
-                httpx.AsyncHTTPTransport(), json_only=False, max_answer_chars=self._max_answer_chars, cut_errors=False
+                upstream_transport(), json_only=False, max_answer_chars=self._max_answer_chars, cut_errors=False
             )
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._config.timeout_s), transport=transport)
         return self._http

@@ -29,6 +29,7 @@ from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import AnswerTooLarge, UpstreamError
 from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
+from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
 from proxy.upstream.json_body import client_run, json_body
 from proxy.upstream.native_client import error_text
@@ -195,7 +196,7 @@ class OpenAIChat:
         # Answers bounded by `limits.max_answer_chars` (a non-stream body whole, a stream per line); error bodies
         # are cut here, by `_send`.
         transport = BoundedBodies(
-            httpx.AsyncHTTPTransport(verify=self._tls),
+            upstream_transport(verify=self._tls),
             json_only=False,
             max_answer_chars=self._max_answer_chars,
             cut_errors=False,

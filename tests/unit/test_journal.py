@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.config import JournalConfig
-from proxy.errors import Conflict
+from proxy.errors import Conflict, StoreUnavailable
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
@@ -220,6 +221,91 @@ async def test_fail_keeps_the_partial_answer_and_the_error(store: Store) -> None
     assert (record.status, record.content, record.error, record.message_id) == ("failed", "partial", error, None)
     last = rows(store.path, "SELECT type, content FROM journal_events WHERE step_id = ? ORDER BY seq DESC", (step.id,))
     assert last[0] == ("error", json.dumps(error, separators=(",", ":")))
+
+
+@contextmanager
+def unwritable(store: Store) -> Iterator[None]:
+    """The store refuses every write (as a full disk or a lost server would) until the block ends."""
+    writer: sqlite3.Connection = store.db.engine.writer  # type: ignore[attr-defined]
+    writer.execute("PRAGMA query_only = ON")
+    try:
+        yield
+    finally:
+        writer.execute("PRAGMA query_only = OFF")
+
+
+async def test_an_ending_the_store_could_not_write_is_written_once_it_can(store: Store) -> None:
+    step = await store.begin()
+    await stream(store, step, [[text("par"), text("tial")]])
+    error = {"message": "the store went away", "type": "server_error", "param": None, "code": "store_unavailable"}
+    with unwritable(store):
+        with pytest.raises(sqlite3.OperationalError):
+            await store.journal.fail(step, error)
+        assert store.journal.unrecorded.step_ids() == [step.id]
+        with pytest.raises(sqlite3.OperationalError):
+            await store.recovery.settle_unrecorded()  # still refused: kept for the next try
+    assert rows(store.path, "SELECT status FROM journal_steps WHERE id = ?", (step.id,)) == [("open",)]
+    assert store.journal.unrecorded.step_ids() == [step.id]
+    assert await store.recovery.settle_unrecorded() == [step.id]
+    record = await store.reader.step(TENANT, step.id)
+    assert record is not None
+    assert (record.status, record.content, record.error) == ("failed", "partial", error)
+    last = rows(store.path, "SELECT type, content FROM journal_events WHERE step_id = ? ORDER BY seq DESC", (step.id,))
+    assert last[0] == ("error", json.dumps(error, separators=(",", ":")))
+    assert store.journal.unrecorded.step_ids() == []
+    assert await store.recovery.settle_unrecorded() == []
+
+
+async def test_an_unrecorded_ending_a_keyed_retry_wrote_is_forgotten(store: Store) -> None:
+    step = await store.begin(idempotency_key="k")
+    with unwritable(store), pytest.raises(sqlite3.OperationalError):
+        await store.journal.interrupt(step)
+    retry = await store.begin(idempotency_key="k")  # writes the remembered ending before its own step
+    assert rows(store.path, "SELECT status FROM journal_steps WHERE id = ?", (step.id,)) == [("interrupted",)]
+    assert await store.recovery.settle_unrecorded() == []
+    assert store.journal.unrecorded.step_ids() == []
+    assert retry.id != step.id
+
+
+async def test_a_begin_whose_commit_went_unconfirmed_is_ended_once_the_store_is_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.journal.owner = "this-process"
+    live = await store.begin()
+    store.clock.now += 1
+    writable = store.db.write
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(store.db, "write", writable)
+        await writable(*args, **kwargs)  # committed, but the server went away before saying so
+        lost = StoreUnavailable("The proxy's store is unreachable.")
+        lost.commit_unknown = True
+        raise lost
+
+    monkeypatch.setattr(store.db, "write", answer_lost)
+    with pytest.raises(StoreUnavailable) as raised:
+        await store.begin()
+    [(unseen,)] = rows(store.path, "SELECT id FROM journal_steps WHERE id != ?", (live.id,))
+    assert await store.recovery.settle_unrecorded() == [unseen]
+    statuses = rows(store.path, "SELECT id, status, error FROM journal_steps ORDER BY id")
+    assert statuses == [
+        (live.id, "open", None),
+        (unseen, "failed", json.dumps(raised.value.fields(), separators=(",", ":"))),
+    ]
+    assert store.journal.unrecorded.unconfirmed_begins() == []
+    assert await store.recovery.settle_unrecorded() == []
+
+
+async def test_a_begin_refused_outright_leaves_nothing_to_settle(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.journal.owner = "this-process"
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("The proxy's store is unreachable.")
+
+    monkeypatch.setattr(store.db, "write", refused)
+    with pytest.raises(StoreUnavailable):
+        await store.begin()
+    assert store.journal.unrecorded.unconfirmed_begins() == []
 
 
 async def test_interrupt_keeps_the_partial_answer_and_a_late_end_is_a_no_op(store: Store) -> None:

@@ -26,7 +26,15 @@ from proxy.conversation import Answer, Completed, Conversation, Replayed, Stream
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.context_headers import context_options
 from proxy.doors.resent import ResentLists
-from proxy.errors import CONTEXT_LENGTH_EXCEEDED, Conflict, ContextTooLarge, NotFound, UpstreamError
+from proxy.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    Conflict,
+    ContextTooLarge,
+    NotFound,
+    StepKept,
+    StoreUnavailable,
+    UpstreamError,
+)
 from proxy.history import chain
 from proxy.history.answers import Answers
 from proxy.history.store import History
@@ -247,6 +255,25 @@ async def test_the_step_begins_beside_the_upstream_call_and_fails_with_it(
             await task
     assert raised.value is error
     assert rig.steps() == [("failed", None, error.fields())]  # no step is left open
+
+
+async def test_a_seal_the_store_refused_names_the_step_and_keeps_no_answer(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.upstream.reply(completion("never saved"))
+    outage = StoreUnavailable("The proxy's store is unreachable.", retry_after_s=1)
+
+    async def refused(step: Step, response: Chunk | None = None) -> None:
+        step.assembly = assemble([response]) if response is not None else step.assembly
+        raise outage
+
+    monkeypatch.setattr(rig.journal, "seal", refused)
+    with pytest.raises(StoreUnavailable) as raised:
+        await rig.answer(request())
+    [(step_id,)] = rig.rows("SELECT id FROM journal_steps")
+    assert raised.value.message == outage.in_step(step_id, StepKept.NOTHING).message
+    assert raised.value.__cause__ is outage
+    assert rig.steps() == [("failed", None, raised.value.fields())]  # what the client was told, no answer
 
 
 async def test_a_stream_that_fails_before_its_first_byte_ends_its_step(rig: Rig) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.config import JournalConfig, ModelEntry
-from proxy.errors import ClientTooSlow, UpstreamError, error_fields
+from proxy.errors import ClientTooSlow, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
@@ -407,6 +407,43 @@ async def test_a_journal_that_cannot_record_the_failure_does_not_hold_the_key(
     assert await rig.reader.replay(TENANT, "key-1", FINGERPRINT) is None
     retry = await rig.begin("key-1")
     assert retry.id != step.id
+
+
+@pytest.mark.parametrize(
+    ("where", "kept"),
+    [("first append", StepKept.NOTHING), ("second append", StepKept.RELAYED), ("seal", StepKept.WHOLE)],
+)
+async def test_a_store_outage_mid_stream_tells_the_client_what_the_step_kept(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, where: str, kept: StepKept
+) -> None:
+    chunks = [chunk("kept"), chunk(" more"), chunk(None, "stop")]
+    script = rig.upstream.stream(chunks)
+    rest = script.gate(1)
+    outage = StoreUnavailable("The proxy's store is unreachable.", retry_after_s=2)
+    if where == "seal":
+
+        async def refused(step: Step, response: Chunk | None = None) -> None:
+            raise outage
+
+        monkeypatch.setattr(rig.journal, "seal", refused)
+    else:
+        rig.journal.failure, rig.journal.fail_at = outage, 0 if where == "first append" else 1
+    step = await rig.begin()
+    relay = await rig.relay(step)
+    if where == "first append":
+        rest.set()
+    async with asyncio.timeout(WAIT_S):
+        with pytest.raises(StoreUnavailable) as raised:
+            async for _group in relay.events():
+                rest.set()
+        await rig.pump()
+    told = raised.value
+    assert told.message == outage.in_step(step.id, kept).message
+    assert f"journal step {step.id}" in told.message
+    assert kept.value in told.message
+    assert told.headers["Retry-After"] == "2"
+    [(status, error)] = rig.rows("SELECT status, error FROM journal_steps WHERE id = ?", (step.id,))
+    assert (status, json.loads(error)) == ("failed", told.fields())  # the step keeps what its client was told
 
 
 def drip(script: Script, every_s: float) -> asyncio.Task[None]:
