@@ -1,6 +1,6 @@
-"""What one hostile client costs everyone else: the attack tables of issue 12 item 1 and issue 29.
+"""What one hostile client costs everyone else: the attack tables of issue 12 item 1, issues 29 and 41.
 
-Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29] [--only NAME,...]`. For every attack, and for
+Run by hand: `python bench/hostile.py [--baseline DIR] [--issue 12|29|41] [--only NAME,...]`. For every attack, and for
 every target (this checkout, then the baseline's), a fresh `context-proxy serve` process with its own store (SQLite,
 or a PostgreSQL server of its own), one model with a context window no attack reaches (`BIG_WINDOW`) on a fake
 upstream of its own (answering as the attack needs: `bench.harness.servers.ANSWERS`). While the attack runs (and
@@ -389,14 +389,15 @@ def ratios(table: Table, result: Report) -> None:
 
 def all_attacks() -> list[Attack]:
     from bench.hostile_attacks import ATTACKS
+    from bench.hostile_bodies import ATTACKS as BODY_ATTACKS
 
-    return [*REQUEST_ATTACKS, *ATTACKS]
+    return [*REQUEST_ATTACKS, *ATTACKS, *BODY_ATTACKS]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout whose proxy is attacked beside this one")
-    parser.add_argument("--issue", type=int, choices=(12, 29), help="only the attacks of this issue")
+    parser.add_argument("--issue", type=int, choices=(12, 29, 41), help="only the attacks of this issue")
     parser.add_argument("--only", help="comma-separated attack names (see --list)")
     parser.add_argument("--list", action="store_true", help="print the attacks' names and stop")
     add_json_option(parser)
