@@ -1,15 +1,17 @@
-"""Work moved off the event loop (`proxy.offload`): a JSON document of any size, made in pieces."""
+"""Work moved off the event loop (`proxy.offload`): a JSON document of any size, made in pieces; the doors' lane,
+one piece of work at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
 from starlette.responses import JSONResponse
 
-from proxy.offload import JSON_PIECE_CHARS, json_pieces
+from proxy.offload import JSON_PIECE_CHARS, OFF_LOOP_CHARS, Lane, json_pieces
 
 
 def session_like(messages: int) -> dict[str, Any]:
@@ -65,3 +67,33 @@ async def test_a_value_json_cannot_hold_fails_as_json_response_does() -> None:
         JSONResponse({"x": float("nan")})
     with pytest.raises(ValueError, match="not JSON compliant"):
         await joined({"x": float("nan")})
+
+
+async def test_a_lane_runs_large_work_in_worker_threads_one_at_a_time() -> None:
+    lane = Lane()
+    running: list[int] = []
+    overlapped: list[int] = []
+    threads: set[int] = set()
+    started, release = threading.Event(), threading.Event()
+
+    def work(number: int) -> int:
+        running.append(number)
+        overlapped.append(len(running))
+        threads.add(threading.get_ident())
+        started.set()
+        release.wait(10)
+        running.remove(number)
+        return number
+
+    tasks = [asyncio.create_task(lane.compute(OFF_LOOP_CHARS + 1, work, n)) for n in range(4)]
+    await asyncio.to_thread(started.wait, 10)
+    await asyncio.sleep(0.05)  # time for the others to start, were they not waiting for their turn
+    release.set()
+    assert await asyncio.gather(*tasks) == [0, 1, 2, 3]
+    assert overlapped == [1, 1, 1, 1]
+    assert threading.get_ident() not in threads
+
+
+async def test_a_lane_does_small_work_at_once_on_the_event_loop() -> None:
+    lane = Lane()
+    assert await lane.compute(OFF_LOOP_CHARS, threading.get_ident) == threading.get_ident()
