@@ -6,9 +6,10 @@ its byte size is well within `limits.max_body_bytes`. Its values are counted as 
 at the first one past the limit, before the rest is parsed.
 
 Counting exactly needs the pure-Python scanner (the C one reads a whole document in one call). It is only needed
-when the body might be over: every value but the outermost follows a `,`, `:` or `[`, so their count (three C
-passes, ~1 ms a MB) bounds the values from above; a text whose bound fits what the limit leaves is read by
-whichever scanner `proxy.doors.body` chooses, and its elements' counts are that bound (`ValueCount.at`).
+when the body might be over: every value but the outermost follows a `,`, `:` or `[`, so their count (three
+passes, ~1 ms a MB, stopped once over) bounds the values from above; a text whose bound fits what the limit
+leaves is read by whichever scanner `proxy.doors.body` chooses, and its elements' counts are that bound
+(`ValueCount.at`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,29 @@ Scan = Callable[[str, int], tuple[Any, int]]
 """A JSON scanner's `scan_once`: the value starting at an index, and the index after it."""
 
 
-def values_bound(text: str, start: int, end: int) -> int:
+COUNT_PIECE_CHARS = 1024 * 1024
+"""`count_chars` counts this much text per C call (~0.5 ms): a longer count would hold the GIL throughout."""
+
+
+def count_chars(text: str, char: str, start: int, end: int, stop: int | None = None) -> int:
+    """How many `char` are in `text[start:end]`, counted a piece at a time; once past `stop`, the count so far."""
+    total = 0
+    for at in range(start, end, COUNT_PIECE_CHARS):
+        total += text.count(char, at, min(at + COUNT_PIECE_CHARS, end))
+        if stop is not None and total > stop:
+            break
+    return total
+
+
+def values_bound(text: str, start: int, end: int, stop: int | None = None) -> int:
     """At least as many as the values of `text[start:end]` not first in it: each follows a `,`, `:` or `[`
-    (the count includes those inside strings, hence a bound)."""
-    return text.count(",", start, end) + text.count(":", start, end) + text.count("[", start, end)
+    (the count includes those inside strings, hence a bound); once past `stop`, the count so far."""
+    total = 0
+    for char in ",:[":
+        total += count_chars(text, char, start, end, None if stop is None else stop - total)
+        if stop is not None and total > stop:
+            break
+    return total
 
 
 class ValueCount:
@@ -41,8 +61,8 @@ class ValueCount:
         self.limit = limit
         self.counted = before
         self._last = start
-        size = len(text) - start
-        self.exact = before + size > limit and before + values_bound(text, start, len(text)) > limit
+        room = limit - before
+        self.exact = len(text) - start > room and values_bound(text, start, len(text), room) > room
 
     def at(self, text: str, idx: int) -> int:
         """The values up to `idx` of `text` (where an element ends), from where the count last was."""

@@ -11,6 +11,7 @@ import pytest
 from proxy.config import RequestLimits
 from proxy.doors.body import C_PARSE_MAX_BYTES, C_PARSE_MAX_COMMAS, c_parse_ok, parse_json_object
 from proxy.doors.chat import parse_chat_request
+from proxy.doors.json_values import COUNT_PIECE_CHARS
 from proxy.doors.responses.input import ResponsesRequest, parse_responses_request
 from proxy.errors import InvalidRequest
 from proxy.offload import OFF_LOOP_CHARS
@@ -113,3 +114,12 @@ def test_metadata_within_openais_bounds_is_passed_on(build: Callable[[object], b
 
 def parse_responses(raw: bytes) -> ResponsesRequest:
     return parse_responses_request(raw, RequestLimits())
+
+
+@pytest.mark.parametrize("shift", range(-6, 2))
+def test_a_surrogate_escape_across_a_search_piece_is_found(shift: int) -> None:
+    head = '{"model": "m", "x": "'
+    pad = "a" * (COUNT_PIECE_CHARS - len(head) + shift)
+    raw = (head + pad + '\\ud800"}').encode()
+    with pytest.raises(InvalidRequest, match="surrogate"):
+        parse_json_object(raw)

@@ -11,7 +11,7 @@ import pytest
 from proxy.config import RequestLimits
 from proxy.doors.body import c_parse_ok, parse_json_object
 from proxy.doors.chat import parse_chat_request
-from proxy.doors.json_values import ValueCount, values_bound
+from proxy.doors.json_values import COUNT_PIECE_CHARS, ValueCount, count_chars, values_bound
 from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import ResentLists
 from proxy.doors.responses.input import parse_responses_request, parse_socket_event
@@ -127,3 +127,11 @@ def test_a_resent_conversation_whose_bound_is_over_but_values_are_not_is_taken()
     parse_chat_request(chat_body(history), LIMITS, resent)
     grown = [*history, {"role": "user", "content": "more", "x": zeros(300)}]
     assert parse_chat_request(chat_body(grown), LIMITS, resent).messages == grown
+
+
+def test_characters_are_counted_across_pieces_and_the_count_stops_once_over() -> None:
+    text = ("a," * (COUNT_PIECE_CHARS // 2 + 7)) + "[:"
+    assert count_chars(text, ",", 0, len(text)) == text.count(",")
+    assert values_bound(text, 0, len(text)) == text.count(",") + 2
+    stopped = count_chars(text, ",", 0, len(text), stop=10)
+    assert 10 < stopped < text.count(",")
