@@ -69,28 +69,32 @@ async def test_a_value_json_cannot_hold_fails_as_json_response_does() -> None:
         await joined({"x": float("nan")})
 
 
-async def test_a_lane_runs_large_work_in_worker_threads_one_at_a_time() -> None:
-    lane = Lane()
+@pytest.mark.parametrize("width", [1, 2])
+async def test_a_lane_runs_large_work_in_worker_threads_width_at_a_time(width: int) -> None:
+    lane = Lane(width)
     running: list[int] = []
     overlapped: list[int] = []
     threads: set[int] = set()
-    started, release = threading.Event(), threading.Event()
+    lock, started, release = threading.Lock(), threading.Event(), threading.Event()
 
     def work(number: int) -> int:
-        running.append(number)
-        overlapped.append(len(running))
-        threads.add(threading.get_ident())
-        started.set()
+        with lock:
+            running.append(number)
+            overlapped.append(len(running))
+            threads.add(threading.get_ident())
+            if len(running) == width:
+                started.set()
         release.wait(10)
-        running.remove(number)
+        with lock:
+            running.remove(number)
         return number
 
-    tasks = [asyncio.create_task(lane.compute(OFF_LOOP_CHARS + 1, work, n)) for n in range(4)]
+    tasks = [asyncio.create_task(lane.compute(OFF_LOOP_CHARS + 1, work, n)) for n in range(5)]
     await asyncio.to_thread(started.wait, 10)
     await asyncio.sleep(0.05)  # time for the others to start, were they not waiting for their turn
     release.set()
-    assert await asyncio.gather(*tasks) == [0, 1, 2, 3]
-    assert overlapped == [1, 1, 1, 1]
+    assert await asyncio.gather(*tasks) == [0, 1, 2, 3, 4]
+    assert max(overlapped) == width
     assert threading.get_ident() not in threads
 
 
