@@ -18,7 +18,8 @@ balancer does; the table gives
                   call imports for ~0.5 s: `warm_up`), and after the attack
 
 The attacks of issue 12 (`REQUEST_ATTACKS`) are single hostile requests; issue 29's (`hostile_attacks.ATTACKS`,
-items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`.
+items 1-11) are scaled down to run in seconds, their sizes in their names and in `hostile_attacks.py`; so are
+issue 41's body attacks (`hostile_bodies.ATTACKS`, items 5 and 8).
 Bodies are built once, before any target runs, so that the client is not what is measured.
 
 Both targets run with default limits except where an attack sets one the baseline also knows. `--baseline DIR` is
