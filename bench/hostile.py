@@ -397,6 +397,7 @@ def ratios(table: Table, result: Report) -> None:
 ROUND_THREE = (
     "bench.hostile_tenants",  # item 1
     "bench.hostile_sockets",  # items 2-4
+    "bench.hostile_bodies",  # items 5 and 8
     "bench.hostile_compaction",  # item 6
     "bench.hostile_outage",  # items 7 and 9
 )

@@ -33,7 +33,7 @@ from proxy.heap import freeze_loaded
 from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
-from proxy.offload import json_pieces
+from proxy.offload import Lane, json_pieces
 from proxy.pinning import checked_ids
 from proxy.services import Services, open_services
 from proxy.tokens import encoding_for_model, load_encoding
@@ -56,7 +56,8 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_services(config, metrics=metrics) as services:
             app.state.services = services
-            doors = {door.name: door(config, services.pipeline) for door in DOORS}
+            lane = Lane()
+            doors = {door.name: door(config, services.pipeline, lane) for door in DOORS}
             app.state.doors = Doors(config, services.pipeline, doors)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
@@ -224,7 +225,9 @@ async def _pins(request: Request, caller: Caller) -> Response:
     raw = await request_body(
         request, services.config, min(MAX_PINS_BODY_BYTES, services.config.request_limits.max_body_bytes)
     )
-    ids = checked_ids((await parse_off_loop(raw.body.tobytes(), parse_json_object)).get("message_ids"))
+    max_values = services.config.request_limits.max_body_values
+    body = await parse_off_loop(raw.body.tobytes(), lambda raw: parse_json_object(raw, max_values))
+    ids = checked_ids(body.get("message_ids"))
     if request.method == "POST":
         return JSONResponse(await services.inspector.pin(caller.tenant, session_id, ids))
     return JSONResponse(await services.inspector.unpin(caller.tenant, session_id, ids))

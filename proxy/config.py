@@ -26,6 +26,7 @@ UPSTREAM_APIS = ("CHAT", "RESPONSES", "MESSAGES")
 """`models[].api`, compared without case."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
+DEFAULT_MAX_BODY_VALUES = 1_000_000
 DEFAULT_MAX_MESSAGE_CHARS = 4 * 1024 * 1024
 DEFAULT_MAX_ANSWER_CHARS = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
@@ -201,6 +202,10 @@ class RequestLimits:
     max_answer_chars: int = setting(DEFAULT_MAX_ANSWER_CHARS, minimum=1024)
     """Characters of text and tool call arguments in one upstream answer; past it the answer is cut off with an
     `answer_too_large` error (what came is kept in the journal step)."""
+    max_body_values: int = setting(DEFAULT_MAX_BODY_VALUES, minimum=1024)
+    """JSON values in one body (strings, numbers, booleans, nulls, arrays and objects, at any depth): ~10 a message
+    of a real agent's conversation, so 20,000 messages and their tools hold ~250,000. A body of more is refused
+    with a 400 as soon as its scan passes the limit (`proxy.doors.json_values`)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ for the OpenAI wire. Anything else that reaches a client becomes an `internal_er
     ProxyError                      status / type / code / param / headers
     ├── ClientError                 type invalid_request_error
     │   ├── InvalidRequest          400, `param` names the field or header
-    │   │   └── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
+    │   │   ├── ContextTooLarge     400 context_length_exceeded (the recent messages alone do not fit)
+    │   │   └── TooManyValues       400 too_many_values (a body of more values than `limits.max_body_values`)
     │   ├── AuthenticationFailed    401 invalid_api_key
     │   ├── Forbidden               403 admin_disabled (an operator's route with no `auth.admin_keys` set)
     │   ├── NotFound                404 model_not_found / session_not_found / ...
@@ -81,6 +82,12 @@ upstream answers when its tokenizer counted more than we did."""
 
 class ContextTooLarge(InvalidRequest):
     code = CONTEXT_LENGTH_EXCEEDED
+
+
+class TooManyValues(InvalidRequest):
+    """A body holding more JSON values than `limits.max_body_values`, refused as soon as the scan passes it."""
+
+    code = "too_many_values"
 
 
 class AuthenticationFailed(ClientError):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import json.scanner
 import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -16,10 +15,11 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from proxy.config import Config, RequestLimits
-from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, json_type
+from proxy.config import DEFAULT_MAX_BODY_VALUES, Config, RequestLimits
+from proxy.doors.json_values import COUNT_PIECE_CHARS, ValueCount, count_chars
+from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout, json_type
 from proxy.numbers import parse_integer
-from proxy.offload import OFF_LOOP_CHARS, compute
+from proxy.offload import OFF_LOOP_CHARS, Lane, compute
 from proxy.pieces import Pieces, Reading, Received
 
 T = TypeVar("T")
@@ -77,21 +77,41 @@ async def request_body(
 B = TypeVar("B", Received, bytes)
 
 
-async def parse_off_loop(raw: B, parse: Callable[[B], T]) -> T:
-    """A door's `parse` of a body: in a worker thread when what is new in it is large (`proxy.offload`)."""
-    return await compute(raw.fresh if isinstance(raw, Received) else len(raw), parse, raw)
+async def parse_off_loop(raw: B, parse: Callable[[B], T], lane: Lane | None = None) -> T:
+    """A door's `parse` of a body: in a worker thread when what is new in it is large (`proxy.offload`), in
+    the doors' `lane` (one at a time) when given."""
+    size = raw.fresh if isinstance(raw, Received) else len(raw)
+    if lane is None:
+        return await compute(size, _unburdened, parse, raw)
+    return await lane.compute(size, _unburdened, parse, raw)
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object. The C parser holds the GIL for the whole document (0.5 s for 800,000 tiny
-    messages), so a body of many values (`c_parse_ok`) is parsed by the standard library's pure-Python scanner
-    (strings still go through its C `scanstring`): its caller runs it in a thread (`parse_off_loop`), and Python
-    code gives the event loop its turn every few milliseconds. A real conversation is mostly strings: the C
-    parser reads 5,000 messages (~5 MB) in ~8 ms, the pure-Python scanner in ~25 ms."""
+def _unburdened(parse: Callable[[B], T], raw: B) -> T:
+    """`parse(raw)`; a refusal leaves without the frames it was raised in, so that what they held (the body's
+    text, what was parsed of it: ~20 ms to free for a 31 MB body) is freed here, not on the event loop."""
+    try:
+        return parse(raw)
+    except ProxyError as exc:
+        seen: set[int] = set()
+        cause: BaseException | None = exc
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            cause.__traceback__ = None
+            cause = cause.__cause__ or cause.__context__
+        raise
+
+
+def parse_json_object(raw: bytes, max_values: int = DEFAULT_MAX_BODY_VALUES) -> dict[str, Any]:
+    """The body as a JSON object of at most `max_values` values (`proxy.doors.json_values`). The C parser holds
+    the GIL for the whole document (0.5 s for 800,000 tiny messages), so a body of many values (`c_parse_ok`)
+    is parsed by the standard library's pure-Python scanner (strings still go through its C `scanstring`): its
+    caller runs it in a thread (`parse_off_loop`), and Python code gives the event loop its turn every few
+    milliseconds. A real conversation is mostly strings: the C parser reads 5,000 messages (~5 MB) in ~8 ms,
+    the pure-Python scanner in ~25 ms."""
     text = decoded(raw)
     non_finite: list[str] = []
     try:
-        body = json_decoder(text, non_finite).decode(text)
+        body = json_decoder(text, non_finite, ValueCount(text, 0, max_values)).decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} column {exc.colno}."
@@ -112,10 +132,14 @@ def decoded(raw: bytes) -> str:
         raise InvalidRequest(f"Request body is not valid UTF-8 (byte {exc.start}).") from exc
 
 
-def json_decoder(text: str, non_finite: list[str], start: int = 0) -> json.JSONDecoder:
+def json_decoder(text: str, non_finite: list[str], count: ValueCount, start: int = 0) -> json.JSONDecoder:
     """The decoder for what of `text` is scanned (from `start`): its scanner (`scan_once`) the C one when that
-    holds the GIL briefly enough."""
-    return _decoder(c_parse_ok(text, start), non_finite)
+    holds the GIL briefly enough and the text cannot hold more values than `count` may take; else the
+    pure-Python one, which counts them (and stops past the limit)."""
+    decoder = _decoder(non_finite)
+    if not c_parse_ok(text, start, count):
+        decoder.scan_once = count.scanner(decoder)  # type: ignore[attr-defined]
+    return decoder
 
 
 def checked_object(body: Any, text: str, non_finite: list[str], start: int = 0) -> dict[str, Any]:
@@ -124,22 +148,28 @@ def checked_object(body: Any, text: str, non_finite: list[str], start: int = 0) 
     was checked with a request before), or for not being an object."""
     if non_finite:
         _reject_non_finite(body)
-    if _SURROGATE_ESCAPE.search(text, start) is not None:
+    if _surrogate_escape(text, start):
         _reject_lone_surrogates(body)
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {json_type(body)}.")
     return body
 
 
-def c_parse_ok(text: str, start: int = 0) -> bool:
+def c_parse_ok(text: str, start: int = 0, count: ValueCount | None = None) -> bool:
     """Whether the C parser's hold on the GIL is bounded (~20 ms) for `text` from `start`: a short text, or one
     of few values (each value but the first in an array or object follows a comma; counting them costs ~0.4 ms
-    a MB)."""
+    a MB); and whether the text holds no more values than `count` leaves room for (else they are counted)."""
+    if count is not None and count.exact:
+        return False
     size = len(text) - start
-    return size <= OFF_LOOP_CHARS or (size <= C_PARSE_MAX_BYTES and text.count(",", start) <= C_PARSE_MAX_COMMAS)
+    if size <= OFF_LOOP_CHARS:
+        return True
+    return (
+        size <= C_PARSE_MAX_BYTES and count_chars(text, ",", start, len(text), C_PARSE_MAX_COMMAS) <= C_PARSE_MAX_COMMAS
+    )
 
 
-def _decoder(c_parser: bool, non_finite: list[str]) -> json.JSONDecoder:
+def _decoder(non_finite: list[str]) -> json.JSONDecoder:
     """A decoder that notes, in `non_finite`, each number that is not finite: `NaN`, `Infinity` and `-Infinity`
     (Python's extensions to JSON) and numbers too large for a float (`1e999`); they are refused once the body
     is parsed (`_reject_non_finite`), never sent on as the invalid JSON Python would write back."""
@@ -154,10 +184,7 @@ def _decoder(c_parser: bool, non_finite: list[str]) -> json.JSONDecoder:
             non_finite.append(text)
         return value
 
-    decoder = json.JSONDecoder(parse_float=number, parse_constant=constant)
-    if not c_parser:
-        decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder
+    return json.JSONDecoder(parse_float=number, parse_constant=constant)
 
 
 def _reject_non_finite(body: Any) -> None:
@@ -198,6 +225,55 @@ def part_type(part: Any, where: str, allowed: Sequence[str]) -> str:
             code="invalid_value",
         )
     return kind
+
+
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+"""OpenAI's bounds on `metadata` (chat completions and Responses alike): 16 keys of at most 64 characters, each a
+string of at most 512."""
+
+
+def check_metadata(value: Any, where: str = "metadata") -> None:
+    """OpenAI's `metadata` bounds (`MAX_METADATA_*`), refused as OpenAI refuses them: its upstream would refuse
+    the request anyway, and nothing else would bound the member the proxy stores with every step."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            f"Invalid type for '{where}': expected an object, but got {json_type(value)} instead.",
+            param=where,
+            code="invalid_type",
+        )
+    if len(value) > MAX_METADATA_KEYS:
+        raise InvalidRequest(
+            f"Invalid '{where}': too many properties. Expected an object with at most {MAX_METADATA_KEYS} "
+            f"properties, but got an object with {len(value)} properties instead.",
+            param=where,
+            code="object_above_max_properties",
+        )
+    for key, item in value.items():
+        shown = key if len(key) <= MAX_METADATA_KEY_CHARS else key[:MAX_METADATA_KEY_CHARS] + "..."
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise InvalidRequest(
+                f"Invalid property name in '{where}': '{shown}' is too long. Expected a string with maximum "
+                f"length {MAX_METADATA_KEY_CHARS}, but got a string with length {len(key)} instead.",
+                param=f"{where}.{shown}",
+                code="property_name_above_max_length",
+            )
+        if not isinstance(item, str):
+            raise InvalidRequest(
+                f"Invalid type for '{where}.{key}': expected a string, but got {json_type(item)} instead.",
+                param=f"{where}.{key}",
+                code="invalid_type",
+            )
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidRequest(
+                f"Invalid '{where}.{key}': string too long. Expected a string with maximum length "
+                f"{MAX_METADATA_VALUE_CHARS}, but got a string with length {len(item)} instead.",
+                param=f"{where}.{key}",
+                code="string_above_max_length",
+            )
 
 
 def check_shape(value: Any, where: str, limits: RequestLimits, depth: int = 1) -> int:
@@ -257,6 +333,15 @@ def check_message_size(value: Any, param: str, limits: RequestLimits, depth: int
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """A `\\ud800`–`\\udfff` escape: the only way a JSON text in valid UTF-8 can smuggle in a surrogate."""
+
+
+def _surrogate_escape(text: str, start: int) -> bool:
+    """Whether `text` holds a surrogate escape from `start` on: searched a piece at a time (one search of a
+    31 MB body held the GIL ~45 ms), each overlapping the next by more than an escape's length."""
+    for at in range(start, len(text), COUNT_PIECE_CHARS):
+        if _SURROGATE_ESCAPE.search(text, at, at + COUNT_PIECE_CHARS + 8) is not None:
+            return True
+    return False
 
 
 def _reject_lone_surrogates(body: Any) -> None:

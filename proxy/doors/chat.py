@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.config import RequestLimits
 from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
-from proxy.doors.body import check_shape, part_type
+from proxy.doors.body import check_metadata, check_shape, part_type
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
@@ -276,6 +276,7 @@ def _validate_params(body: Mapping[str, Any]) -> None:
             raise InvalidRequest(
                 f"Invalid type for '{name}': expected an object, but got {json_type(value)}.", param=name
             )
+    check_metadata(body.get("metadata"))
     for name in _LIST_PARAMS:
         value = body.get(name)
         if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):

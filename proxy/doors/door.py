@@ -35,6 +35,7 @@ from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
 from proxy.observability.requests import observe_model
+from proxy.offload import Lane
 from proxy.pieces import Received
 from proxy.pipeline import Pipeline
 
@@ -88,9 +89,11 @@ class Door(Generic[R]):
     socket: ClassVar[bool] = False
     """Its API also runs over a WebSocket on `path` (`parse_event`, `events`, `event_error`)."""
 
-    def __init__(self, config: Config, pipeline: Pipeline) -> None:
+    def __init__(self, config: Config, pipeline: Pipeline, lane: Lane | None = None) -> None:
         self.config = config
         self.pipeline = pipeline
+        self.lane = Lane() if lane is None else lane
+        """Where its large bodies are parsed, one at a time: the same for every door (`proxy.offload.Lane`)."""
         self.resent = ResentLists()
         """Its last requests, so that what a client re-sends is parsed and converted once (`proxy.doors.resent`)."""
 
@@ -186,7 +189,7 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         limits = self.config.request_limits
         raw = await request_body(request, self.config, earlier=door.resent.earlier(caller.tenant))
-        parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits, caller.tenant))
+        parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits, caller.tenant), door.lane)
         answer, parsed = await door.answer(caller, parsed, request)
         return door.render(answer, parsed)
 
@@ -227,7 +230,7 @@ class Doors:
         self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketState
     ) -> None:
         limits = self.config.request_limits
-        parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits))
+        parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits), door.lane)
         parsed = replace(parsed, conversation=socket.resolve(parsed.conversation))
         warm = door.warm_up(parsed)
         if warm is not None:

@@ -3,6 +3,8 @@ element of a body seen before (`proxy.doors.resent`).
 
 Values are read by the standard library's scanner (`scan_once`: the C one or the pure-Python one, as
 `proxy.doors.body` chooses), between them the scan is Python, so the event loop gets its turn between elements.
+How many values the body holds up to each element's end is kept with it (`ValueCount`), so that a resumed scan
+counts from there.
 Only a well-formed object is scanned: anything else gives None, and the caller parses the body whole for the
 error the standard parser gives.
 """
@@ -16,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-Scan = Callable[[str, int], tuple[Any, int]]
-"""A JSON scanner's `scan_once`: the value starting at an index, and the index after it."""
+from proxy.doors.json_values import Scan, ValueCount
 
 
 def offsets() -> array[int]:
@@ -38,6 +39,8 @@ class Scanned:
     """The members before the list."""
     ends: array[int] = field(default_factory=offsets)
     """Where each element ends."""
+    values: array[int] = field(default_factory=offsets)
+    """How many values the body holds up to each element's end (`ValueCount.at`: at most that many)."""
     reused: int = 0
     """How many elements were taken from the body seen before."""
 
@@ -51,31 +54,48 @@ class Resume:
     start: int
     elements: list[Any]
     ends: array[int]
+    values: array[int]
     count: int
     offset: int
 
 
-def scan_body(text: str, key: str, scan: Scan, resume: Resume | None = None) -> Scanned | None:
-    """The object in `text` (or, with `resume`, the rest of one), its list under `key` element by element."""
+def scan_body(text: str, key: str, scan: Scan, count: ValueCount, resume: Resume | None = None) -> Scanned | None:
+    """The object in `text` (or, with `resume`, the rest of one), its list under `key` element by element, its
+    values counted by `count` (from those the resumed part held)."""
     if resume is not None:
-        scanned = Scanned(dict(resume.head), resume.start, resume.head, resume.ends[: resume.count], resume.count)
+        scanned = Scanned(
+            dict(resume.head),
+            resume.start,
+            resume.head,
+            resume.ends[: resume.count],
+            resume.values[: resume.count],
+            resume.count,
+        )
         elements = resume.elements[: resume.count]
-        idx = _rest_of_list(text, 0, scan, elements, scanned.ends, resume.offset)
+        idx = _rest_of_list(text, 0, scan, elements, scanned, count, resume.offset)
         if idx < 0:
             return None
         scanned.body[key] = elements
-        return _members(text, idx, key, scan, scanned, resume.offset, after_value=True)
+        return _members(text, idx, key, scan, scanned, count, resume.offset, after_value=True)
     idx = _skip(text, 0)
     if text[idx : idx + 1] != "{":
         return None
     idx = _skip(text, idx + 1)
     if text[idx : idx + 1] == "}":
         return Scanned({}) if _skip(text, idx + 1) == len(text) else None
-    return _members(text, idx, key, scan, Scanned({}), 0)
+    return _members(text, idx, key, scan, Scanned({}), count, 0)
 
 
 def _members(
-    text: str, idx: int, key: str, scan: Scan, scanned: Scanned, offset: int, *, after_value: bool = False
+    text: str,
+    idx: int,
+    key: str,
+    scan: Scan,
+    scanned: Scanned,
+    count: ValueCount,
+    offset: int,
+    *,
+    after_value: bool = False,
 ) -> Scanned | None:
     """The object's members from a member's name at `idx` (or, `after_value`, from just after a value) to its
     end, which must end `text`."""
@@ -90,7 +110,8 @@ def _members(
                 return None
             idx = _skip(text, idx + 1)
             if name == key and text[idx : idx + 1] == "[":
-                scanned.start, scanned.head, scanned.ends, scanned.reused = offset + idx, dict(body), offsets(), 0
+                scanned.start, scanned.head, scanned.reused = offset + idx, dict(body), 0
+                scanned.ends, scanned.values = offsets(), offsets()
                 elements: list[Any] = []
                 idx = _skip(text, idx + 1)
                 if text[idx : idx + 1] == "]":
@@ -99,7 +120,8 @@ def _members(
                     value, idx = scan(text, idx)
                     elements.append(value)
                     scanned.ends.append(offset + idx)
-                    idx = _rest_of_list(text, idx, scan, elements, scanned.ends, offset)
+                    scanned.values.append(count.at(text, idx))
+                    idx = _rest_of_list(text, idx, scan, elements, scanned, count, offset)
                     if idx < 0:
                         return None
                 body[name] = elements
@@ -117,8 +139,11 @@ def _members(
         idx = _skip(text, idx + 1)
 
 
-def _rest_of_list(text: str, idx: int, scan: Scan, elements: list[Any], ends: array[int], offset: int) -> int:
+def _rest_of_list(
+    text: str, idx: int, scan: Scan, elements: list[Any], scanned: Scanned, count: ValueCount, offset: int
+) -> int:
     """The list's elements after the one ending at `idx`, appended; the index after its `]` (-1: malformed)."""
+    ends, values = scanned.ends, scanned.values
     while True:
         idx = _skip(text, idx)
         mark = text[idx : idx + 1]
@@ -129,6 +154,7 @@ def _rest_of_list(text: str, idx: int, scan: Scan, elements: list[Any], ends: ar
         value, idx = scan(text, _skip(text, idx + 1))
         elements.append(value)
         ends.append(offset + idx)
+        values.append(count.at(text, idx))
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

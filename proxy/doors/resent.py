@@ -27,8 +27,9 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
+from proxy.doors.json_values import ValueCount
 from proxy.doors.list_scan import Resume, Scanned, offsets, scan_body
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, TooManyValues
 from proxy.pieces import Pieces, Reading, Received
 from proxy.sharing import Resent
 from proxy.types import Message, RawList
@@ -88,6 +89,8 @@ class _Kept:
     """Where each element ends in the body's text."""
     byte_ends: array[int]
     """... and in `raw`: where a new body is compared with it."""
+    values: array[int]
+    """How many values the body holds up to each element's end (at most)."""
     elements: list[Any]
     conversion: Conversion
     prelude: tuple[Any, list[Message]] | None
@@ -206,6 +209,7 @@ class Listed:
                     scanned.start,
                     scanned.ends,
                     byte_ends,
+                    scanned.values,
                     kept_elements,
                     conversion,
                     self._prelude,
@@ -219,7 +223,8 @@ class Listed:
 def parse_listed(raw: Received | bytes, key: str, limits: RequestLimits, resent: TenantLists | None) -> Listed:
     """The body with its list under `key`: after what a kept request had when the door keeps them (`resent`)."""
     if resent is None:
-        return Listed(parse_json_object(raw if isinstance(raw, bytes) else raw.body.tobytes()), key, limits)
+        body = parse_json_object(raw if isinstance(raw, bytes) else raw.body.tobytes(), limits.max_body_values)
+        return Listed(body, key, limits)
     return resent.parse(raw, key, limits)
 
 
@@ -251,10 +256,19 @@ class ResentLists:
         kept = self._resumed(raw, tenant, key, limits)
         reused = 0 if kept is None else bisect_right(kept.byte_ends, raw.shared)
         scan = None
-        with contextlib.suppress(InvalidRequest, ValueError, RecursionError, StopIteration):
-            scan = _scanned(raw.body, key, kept if reused else None, reused)
+        max_values = limits.max_body_values
+        try:
+            with contextlib.suppress(ValueError, RecursionError, StopIteration):
+                scan = _scanned(raw.body, key, kept if reused else None, reused, max_values)
+        except TooManyValues:
+            if not reused:
+                raise
+            # The values the kept part held were counted at most: the whole body counted one by one says.
+            return Listed(parse_json_object(raw.body.tobytes(), max_values), key, limits)
+        except InvalidRequest:
+            scan = None
         if scan is None:  # not a well-formed object: the whole parse, for the error it has always given
-            return Listed(parse_json_object(raw.body.tobytes()), key, limits)
+            return Listed(parse_json_object(raw.body.tobytes(), max_values), key, limits)
         if scan.scanned.start < 0:
             return Listed(scan.scanned.body, key, limits)
         return Listed(scan.scanned.body, key, limits, self.of(tenant), scan)
@@ -299,19 +313,20 @@ class TenantLists:
         return self.lists.parse(raw, key, limits, self.tenant)
 
 
-def _scanned(raw: Pieces, key: str, kept: _Kept | None, reused: int) -> _Scan | None:
+def _scanned(raw: Pieces, key: str, kept: _Kept | None, reused: int, max_values: int) -> _Scan | None:
     """The body scanned: only its bytes after the `reused` elements it repeats of `kept` are decoded and
-    scanned, and checked for what JSON can spell but the proxy cannot pass on (`checked_object`); the rest is as
-    kept."""
+    scanned, their values counted from those `kept` held up to there (`proxy.doors.json_values`), and checked
+    for what JSON can spell but the proxy cannot pass on (`checked_object`); the rest is as kept."""
     resume = None
-    offset = byte_offset = 0
+    offset = byte_offset = before = 0
     if kept is not None:
-        offset, byte_offset = kept.ends[reused - 1], kept.byte_ends[reused - 1]
-        resume = Resume(kept.head, kept.start, kept.elements, kept.ends, reused, offset)
+        offset, byte_offset, before = kept.ends[reused - 1], kept.byte_ends[reused - 1], kept.values[reused - 1]
+        resume = Resume(kept.head, kept.start, kept.elements, kept.ends, kept.values, reused, offset)
     text = decoded(raw.tobytes(byte_offset))
     non_finite: list[str] = []
-    scan = json_decoder(text, non_finite).scan_once  # type: ignore[attr-defined]
-    scanned = scan_body(text, key, scan, resume)
+    count = ValueCount(text, 0, max_values, before)
+    scan = json_decoder(text, non_finite, count).scan_once  # type: ignore[attr-defined]
+    scanned = scan_body(text, key, scan, count, resume)
     if scanned is None:
         return None
     checked_object(scanned.body, text, non_finite)

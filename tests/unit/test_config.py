@@ -107,7 +107,13 @@ def test_every_key_is_parsed() -> None:
                 "summarizer_model": "small",
             },
             "journal": {"synchronous": "full", "finish_on_disconnect": False, "keep_events": "30m"},
-            "limits": {"max_body_bytes": 4096, "max_messages": 7, "max_message_chars": 2048, "max_answer_chars": 3000},
+            "limits": {
+                "max_body_bytes": 4096,
+                "max_messages": 7,
+                "max_message_chars": 2048,
+                "max_answer_chars": 3000,
+                "max_body_values": 5000,
+            },
             "upstream": {"timeout_s": 12.5, "num_retries": 2},
             "auth": {"keys": ["k1", "k2"]},
         }
@@ -130,7 +136,7 @@ def test_every_key_is_parsed() -> None:
     assert config.journal.synchronous == "FULL"
     assert config.journal.finish_on_disconnect is False
     assert config.journal.keep_events_s == 1800.0
-    assert config.request_limits == RequestLimits(4096, 7, 2048, 3000)
+    assert config.request_limits == RequestLimits(4096, 7, 2048, 3000, 5000)
     assert (config.upstream.timeout_s, config.upstream.num_retries) == (12.5, 2)
     assert config.auth.keys == ("k1", "k2")
     assert config.auth.enabled is True

@@ -447,3 +447,24 @@ def test_nan_in_a_messages_body_is_refused() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_messages_request(raw, LIMITS)
     assert refused.value.param == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "param", "message"),
+    [
+        ({"user_id": "u", "x": [0] * 1000}, "metadata.x", "metadata.x: Extra inputs are not permitted"),
+        ({"user_id": "u" * 257}, "metadata.user_id", "metadata.user_id: String should have at most 256 characters"),
+        ({"user_id": 5}, "metadata.user_id", "metadata.user_id: Input should be a valid string, not a number"),
+        ("u", "metadata", "metadata: Input should be a valid dictionary, not a string"),
+    ],
+)
+def test_metadata_is_bounded_as_anthropic_bounds_it(metadata: Any, param: str, message: str) -> None:
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "metadata": metadata}
+    refused = refusal(body)
+    assert (refused.status, refused.param, refused.message) == (400, param, message)
+
+
+def test_a_user_id_of_256_characters_is_passed_on() -> None:
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    conversation = parse({**body, "metadata": {"user_id": "u" * 256}})
+    assert conversation.params["user"] == "u" * 256

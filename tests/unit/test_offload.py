@@ -1,15 +1,17 @@
-"""Work moved off the event loop (`proxy.offload`): a JSON document of any size, made in pieces."""
+"""Work moved off the event loop (`proxy.offload`): a JSON document of any size, made in pieces; the doors' lane,
+one piece of work at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
 from starlette.responses import JSONResponse
 
-from proxy.offload import JSON_PIECE_CHARS, json_pieces
+from proxy.offload import JSON_PIECE_CHARS, OFF_LOOP_CHARS, Lane, json_pieces
 
 
 def session_like(messages: int) -> dict[str, Any]:
@@ -65,3 +67,37 @@ async def test_a_value_json_cannot_hold_fails_as_json_response_does() -> None:
         JSONResponse({"x": float("nan")})
     with pytest.raises(ValueError, match="not JSON compliant"):
         await joined({"x": float("nan")})
+
+
+@pytest.mark.parametrize("width", [1, 2])
+async def test_a_lane_runs_large_work_in_worker_threads_width_at_a_time(width: int) -> None:
+    lane = Lane(width)
+    running: list[int] = []
+    overlapped: list[int] = []
+    threads: set[int] = set()
+    lock, started, release = threading.Lock(), threading.Event(), threading.Event()
+
+    def work(number: int) -> int:
+        with lock:
+            running.append(number)
+            overlapped.append(len(running))
+            threads.add(threading.get_ident())
+            if len(running) == width:
+                started.set()
+        release.wait(10)
+        with lock:
+            running.remove(number)
+        return number
+
+    tasks = [asyncio.create_task(lane.compute(OFF_LOOP_CHARS + 1, work, n)) for n in range(5)]
+    await asyncio.to_thread(started.wait, 10)
+    await asyncio.sleep(0.05)  # time for the others to start, were they not waiting for their turn
+    release.set()
+    assert await asyncio.gather(*tasks) == [0, 1, 2, 3, 4]
+    assert max(overlapped) == width
+    assert threading.get_ident() not in threads
+
+
+async def test_a_lane_does_small_work_at_once_on_the_event_loop() -> None:
+    lane = Lane()
+    assert await lane.compute(OFF_LOOP_CHARS, threading.get_ident) == threading.get_ident()

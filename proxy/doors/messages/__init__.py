@@ -75,7 +75,9 @@ class Messages(Door[None]):
         limits = self.config.request_limits
         raw = await request_body(request, self.config, earlier=self.resent.earlier(caller.tenant))
         conversation = await parse_off_loop(
-            raw, lambda raw: parse_messages_request(raw, limits, self.resent.of(caller.tenant), counting=True)
+            raw,
+            lambda raw: parse_messages_request(raw, limits, self.resent.of(caller.tenant), counting=True),
+            self.lane,
         )
         observe_model(request.scope, conversation.model)
         return JSONResponse({"input_tokens": await self.pipeline.count_tokens(conversation)})

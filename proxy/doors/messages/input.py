@@ -63,6 +63,7 @@ def parse_messages_request(
         max_tokens = 1
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidRequest("max_tokens: Field required (an integer of at least 1)", param="max_tokens")
+    _check_metadata(body.get("metadata"))
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise InvalidRequest("messages: Field required (a non-empty list)", param="messages")
@@ -87,6 +88,33 @@ def parse_messages_request(
         wire={"door": "messages"},
         fit_output=True,
     )
+
+
+MAX_USER_ID_CHARS = 256
+"""Anthropic's bound on `metadata.user_id`, the only member its `metadata` takes."""
+
+
+def _check_metadata(metadata: Any) -> None:
+    """`metadata` as Anthropic takes it: an object whose only member is `user_id`, a string of at most
+    `MAX_USER_ID_CHARS` (or null); refused, as Anthropic refuses it, before anything is stored or sent."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise InvalidRequest(
+            f"metadata: Input should be a valid dictionary, not {json_type(metadata)}", param="metadata"
+        )
+    extra = next((key for key in metadata if key != "user_id"), None)
+    if extra is not None:
+        raise InvalidRequest(f"metadata.{extra[:64]}: Extra inputs are not permitted", param=f"metadata.{extra[:64]}")
+    user_id = metadata.get("user_id")
+    if user_id is not None and not isinstance(user_id, str):
+        raise InvalidRequest(
+            f"metadata.user_id: Input should be a valid string, not {json_type(user_id)}", param="metadata.user_id"
+        )
+    if user_id is not None and len(user_id) > MAX_USER_ID_CHARS:
+        raise InvalidRequest(
+            f"metadata.user_id: String should have at most {MAX_USER_ID_CHARS} characters", param="metadata.user_id"
+        )
 
 
 def _system(system: Any, where: str = "system") -> list[Message]:

@@ -39,6 +39,7 @@ from proxy.doors.responses.stored import DEFAULT_ITEMS_PAGE, MAX_ITEMS_PAGE, Sto
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.errors import InvalidRequest, JSONBody, openai_error
 from proxy.numbers import parse_integer
+from proxy.offload import Lane
 from proxy.pieces import Received
 from proxy.pipeline import Pipeline
 from proxy.types import Chunk
@@ -69,8 +70,8 @@ class Responses(Door[Echo]):
         DoorRoute("/v1/responses/{response_id}/input_items", ("GET",), "input_items"),
     )
 
-    def __init__(self, config: Config, pipeline: Pipeline) -> None:
-        super().__init__(config, pipeline)
+    def __init__(self, config: Config, pipeline: Pipeline, lane: Lane | None = None) -> None:
+        super().__init__(config, pipeline, lane)
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
     def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
@@ -157,7 +158,7 @@ class Responses(Door[Echo]):
         stores what is new and answers at once (`proxy.doors.responses.compaction`)."""
         limits = self.config.request_limits
         raw = await request_body(request, self.config, earlier=self.resent.earlier(caller.tenant))
-        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits, caller.tenant))
+        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits, caller.tenant), self.lane)
         conversation = replace(parsed.conversation, compaction=True, stream=False)
         answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)
         assert isinstance(answer, Compacted)

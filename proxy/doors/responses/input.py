@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.config import RequestLimits
 from proxy.conversation import Continuation, Conversation
-from proxy.doors.body import check_message_size, check_messages, check_shape, parse_json_object
+from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
 from proxy.doors.resent import Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
@@ -78,7 +78,7 @@ def parse_responses_request(
 def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
     """A client event of WebSocket mode: `response.create` with the fields of `POST /v1/responses`, streamed
     (the stream is implicit over a socket)."""
-    event = parse_json_object(raw)
+    event = parse_json_object(raw, limits.max_body_values)
     kind = event.get("type")
     if kind != "response.create":
         raise InvalidRequest(
@@ -102,6 +102,7 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
+    check_metadata(body.get("metadata"))
     make = functools.partial(_instructions, limits=limits)
     instructions = make(body.get("instructions")) if listed is None else listed.prelude(body.get("instructions"), make)
     messages = list(instructions)
