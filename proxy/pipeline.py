@@ -279,7 +279,8 @@ class Pipeline:
         except UpstreamError as exc:
             if exc.context_overflow is None or options.mode == ContextMode.OFF:
                 raise
-            overflow = unquoted(exc.context_overflow, (plan.prepared.messages, conversation.params))
+            native = conversation.native.body if conversation.native is not None else {}
+            overflow = unquoted(exc.context_overflow, (plan.prepared.messages, conversation.params, native))
             if overflow is None:
                 raise  # the upstream repeated the client's words: its own verdict is something else
             budget = plan.budget
