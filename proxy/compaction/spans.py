@@ -293,8 +293,11 @@ class SpanWriter:
     ) -> WrittenSummary:
         """The summary of `rendered`: by the summarizer model while the request's allowance lasts, provided that it
         costs fewer than the `replaced` tokens it stands for; else the extractive fallback, cut until it does."""
-        wait = allowance.next_call(now)
-        if wait is None:
+        available = self._summarizer.available(request.entry)
+        wait = allowance.next_call(now) if available else None
+        if not available:
+            pass  # its breaker is open: the fallback at once, the allowance untouched
+        elif wait is None:
             if not allowance.reported:
                 allowance.reported = True
                 log.warning(
@@ -316,6 +319,7 @@ class SpanWriter:
                         rendered, need.target, request.entry, instruction, session
                     )
             except TimeoutError:
+                self._summarizer.timed_out(request.entry)
                 log.warning(
                     "compaction session=%s: summarizer %s did not answer within the %.1f s left to this request; "
                     "using the extractive fallback",
