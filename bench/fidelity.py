@@ -26,6 +26,7 @@ Run by hand: `python bench/fidelity.py [--windows 4096,8192] [--modes down,up] [
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import re
@@ -59,6 +60,9 @@ QUESTION_REPLY = "I am not sure."
 SUMMARIZER_WINDOW = 32_768
 FAKE_WINDOW = 1_000_000
 """The fake never refuses: the proxy's own entries say how large each model's window is."""
+START_ATTEMPTS = 3
+"""A loaded machine can take longer than the test harness's start timeout to import the proxy."""
+log = logging.getLogger("bench.fidelity")
 _TARGET = re.compile(r"at most about (\d+) tokens")
 _PUNCTUATION = re.compile(r"[^\w\s]")
 _SPACES = re.compile(r"\s+")
@@ -74,6 +78,8 @@ class Scored:
     """Tokens of the context / the input budget."""
     correct: bool | None = None
     """The real model's answer contains the gold phrase; None when no model was asked."""
+    refused: bool = False
+    """The proxy refused the question (a 4xx): nothing was forwarded, nothing kept."""
 
 
 def normalized(text: str) -> str:
@@ -141,17 +147,40 @@ def served(windows: Sequence[int], mode: str) -> Iterator[tuple[FakeUpstream, Sc
             | common
         )
         config = make_config(Path(tmp), fake.url, models=models, context={"summarizer_model": "summarizer"})
-        with ProxyServer(config, Path(tmp)) as proxy:
+        with started(config, Path(tmp)) as proxy:
             client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=120)
             yield fake, script, client
 
 
-def send(client: openai.OpenAI, model: str, session: str, messages: list[dict[str, Any]]) -> dict[str, str]:
-    raw = client.chat.completions.with_raw_response.create(
-        model=model,
-        messages=cast("list[ChatCompletionMessageParam]", messages),
-        extra_headers={"X-Session-Id": session},
-    )
+@contextmanager
+def started(config: dict[str, Any], workdir: Path) -> Iterator[ProxyServer]:
+    for attempt in range(1, START_ATTEMPTS + 1):
+        server = ProxyServer(config, workdir)
+        try:
+            server.__enter__()
+        except RuntimeError:
+            if attempt == START_ATTEMPTS:
+                raise
+            log.warning("the proxy did not start (attempt %d of %d); again", attempt, START_ATTEMPTS)
+            continue
+        try:
+            yield server
+        finally:
+            server.__exit__(None, None, None)
+        return
+
+
+def send(client: openai.OpenAI, model: str, session: str, messages: list[dict[str, Any]]) -> dict[str, str] | None:
+    """The answer's headers, or None when the proxy refused the request (logged: the run goes on)."""
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            extra_headers={"X-Session-Id": session},
+        )
+    except openai.APIStatusError as exc:
+        log.warning("session %s: the proxy refused a request of %d messages: %s", session, len(messages), exc)
+        return None
     raw.parse()
     return dict(raw.headers.items())
 
@@ -195,18 +224,31 @@ def replay(
     model, session = f"w{window}", f"{conversation.name}-{window}-{mode}"
     history: list[dict[str, Any]] = []
     system = {"role": "system", "content": SYSTEM_PROMPT}
+    refused, budget = 0, window - window // 8
     for message in conversation.messages():
         if message["role"] == "assistant" and history:
             script.next_reply = message["content"]
-            send(client, model, session, [system, *history])
+            replied = send(client, model, session, [system, *history])
+            refused += replied is None
+            budget = int(replied["x-context-budget"]) if replied is not None else budget
             fake.requests.clear()
         history.append(message)
+    if refused:
+        log.warning("session %s: %d of the conversation's requests were refused", session, refused)
     turns = {turn.id: turn_text(turn) for _, turn in conversation.turns()}
     results: dict[str, list[Scored]] = defaultdict(list)
     script.next_reply = QUESTION_REPLY
-    for question in conversation.questions[:questions]:
+    for question in picked(conversation.questions, questions):
         asked = {"role": "user", "content": question.text}
         headers = send(client, model, session, [system, *history, asked])
+        if headers is None:
+            fake.requests.clear()
+            known = any(id_ in turns for id_ in question.evidence)
+            results["proxy"].append(Scored(question.category, False if known else None, False, 0.0, refused=True))
+            kinds = {"truncation": truncated(history, asked, budget), "full": [system, *history, asked]}
+            for kind, context in kinds.items():
+                results[kind].append(score(context, question, turns, prompt_tokens(context), budget))
+            continue
         budget = int(headers["x-context-budget"])
         proxied = forwarded(fake)
         cut = truncated(history, asked, budget)
@@ -221,6 +263,16 @@ def replay(
     return results
 
 
+def picked(questions: Sequence[Question], limit: int | None) -> list[Question]:
+    """At most `limit` questions, taken in turn from each category (in the order they come)."""
+    by_category: dict[str, list[Question]] = defaultdict(list)
+    for question in questions:
+        by_category[question.category].append(question)
+    rounds = itertools.zip_longest(*by_category.values())
+    ordered = [question for round_ in rounds for question in round_ if question is not None]
+    return ordered[:limit]
+
+
 def share(values: Sequence[bool | None]) -> float | None:
     known = [value for value in values if value is not None]
     return sum(known) / len(known) if known else None
@@ -229,6 +281,7 @@ def share(values: Sequence[bool | None]) -> float | None:
 METRICS = columns(
     ("category",),
     ("questions",),
+    ("refused", "refused by the proxy"),
     ("evidence_proxy", "evidence kept: proxy", ".1%"),
     ("evidence_truncation", "truncation", ".1%"),
     ("evidence_full", "full", ".1%"),
@@ -246,11 +299,13 @@ def add_rows(table: Table, results: Mapping[str, Sequence[Scored]]) -> None:
     categories = sorted({scored.category for scored in results["proxy"]})
     for category in [*categories, "all"]:
         picked = {kind: [s for s in scored if category in ("all", s.category)] for kind, scored in results.items()}
-        row: dict[str, Any] = {"category": category, "questions": len(picked["proxy"])}
+        refused = sum(s.refused for s in picked["proxy"])
+        row: dict[str, Any] = {"category": category, "questions": len(picked["proxy"]), "refused": refused}
         for kind, scored in picked.items():
             row[f"evidence_{kind}"] = share([s.evidence for s in scored])
             row[f"answer_{kind}"] = share([s.answer for s in scored])
-            row[f"filled_{kind}"] = sum(s.filled for s in scored) / len(scored)
+            answered = [s.filled for s in scored if not s.refused]
+            row[f"filled_{kind}"] = sum(answered) / len(answered) if answered else None
             row[f"correct_{kind}"] = share([s.correct for s in scored])
         table.add(**row)
 
@@ -269,7 +324,9 @@ def main() -> None:
     parser.add_argument("--generated", type=int, default=4, help="generated conversations (seeds 0..N-1)")
     parser.add_argument("--locomo", type=Path, help="LoCoMo's locomo10.json or a folder of its conversation files")
     parser.add_argument("--locomo-conversations", type=int, default=None, help="only the first N of LoCoMo's")
-    parser.add_argument("--questions", type=int, default=None, help="at most N questions per conversation")
+    parser.add_argument(
+        "--questions", type=int, default=None, help="at most N questions per conversation, taken from each category"
+    )
     parser.add_argument("--answer-url", help="an OpenAI-compatible API (…/v1) whose model answers the questions")
     parser.add_argument("--answer-model", default="default", help="the model name to ask at --answer-url")
     add_json_option(parser)
@@ -281,17 +338,18 @@ def main() -> None:
     windows = [int(window) for window in args.windows.split(",")]
     answerer = Answerer(args.answer_url.rstrip("/"), args.answer_model) if args.answer_url else None
     report = Report.start("fidelity", args)
-    for data, chats in conversations(args):
-        for mode in args.modes.split(","):
-            results: dict[int, dict[str, list[Scored]]] = {w: defaultdict(list) for w in windows}
-            with served(windows, mode) as parts:
+    sets = conversations(args)
+    for mode in args.modes.split(","):
+        with served(windows, mode) as parts:
+            for data, chats in sets:
+                results: dict[int, dict[str, list[Scored]]] = {w: defaultdict(list) for w in windows}
                 for conversation in chats:
                     for window in windows:
                         for kind, scored in replay(conversation, window, mode, parts, args.questions, answerer).items():
                             results[window][kind].extend(scored)
-            for window in windows:
-                title = f"{data} ({len(chats)} conversations), {window}-token window, summarizer {mode}"
-                add_rows(report.table(f"{data}-{window}-{mode}", title, METRICS), results[window])
+                for window in windows:
+                    title = f"{data} ({len(chats)} conversations), {window}-token window, summarizer {mode}"
+                    add_rows(report.table(f"{data}-{window}-{mode}", title, METRICS), results[window])
     report.publish(args.json)
 
 
