@@ -82,13 +82,14 @@ SUMMARY_BONUS = 3
 """Lines of an earlier summary were already chosen as worth keeping once."""
 
 
-def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> str:
+def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int, date: str | None = None) -> str:
     """The deterministic fallback summary within `target` tokens: the facts stated in `messages` first, on one
     `facts:` line (an earlier summary's before new ones), then the best-scoring sentences in chronological order.
     New facts take at most `FACT_SHARE` of the target before the sentences have their turn, then what is left;
-    a chosen sentence that shows a fact takes it off the facts line."""
+    a chosen sentence that shows a fact takes it off the facts line. `date`: the date in force before the first
+    message (its stamp was in an earlier range)."""
     target = max(1, target)
-    facts, sentences = _candidates(messages)
+    facts, sentences = _candidates(messages, date)
     chosen = _Choice(target)
     chosen.add_facts(facts, FACT_SHARE * target)
     chosen.add_sentences(sentences)
@@ -100,7 +101,9 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> st
     return fallback or truncate(f"{len(messages)} earlier messages", target)
 
 
-def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str) -> str:
+def fallback_summary(
+    messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str, date: str | None = None
+) -> str:
     """The extractive summary within `target` tokens, cut further until its summary message costs fewer than the
     `replaced` tokens of what it stands for: a summary that does not shrink its range is of no use.
 
@@ -109,7 +112,7 @@ def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replace
     """
     limit = max(1, min(target, replaced - count_message(summary_message(""), encoding) - 1))
     while True:
-        content = extractive_summary(messages, limit)
+        content = extractive_summary(messages, limit, date)
         excess = count_message(summary_message(content), encoding) - replaced + 1
         if excess <= 0 or limit == 1:
             return content
@@ -196,7 +199,7 @@ class _Choice:
         return "\n".join(lines)
 
 
-def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], list[_Segment]]:
+def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tuple[list[_Fact], list[_Segment]]:
     """The facts of `messages` (first seen first, an earlier summary's before any new one) and their sentences
     (each once), scored by what the sentence says besides its facts: its signals (errors, paths, decisions…)
     and, in what people wrote, its information (`prose.information`). A sentence keeps the date of its message
@@ -204,7 +207,7 @@ def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], lis
     facts: dict[str, _Fact] = {}
     sentences: dict[str, _Segment] = {}
     seen: set[str] = set()
-    position, date = 0, None
+    position = 0
     for label, text, kind in labelled_texts(messages):
         bonus = SUMMARY_BONUS if kind == SUMMARY_LABEL else 0
         if kind == TEXT:

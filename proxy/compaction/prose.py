@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 NAME_WEIGHT = 1.5
 """A proper name (a person, a place, a title) is what a later question most often asks about."""
@@ -26,6 +26,9 @@ SEEN_WORD_WEIGHT = 0.25
 MIN_INFORMATION = 1.5
 """Below this a sentence is a pleasantry or small talk: it is not kept for what it says."""
 INFORMATION_CAP = 8.0
+DATE_LOOKBACK = 500
+"""Messages looked back at for the date in force: a chat's sessions are stamped far more often than this."""
+STAMP_CHARS = 80
 
 
 def _listed(words: str) -> frozenset[str]:
@@ -90,6 +93,16 @@ def date_stamp(text: str) -> tuple[str | None, str]:
     if match is None or not _DATE_LIKE.search(match.group("date")):
         return None, text
     return match.group("date"), text[match.end() :]
+
+
+def date_in_force(texts: Sequence[str], before: int) -> str | None:
+    """The date of the last stamped message before position `before` (what holds for the messages after it),
+    looking back at most `DATE_LOOKBACK` messages; None if none is stamped."""
+    for index in range(before - 1, max(-1, before - 1 - DATE_LOOKBACK), -1):
+        stamp, _ = date_stamp(texts[index][:STAMP_CHARS])
+        if stamp is not None:
+            return stamp
+    return None
 
 
 def date_line(date: str) -> str:

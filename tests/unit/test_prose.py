@@ -8,10 +8,16 @@ from typing import Any
 
 import pytest
 
+from proxy.compaction.compactor import Compactor
 from proxy.compaction.extractive import extractive_summary
-from proxy.compaction.prose import date_stamp, information, speaker
+from proxy.compaction.prose import date_in_force, date_stamp, information, speaker
+from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summary_text import summary_message
+from proxy.config import ContextConfig
+from proxy.history.store import History
+from proxy.store.database import Database
 from proxy.tokens import count_text
+from tests.unit.test_span_store import TENANT, FakeSummarizer, request, stored_path
 
 MAY = "1:56 pm on 8 May, 2023"
 JUNE = "7:55 pm on 9 June, 2023"
@@ -98,3 +104,35 @@ def test_dates_survive_a_merge_of_fallback_summaries() -> None:
     assert lines.index(f"[{MAY}]") < lines.index("user: " + FACT_SENTENCES[0]) < lines.index(f"[{JUNE}]")
     assert lines.index(f"[{JUNE}]") < lines.index("assistant: " + FACT_SENTENCES[1])
     assert extractive_summary([summary_message(merged)], 80) == merged
+
+
+def test_a_range_that_starts_after_its_date_stamp_keeps_the_date_in_force() -> None:
+    later = CHAT[7:]  # June's session without its first, stamped message
+    assert f"[{JUNE}]" not in extractive_summary(later, 60)
+    lines = extractive_summary(later, 60, date=JUNE).splitlines()
+    assert lines.index(f"[{JUNE}]") < lines.index("assistant: " + FACT_SENTENCES[1])
+
+
+def test_the_date_in_force_is_the_last_stamp_before_a_position() -> None:
+    texts = [str(message["content"]) for message in CHAT]
+    assert date_in_force(texts, 5) == MAY
+    assert date_in_force(texts, 8) == JUNE
+    assert date_in_force(texts, 0) is None
+    assert date_in_force(["no stamp", "none here"], 2) is None
+
+
+async def test_a_fallback_summary_of_a_later_part_of_a_session_shows_the_sessions_date(db: Database) -> None:
+    history, summaries = History(db), SpanStore(db)
+    compactor = Compactor(ContextConfig(max_summarizer_calls=0, strategies=("summarize",)), summaries, FakeSummarizer())
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for turn in range(60):
+        stamp = f"[{MAY}] " if turn == 0 else ""
+        messages.append({"role": "user", "content": f"{stamp}Caroline: My neighbour Vera{turn} adopted a beagle."})
+        messages.append({"role": "assistant", "content": f"Melanie: Our cousin Tom{turn} moved to Porto in June."})
+        path = await stored_path(history, messages)
+        await compactor.prepare(request(path, 1_200))
+
+    written = await summaries.on_path(TENANT, path)
+    later = [summary for summary in written if summary.start_depth > 1]
+    assert later, "no summary started after the stamped message: the test measures nothing"
+    assert all(summary.generated_by == "fallback" and f"[{MAY}]" in summary.content for summary in later)
