@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.prose import content_words, date_line, date_stamp, information, speaker
+from proxy.compaction.prose import content_words, date_line, date_stamp, information, speaker, specific
 from proxy.compaction.summary_text import (
     ERROR,
     EXIT,
@@ -78,6 +78,9 @@ _SCORES: tuple[tuple[re.Pattern[str], int], ...] = (
 _WORDED = (_DECISION, _TASK)
 """Signals written in ordinary words ("should", "next", "use"): in what people wrote, they count only in a
 sentence that tells something (`prose.information`), or every "I really need to do that too" would be kept."""
+PLAIN_SHARE = 0.5
+"""Plain sentences (small talk, or what tells something without a name, number or date) fill at most this share
+of a summary: a summary filled to its target with them costs every later merge its room for facts."""
 SUMMARY_BONUS = 3
 """Lines of an earlier summary were already chosen as worth keeping once."""
 
@@ -137,6 +140,8 @@ class _Segment:
     """The facts it shows."""
     date: str | None = None
     """The date of the message it is from (its own stamp or the last one before it), shown above it."""
+    plain: bool = False
+    """Kept only for its content words: no signal, no fact, no name, number or date (`PLAIN_SHARE`)."""
 
 
 class _Choice:
@@ -169,7 +174,8 @@ class _Choice:
             cost = count_text(sentence.text) + 1 - sum(self.listed[fact] for fact in shown)
             if sentence.date is not None and all(kept.date != sentence.date for kept in self.sentences):
                 cost += count_text(date_line(sentence.date)) + 1
-            if self.used + cost <= self.target:
+            room = self.target * PLAIN_SHARE if sentence.plain else self.target
+            if self.used + cost <= room:
                 self.sentences.append(sentence)
                 for fact in shown:
                     del self.listed[fact]
@@ -238,13 +244,15 @@ def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tupl
                     facts.setdefault(fact, _Fact(position, fact, bonus))
                 rest = _remove(sentence, found)
                 told = information(rest, seen) if kind in (SUMMARY_LABEL, TEXT) else None
-                signals = _score(rest, worded=told != 0)
-                score = max(signals, FACT_CONTEXT_SCORE if found else 0) + bonus + (told or 0.0)
+                signals = max(_score(rest, worded=told != 0), FACT_CONTEXT_SCORE if found else 0)
+                # An earlier summary's small talk is not worth keeping again before new facts.
+                plain = bool(told) and not signals and not specific(rest)
+                score = signals + (0 if plain else bonus) + (told or 0.0)
                 seen.update(content_words(rest) if told is not None else ())
                 shown = clip(sentence, MAX_SEGMENT_CHARS)
                 if score > 0:
                     shows = tuple(fact for fact in written if fact in shown)
-                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows, date)
+                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows, date, plain)
                 position += 1
     return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values())
 

@@ -42,7 +42,7 @@ MONTHS = (
 _MONTHS = _listed(MONTHS)
 _DAYS = _listed("monday tuesday wednesday thursday friday saturday sunday")
 _TIME_WORDS = _listed(
-    "yesterday today tonight tomorrow week weekend month year ago last since morning evening night birthday anniversary"
+    "yesterday today tonight tomorrow week weekend month year ago morning evening night birthday anniversary"
 )
 _STOP = _listed(
     """
@@ -95,6 +95,26 @@ def date_stamp(text: str) -> tuple[str | None, str]:
     return match.group("date"), text[match.end() :]
 
 
+def specific(sentence: str) -> bool:
+    """Whether a sentence names someone or something, or gives a number or a date: what a question asks for.
+    A sentence without (`I have been trying to cook more at home`) is kept only while there is room."""
+    words = _WORD.findall(sentence)
+    return bool(_names(words) or _numbers(words))
+
+
+def _names(words: Sequence[str]) -> set[str]:
+    """Capitalized words inside the sentence (its first word is capitalized anyway), months and days aside."""
+    names = {w for i, w in enumerate(words) if i > 0 and w[0].isupper() and w.lower() not in _MONTHS | _DAYS}
+    return names - {"I", "I'm", "I've", "I'd", "I'll"}
+
+
+def _numbers(words: Sequence[str]) -> set[str]:
+    """Numbers, and month and day names inside the sentence (`May I…` is no date)."""
+    return {
+        w for i, w in enumerate(words) if w[0].isdigit() or (i > 0 and w[0].isupper() and w.lower() in _MONTHS | _DAYS)
+    }
+
+
 def date_in_force(texts: Sequence[str], before: int) -> str | None:
     """The date of the last stamped message before position `before` (what holds for the messages after it),
     looking back at most `DATE_LOOKBACK` messages; None if none is stamped."""
@@ -140,9 +160,7 @@ def information(sentence: str, seen: Set[str]) -> float:
     content = content_words(sentence)
     if not set(content) - _TIME_WORDS:
         return 0.0
-    names = {w for i, w in enumerate(words) if i > 0 and w[0].isupper() and w.lower() not in _MONTHS | _DAYS}
-    names -= {"I", "I'm", "I've", "I'd", "I'll"}
-    numbers = {w for w in words if w[0].isdigit() or (w[0].isupper() and w.lower() in _MONTHS | _DAYS)}
+    names, numbers = _names(words), _numbers(words)
     times = {w.lower() for w in words if w.lower() in _TIME_WORDS}
     distinct = set(content)
     new = distinct - seen

@@ -136,3 +136,18 @@ async def test_a_fallback_summary_of_a_later_part_of_a_session_shows_the_session
     later = [summary for summary in written if summary.start_depth > 1]
     assert later, "no summary started after the stamped message: the test measures nothing"
     assert all(summary.generated_by == "fallback" and f"[{MAY}]" in summary.content for summary in later)
+
+
+def test_small_talk_fills_at_most_half_a_summary() -> None:
+    talk = [
+        "I have been trying to cook more at home, mostly soups and stews.",
+        "The garden is a mess, the slugs ate all my lettuce again.",
+        "We finally fixed the leaky tap in the kitchen, what a relief.",
+        "I cleaned out the attic and found all my old school notebooks.",
+        "The kids next door started learning to skateboard, loud but sweet.",
+        "I keep meaning to read more, but the evenings just disappear.",
+    ]
+    messages = [{"role": "user", "content": sentence} for sentence in talk]
+    summary = extractive_summary(messages, 80)
+    assert summary.count("\n") >= 1, "the small talk was not kept at all: the test measures nothing"
+    assert count_text(summary) <= 40
