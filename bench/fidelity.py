@@ -100,9 +100,10 @@ def prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     return count_prompt(count_message(message) for message in messages)
 
 
-def truncated(history: Sequence[dict[str, Any]], question: dict[str, Any], budget: int) -> list[dict[str, Any]]:
+def truncated(
+    system: dict[str, Any], history: Sequence[dict[str, Any]], question: dict[str, Any], budget: int
+) -> list[dict[str, Any]]:
     """The system prompt, the question, and the most recent messages that fit `budget` with them."""
-    system = {"role": "system", "content": SYSTEM_PROMPT}
     used = prompt_tokens([system, question])
     start = len(history)
     while start > 0 and used + count_message(history[start - 1]) <= budget:
@@ -223,7 +224,9 @@ def replay(
     fake, script, client = served_parts
     model, session = f"w{window}", f"{conversation.name}-{window}-{mode}"
     history: list[dict[str, Any]] = []
-    system = {"role": "system", "content": SYSTEM_PROMPT}
+    # Its own system prompt makes each replay its own chain: the proxy shares a chain's summaries between sessions
+    # (the 16k replay would show the 4k replay's summaries).
+    system = {"role": "system", "content": f"{SYSTEM_PROMPT} ({session})"}
     refused, budget = 0, window - window // 8
     for message in conversation.messages():
         if message["role"] == "assistant" and history:
@@ -245,13 +248,13 @@ def replay(
             fake.requests.clear()
             known = any(id_ in turns for id_ in question.evidence)
             results["proxy"].append(Scored(question.category, False if known else None, False, 0.0, refused=True))
-            kinds = {"truncation": truncated(history, asked, budget), "full": [system, *history, asked]}
+            kinds = {"truncation": truncated(system, history, asked, budget), "full": [system, *history, asked]}
             for kind, context in kinds.items():
                 results[kind].append(score(context, question, turns, prompt_tokens(context), budget))
             continue
         budget = int(headers["x-context-budget"])
         proxied = forwarded(fake)
-        cut = truncated(history, asked, budget)
+        cut = truncated(system, history, asked, budget)
         full = [system, *history, asked]
         kinds = {"proxy": proxied, "truncation": cut, "full": full}
         for kind, context in kinds.items():
