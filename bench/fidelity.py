@@ -223,10 +223,13 @@ def replay(
     """Scores per context kind (`proxy`, `truncation`, `full`) over the conversation's questions."""
     fake, script, client = served_parts
     model, session = f"w{window}", f"{conversation.name}-{window}-{mode}"
-    history: list[dict[str, Any]] = []
-    # Its own system prompt makes each replay its own chain: the proxy shares a chain's summaries between sessions
-    # (the 16k replay would show the 4k replay's summaries).
-    system = {"role": "system", "content": f"{SYSTEM_PROMPT} ({session})"}
+    # An opening exchange of its own makes each replay its own chain (system messages are not part of one): the
+    # proxy shares a chain's summaries between sessions, so the 16k replay would show the 4k replay's.
+    history: list[dict[str, Any]] = [{"role": "user", "content": f"Replay {session}."}]
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+    script.next_reply = "OK."
+    send(client, model, session, [system, *history])
+    history.append({"role": "assistant", "content": "OK."})
     refused, budget = 0, window - window // 8
     for message in conversation.messages():
         if message["role"] == "assistant" and history:
