@@ -48,6 +48,9 @@ DEFAULT_MAX_SUMMARIZER_CALLS = 2
 """Summarizer-model calls one request may wait for; further summaries it needs are extractive."""
 DEFAULT_SUMMARIZER_DEADLINE_S = 60.0
 """Wall time one request may spend waiting on the summarizer model."""
+DEFAULT_SUMMARIZER_FAILURES = 3
+DEFAULT_SUMMARIZER_COOLDOWN_S = 60.0
+"""The summarizer's circuit breaker (`proxy.compaction.breaker`): failures in a row, then seconds skipped."""
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
 TOOL_RESULTS = "tool-results"
 SUMMARIZE = "summarize"
@@ -159,6 +162,9 @@ class ContextConfig:
     summarizer_model: str | None = None
     max_summarizer_calls: int = setting(DEFAULT_MAX_SUMMARIZER_CALLS, minimum=0)
     summarizer_deadline_s: float = setting(DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0)
+    summarizer_failures: int = setting(DEFAULT_SUMMARIZER_FAILURES, minimum=1, maximum=1000)
+    """Failed summarizer calls in a row after which the summarizer is skipped for `summarizer_cooldown_s`."""
+    summarizer_cooldown_s: float = setting(DEFAULT_SUMMARIZER_COOLDOWN_S, low=0.0, high=86400.0)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     """The compaction strategies, in the order they run; a session may choose others (X-Context-Strategy)."""
     tool_results_keep_turns: int = setting(DEFAULT_TOOL_RESULTS_KEEP_TURNS, minimum=1, maximum=1000)

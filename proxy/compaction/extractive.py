@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.compaction.prose import content_words, date_line, date_stamp, information, speaker, specific
 from proxy.compaction.summary_text import (
     ERROR,
     EXIT,
@@ -74,17 +75,24 @@ _SCORES: tuple[tuple[re.Pattern[str], int], ...] = (
     (_NUMBER, 1),
 )
 """What makes a line worth keeping in the fallback, by how costly it is to lose."""
+_WORDED = (_DECISION, _TASK)
+"""Signals written in ordinary words ("should", "next", "use"): in what people wrote, they count only in a
+sentence that tells something (`prose.information`), or every "I really need to do that too" would be kept."""
+PLAIN_SHARE = 0.5
+"""Plain sentences (small talk, or what tells something without a name, number or date) fill at most this share
+of a summary: a summary filled to its target with them costs every later merge its room for facts."""
 SUMMARY_BONUS = 3
 """Lines of an earlier summary were already chosen as worth keeping once."""
 
 
-def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> str:
+def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int, date: str | None = None) -> str:
     """The deterministic fallback summary within `target` tokens: the facts stated in `messages` first, on one
     `facts:` line (an earlier summary's before new ones), then the best-scoring sentences in chronological order.
     New facts take at most `FACT_SHARE` of the target before the sentences have their turn, then what is left;
-    a chosen sentence that shows a fact takes it off the facts line."""
+    a chosen sentence that shows a fact takes it off the facts line. `date`: the date in force before the first
+    message (its stamp was in an earlier range)."""
     target = max(1, target)
-    facts, sentences = _candidates(messages)
+    facts, sentences = _candidates(messages, date)
     chosen = _Choice(target)
     chosen.add_facts(facts, FACT_SHARE * target)
     chosen.add_sentences(sentences)
@@ -96,7 +104,9 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int) -> st
     return fallback or truncate(f"{len(messages)} earlier messages", target)
 
 
-def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str) -> str:
+def fallback_summary(
+    messages: Sequence[Mapping[str, Any]], target: int, replaced: int, encoding: str, date: str | None = None
+) -> str:
     """The extractive summary within `target` tokens, cut further until its summary message costs fewer than the
     `replaced` tokens of what it stands for: a summary that does not shrink its range is of no use.
 
@@ -105,7 +115,7 @@ def fallback_summary(messages: Sequence[Mapping[str, Any]], target: int, replace
     """
     limit = max(1, min(target, replaced - count_message(summary_message(""), encoding) - 1))
     while True:
-        content = extractive_summary(messages, limit)
+        content = extractive_summary(messages, limit, date)
         excess = count_message(summary_message(content), encoding) - replaced + 1
         if excess <= 0 or limit == 1:
             return content
@@ -124,10 +134,14 @@ class _Fact:
 class _Segment:
     position: int
     text: str
-    """The sentence with its label: `user: …`."""
-    score: int
+    """The sentence with its label (and its speaker, in a transcript): `user: …`, `assistant: Caroline: …`."""
+    score: float
     facts: tuple[str, ...]
     """The facts it shows."""
+    date: str | None = None
+    """The date of the message it is from (its own stamp or the last one before it), shown above it."""
+    plain: bool = False
+    """Kept only for its content words: no signal, no fact, no name, number or date (`PLAIN_SHARE`)."""
 
 
 class _Choice:
@@ -153,11 +167,15 @@ class _Choice:
                 self.used += cost
 
     def add_sentences(self, sentences: Sequence[_Segment]) -> None:
-        """The best sentences that fit; one that shows a listed fact costs that much less."""
+        """The best sentences that fit; one that shows a listed fact costs that much less, the first of its date
+        that much more (its date line)."""
         for sentence in sorted(sentences, key=lambda s: (-s.score, s.position)):
             shown = [fact for fact in sentence.facts if fact in self.listed]
             cost = count_text(sentence.text) + 1 - sum(self.listed[fact] for fact in shown)
-            if self.used + cost <= self.target:
+            if sentence.date is not None and all(kept.date != sentence.date for kept in self.sentences):
+                cost += count_text(date_line(sentence.date)) + 1
+            room = self.target * PLAIN_SHARE if sentence.plain else self.target
+            if self.used + cost <= room:
                 self.sentences.append(sentence)
                 for fact in shown:
                     del self.listed[fact]
@@ -178,17 +196,29 @@ class _Choice:
         shown = {fact for sentence in self.sentences for fact in sentence.facts}
         listed = [fact.text for fact in sorted(self.facts, key=lambda f: f.position) if fact.text not in shown]
         lines = [f"{FACTS_LABEL}: " + FACT_SEPARATOR.join(listed)] if listed else []
-        return "\n".join(lines + [s.text for s in sorted(self.sentences, key=lambda s: s.position)])
+        date = None
+        for sentence in sorted(self.sentences, key=lambda s: s.position):
+            if sentence.date is not None and sentence.date != date:
+                date = sentence.date
+                lines.append(date_line(date))
+            lines.append(sentence.text)
+        return "\n".join(lines)
 
 
-def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], list[_Segment]]:
+def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tuple[list[_Fact], list[_Segment]]:
     """The facts of `messages` (first seen first, an earlier summary's before any new one) and their sentences
-    (each once), scored by what the sentence says besides its facts."""
+    (each once), scored by what the sentence says besides its facts: its signals (errors, paths, decisions…)
+    and, in what people wrote, its information (`prose.information`). A sentence keeps the date of its message
+    (a stamp, or a summary's date line, holds until the next one) and the speaker its line starts with."""
     facts: dict[str, _Fact] = {}
     sentences: dict[str, _Segment] = {}
+    seen: set[str] = set()
     position = 0
     for label, text, kind in labelled_texts(messages):
         bonus = SUMMARY_BONUS if kind == SUMMARY_LABEL else 0
+        if kind == TEXT:
+            stamp, text = date_stamp(text)
+            date = stamp or date
         for line in text.splitlines():
             listed = _fact_line(line) if kind == SUMMARY_LABEL else None
             if listed is not None:
@@ -196,7 +226,14 @@ def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], lis
                     facts.setdefault(fact, _Fact(position, fact, bonus))
                     position += 1
                 continue
+            if kind == SUMMARY_LABEL:
+                stamp, rest = date_stamp(line)
+                if stamp is not None and not rest.strip():
+                    date = stamp
+                    continue
             prefix, line = _label_of(line, label, kind)
+            who, line = speaker(line) if kind in (SUMMARY_LABEL, TEXT) else (None, line)
+            prefix = f"{prefix}: {who}" if who else prefix
             for sentence in _SENTENCE_END.split(line.strip()):
                 sentence = sentence.strip()
                 if not sentence or not any(ch.isalnum() for ch in sentence) or sentence in sentences:
@@ -205,11 +242,17 @@ def _candidates(messages: Sequence[Mapping[str, Any]]) -> tuple[list[_Fact], lis
                 written = [sentence[start:end] for start, end in found]
                 for fact in written:
                     facts.setdefault(fact, _Fact(position, fact, bonus))
-                score = max(_score(_remove(sentence, found)), FACT_CONTEXT_SCORE if found else 0) + bonus
+                rest = _remove(sentence, found)
+                told = information(rest, seen) if kind in (SUMMARY_LABEL, TEXT) else None
+                signals = max(_score(rest, worded=told != 0), FACT_CONTEXT_SCORE if found else 0)
+                # An earlier summary's small talk is not worth keeping again before new facts.
+                plain = bool(told) and not signals and not specific(rest)
+                score = signals + (0 if plain else bonus) + (told or 0.0)
+                seen.update(content_words(rest) if told is not None else ())
                 shown = clip(sentence, MAX_SEGMENT_CHARS)
                 if score > 0:
                     shows = tuple(fact for fact in written if fact in shown)
-                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows)
+                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows, date, plain)
                 position += 1
     return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values())
 
@@ -265,8 +308,8 @@ def _remove(sentence: str, found: Sequence[tuple[int, int]]) -> str:
     return sentence
 
 
-def _score(text: str) -> int:
-    return sum(weight for pattern, weight in _SCORES if pattern.search(text))
+def _score(text: str, worded: bool = True) -> int:
+    return sum(weight for pattern, weight in _SCORES if (worded or pattern not in _WORDED) and pattern.search(text))
 
 
 def _first_sentences(messages: Sequence[Mapping[str, Any]]) -> str:

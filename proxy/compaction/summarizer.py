@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budgets
+from proxy.compaction.breaker import SummarizerBreaker
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.compaction.summary_text import summarizer_messages
@@ -63,8 +64,10 @@ class Summarizer:
         config: ContextConfig,
         metrics: Metrics | None = None,
         calls: SummarizerCalls | None = None,
+        breaker: SummarizerBreaker | None = None,
     ) -> None:
         self._upstream = upstream
+        self._breaker = breaker or SummarizerBreaker(config.summarizer_failures, config.summarizer_cooldown_s)
         self._calls = calls
         self._entry = entry
         self._budgets = budgets
@@ -74,6 +77,16 @@ class Summarizer:
     def entry_for(self, request_entry: ModelEntry) -> ModelEntry:
         """The configured summarizer, or else the request's own model."""
         return self._entry or request_entry
+
+    def available(self, request_entry: ModelEntry) -> bool:
+        """Whether the summarizer may be called now: not while its breaker is open (`breaker`)."""
+        return not self._breaker.is_open(self.entry_for(request_entry).name)
+
+    def timed_out(self, request_entry: ModelEntry) -> None:
+        """A call the request stopped waiting for: the summarizer is skipped for a cool-down from now."""
+        name = self.entry_for(request_entry).name
+        self._breaker.failed(name, timed_out=True)
+        self._log_opened(name)
 
     def input_capacity(self, request_entry: ModelEntry) -> int:
         """The most tokens one summarization may read, so that the call fits the summarizer's own window.
@@ -99,6 +112,8 @@ class Summarizer:
         max_tokens = min(max(MIN_OUTPUT_TOKENS, OUTPUT_ALLOWANCE * target), self._budgets.limits(entry).max_output)
         params = {"max_tokens": max_tokens, "temperature": 0}
         size = sum(map(rough_size, messages))  # the prompt and the fallback count and cut every line of the range
+        if self._breaker.is_open(entry.name):
+            return WrittenSummary(await compute(size, extractive_summary, messages, target), "fallback", FALLBACK_MODEL)
         prompt = await compute(size, summarizer_messages, messages, target)
         if instruction is not None:
             prompt[0] = {"role": "system", "content": instruction.format(target=target)}
@@ -109,13 +124,25 @@ class Summarizer:
             content = _answer_text(response)
             if content:
                 self._metrics.summarizer_seconds.labels("ok").observe(time.monotonic() - started)
+                self._breaker.succeeded(entry.name)
                 return WrittenSummary(content, "llm", entry.name)
             reason = "it returned an empty answer"
         except UpstreamError as exc:
             reason = f"{exc.status} {exc.message}"
         self._metrics.summarizer_seconds.labels("error").observe(time.monotonic() - started)
         log.warning("summarizer %s failed (%s); using the extractive fallback", entry.name, reason)
+        if self._breaker.failed(entry.name):
+            self._log_opened(entry.name)
         return WrittenSummary(await compute(size, extractive_summary, messages, target), "fallback", FALLBACK_MODEL)
+
+    def _log_opened(self, name: str) -> None:
+        log.warning(
+            "summarizer %s is skipped for %.0f s after failing (context.summarizer_failures=%d): summaries are "
+            "extractive meanwhile",
+            name,
+            self._config.summarizer_cooldown_s,
+            self._config.summarizer_failures,
+        )
 
     async def _account(self, model: str, response: Mapping[str, Any], session: tuple[str, str] | None) -> None:
         """The call's tokens as the summarizer reported them: to `/metrics`, and to the session's ledger."""

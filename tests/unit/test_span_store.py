@@ -76,6 +76,12 @@ class FakeSummarizer(Summarizer):
     def input_capacity(self, request_entry: ModelEntry) -> int:
         return UNCAPPED_INPUT
 
+    def available(self, request_entry: ModelEntry) -> bool:
+        return True
+
+    def timed_out(self, request_entry: ModelEntry) -> None:
+        """A fake has no breaker: every summary asks it."""
+
     async def summarize(
         self,
         messages: Sequence[Mapping[str, Any]],

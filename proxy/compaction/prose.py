@@ -1,0 +1,173 @@
+"""How much a sentence of ordinary language tells, for the extractive fallback (`extractive`): its names,
+numbers, dates and content words not seen before, with greetings and fillers worth nothing.
+
+Chat between people is not code: what matters later is who did what, where and when ("my colleague Vera adopted
+a hamster named Biscuit"), not `key=value` facts or error lines, and most of its sentences are pleasantries
+("Thanks, Maria.", "Yeah, John!") that tell nothing. A sentence's information is counted in words, not in its
+position or its length alone: a content word counts fully the first time the range uses it and little after.
+Also here: the date stamp a chat client puts before a message (`[1:56 pm on 8 May, 2023] …`) and the speaker a
+transcript names at the start of a line (`Caroline: …`), which a kept sentence carries with it. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence, Set
+
+NAME_WEIGHT = 1.5
+"""A proper name (a person, a place, a title) is what a later question most often asks about."""
+NUMBER_WEIGHT = 1.5
+"""A number, a date, a month or a day: the when and how many."""
+TIME_WORD_WEIGHT = 1.0
+"""`yesterday`, `last week`: the sentence says when something happened relative to its date."""
+SEEN_WORD_WEIGHT = 0.25
+"""A content word the range already used counts a little: it repeats, but it may still be the point."""
+MIN_INFORMATION = 1.5
+"""Below this a sentence is a pleasantry or small talk: it is not kept for what it says."""
+INFORMATION_CAP = 8.0
+DATE_LOOKBACK = 500
+"""Messages looked back at for the date in force: a chat's sessions are stamped far more often than this."""
+STAMP_CHARS = 80
+
+
+def _listed(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+MONTHS = (
+    "january february march april may june july august september october november december "
+    "jan feb mar apr jun jul aug sep sept oct nov dec"
+)
+_MONTHS = _listed(MONTHS)
+_DAYS = _listed("monday tuesday wednesday thursday friday saturday sunday")
+_TIME_WORDS = _listed(
+    "yesterday today tonight tomorrow week weekend month year ago morning evening night birthday anniversary"
+)
+_STOP = _listed(
+    """
+    a about above after again against all almost also am an and any are aren't as at be because been before being
+    below between both but by can can't could couldn't did didn't do does doesn't doing don't down during each few
+    for from further had hadn't has hasn't have haven't having he he'd he'll he's her here here's hers herself him
+    himself his how how's i i'd i'll i'm i've if in into is isn't it it's its itself let's me more most mustn't my
+    myself no nor not of off on once only or other ought our ours ourselves out over own same shan't she she'd
+    she'll she's should shouldn't so some such than that that's the their theirs them themselves then there
+    there's these they they'd they'll they're they've this those through to too under until up very was wasn't we
+    we'd we'll we're we've were weren't what what's when when's where where's which while who who's whom why why's
+    with won't would wouldn't you you'd you'll you're you've your yours yourself yourselves just really much many
+    lot lots bit even still ever every thing things stuff something anything everything nothing way kind sort
+    get got gets getting go goes going gone went make made come came take took know knew think thought feel felt
+    say said tell told want wanted like liked look looks see seen saw let lets keep kept need needs try tried
+    one ones also maybe perhaps actually definitely totally absolutely probably quite pretty well back around
+    """
+)
+_FILLERS = _listed(
+    """
+    hey hi hello hiya yo bye goodbye thanks thank cheers welcome yeah yes yep yup nope okay ok alright sure wow
+    whoa oh ah aw aww haha hahaha lol omg hmm um uh great good nice cool awesome amazing lovely wonderful fantastic
+    fun glad happy sorry proud excited congrats congratulations cute sweet beautiful incredible super love loved
+    agree agreed exactly right true totally same soon later care chat chatting talk talking talked catch
+    hear heard hope hoping miss missed glad enjoy enjoyed appreciate appreciated means mean meant sounds sound
+    guess wish wishes luck best especially wanted inspiring awesome interesting tough hard mind time times day
+    plan plans overall reasonable moment help helps helping helpful idea ideas approach sense fine pieces fit
+    together hurry anyway whatever stuff point points honestly basically literally seems seem
+    """
+)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d:.,/-]*")
+_STAMP = re.compile(r"^\[(?P<date>[^\[\]\n]{3,60})\]\s*")
+_DATE_LIKE = re.compile(r"\b\d{4}\b|\b\d{1,2}:\d{2}\b|\b(?:" + "|".join(MONTHS.split()) + r")\b", re.IGNORECASE)
+_SPEAKER = re.compile(r"^(?P<speaker>[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}): (?=[A-Za-z])")
+_NOT_SPEAKERS = _listed(
+    """
+    error errors warning note notes todo fixme summary update answer question step result output input example usage
+    exception traceback fatal info debug hint tip reason cause fix status facts user assistant system tool
+    """
+)
+"""Labels a line may start with that name no one: `Error: connection refused` is not said by Error."""
+
+
+def date_stamp(text: str) -> tuple[str | None, str]:
+    """(the date a message starts with, the rest): `[1:56 pm on 8 May, 2023] Hey!` → (`1:56 pm on 8 May, 2023`,
+    `Hey!`). Only a bracket that reads as a date (a year, a time of day or a month) is a stamp."""
+    match = _STAMP.match(text)
+    if match is None or not _DATE_LIKE.search(match.group("date")):
+        return None, text
+    return match.group("date"), text[match.end() :]
+
+
+def specific(sentence: str) -> bool:
+    """Whether a sentence names someone or something, or gives a number or a date: what a question asks for.
+    A sentence without (`I have been trying to cook more at home`) is kept only while there is room."""
+    words = _WORD.findall(sentence)
+    return bool(_names(words) or _numbers(words))
+
+
+def _names(words: Sequence[str]) -> set[str]:
+    """Capitalized words inside the sentence (its first word is capitalized anyway), months and days aside."""
+    names = {w for i, w in enumerate(words) if i > 0 and w[0].isupper() and w.lower() not in _MONTHS | _DAYS}
+    return names - {"I", "I'm", "I've", "I'd", "I'll"}
+
+
+def _numbers(words: Sequence[str]) -> set[str]:
+    """Numbers, and month and day names inside the sentence (`May I…` is no date)."""
+    return {
+        w for i, w in enumerate(words) if w[0].isdigit() or (i > 0 and w[0].isupper() and w.lower() in _MONTHS | _DAYS)
+    }
+
+
+def date_in_force(texts: Sequence[str], before: int) -> str | None:
+    """The date of the last stamped message before position `before` (what holds for the messages after it),
+    looking back at most `DATE_LOOKBACK` messages; None if none is stamped."""
+    for index in range(before - 1, max(-1, before - 1 - DATE_LOOKBACK), -1):
+        stamp, _ = date_stamp(texts[index][:STAMP_CHARS])
+        if stamp is not None:
+            return stamp
+    return None
+
+
+def date_line(date: str) -> str:
+    """The line a summary puts before the sentences of one date; `date_stamp` reads it back."""
+    return f"[{date}]"
+
+
+def speaker(line: str) -> tuple[str | None, str]:
+    """(the speaker a transcript line starts with, the rest): `Caroline: I went…` → (`Caroline`, `I went…`)."""
+    match = _SPEAKER.match(line)
+    if match is None or match.group("speaker").lower() in _NOT_SPEAKERS:
+        return None, line
+    return match.group("speaker"), line[match.end() :]
+
+
+def content_words(sentence: str) -> list[str]:
+    """The sentence's words that say something: not function words, fillers, numbers or names."""
+    words = []
+    for index, word in enumerate(_WORD.findall(sentence)):
+        lower = word.lower().strip("'’-")
+        if len(lower) < 3 or lower in _STOP or lower in _FILLERS or word[0].isdigit():
+            continue
+        if word[0].isupper() and index > 0:
+            continue
+        words.append(lower)
+    return words
+
+
+def information(sentence: str, seen: Set[str]) -> float:
+    """What `sentence` tells, given the content words the range used before it (`seen`): names, numbers and
+    dates, time words, and its content words (new ones fully) with diminishing returns (the square root of
+    their count: a long sentence is not worth more for its length alone); 0 for a sentence with no content word
+    at all (a greeting, a thank-you, a name called out) or below `MIN_INFORMATION`. At most `INFORMATION_CAP`."""
+    words = _WORD.findall(sentence)
+    content = content_words(sentence)
+    if not set(content) - _TIME_WORDS:
+        return 0.0
+    names, numbers = _names(words), _numbers(words)
+    times = {w.lower() for w in words if w.lower() in _TIME_WORDS}
+    distinct = set(content)
+    new = distinct - seen
+    total = (
+        NAME_WEIGHT * len(names)
+        + NUMBER_WEIGHT * len(numbers)
+        + TIME_WORD_WEIGHT * min(1, len(times))
+        + math.sqrt(len(new - _TIME_WORDS) + SEEN_WORD_WEIGHT * len(distinct - new - _TIME_WORDS))
+    )
+    return min(INFORMATION_CAP, total) if total >= MIN_INFORMATION else 0.0
