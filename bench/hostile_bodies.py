@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack
 
 import httpx
 
-from bench.hostile import Attack, Outcome, Target, send, short_question
-from bench.hostile_attacks import CHAT, HOST, MB, established, number
+from bench.hostile import Attack, Outcome, Target, send
+from bench.hostile_attacks import CHAT, MB, number, unread_streams
 
 REQUEST_TIMEOUT_S = 300.0
 STORED_TABLES = ("messages", "journal_steps")
@@ -87,39 +85,6 @@ def invalid_conversation(size: int) -> bytes:
     return chat_body(b'"stream":false', b"[" + b",".join([message] * count) + b',{"role":"bad","content":"x"}]')
 
 
-UNREAD_CLIENTS = 40
-UNREAD_WAIT_S = 90.0
-
-
-def unread_streams(target: Target) -> Outcome:
-    """How long the proxy holds sockets nobody reads (counted from /proc: reading one would unstall it), and
-    whether every answer is still journaled whole."""
-    body = short_question(stream=True)
-    head = f"POST {CHAT} HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    query = "SELECT COUNT(*) FROM journal_steps WHERE stream = 1 AND status IN ('sealed', 'complete')"
-    with ExitStack() as stack:
-        for _ in range(UNREAD_CLIENTS):
-            sock = stack.enter_context(socket.create_connection((HOST, target.port), timeout=10))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(head.encode() + body)
-        started = time.monotonic()
-        dropped: list[float] = []
-        journaled_s = None
-        while time.monotonic() - started < UNREAD_WAIT_S and (len(dropped) < UNREAD_CLIENTS or journaled_s is None):
-            held = established(target.port)
-            dropped += [time.monotonic() - started] * (UNREAD_CLIENTS - held - len(dropped))
-            if journaled_s is None and number(target, query) == UNREAD_CLIENTS:
-                journaled_s = time.monotonic() - started
-            time.sleep(0.25)
-    journaled = number(target, query)
-    if len(dropped) == UNREAD_CLIENTS:
-        shown = f"dropped after {dropped[0]:.0f}-{dropped[-1]:.0f} s"
-    else:
-        shown = f"{UNREAD_CLIENTS - len(dropped)} still held after {UNREAD_WAIT_S:.0f} s"
-    kept = f"all journaled after {journaled_s:.1f} s" if journaled_s is not None else "not all journaled"
-    return Outcome(shown, f"{UNREAD_CLIENTS - journaled} not journaled whole ({kept})")
-
-
 ATTACKS = (
     Attack(
         "4x-2M-ints-in-metadata",
@@ -130,5 +95,5 @@ ATTACKS = (
     Attack("4x-2M-nulls-passed-on", concurrent(4, lambda: chat_body(b'"x":' + values(b"null", 2_000_000))), 41, "5"),
     Attack("4x-500k-values-passed-on", concurrent(4, lambda: chat_body(b'"x":' + values(b"1", 500_000))), 41, "5"),
     Attack("10x31MB-invalid-bodies", concurrent(10, lambda: invalid_conversation(31 * MB)), 41, "8"),
-    Attack("40-unread-4MB-streams", unread_streams, 41, "8", answer=("chunks", f"{4 * MB}:4000")),
+    Attack("40-unread-4MB-streams", unread_streams(40, 90.0), 41, "8", answer=("chunks", f"{4 * MB}:4000")),
 )

@@ -12,6 +12,7 @@ instead, at once and cut until it shrinks its range; it stays marked `fallback`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -202,12 +203,9 @@ class SpanWriter:
     ) -> StoredSpan:
         """The span, unless another request (or replica: under the store's lock on the range) wrote one over the
         same range since this one read the spans."""
-        if self._locks is None:
-            return await self._written_since(request, need, stored) or await self._new(
-                request, need, stored, allowance, render, original, held
-            )
         start, end = request.path[need.start].depth, request.path[need.end - 1].id
-        async with self._locks.lock(lock_name("span", request.tenant, start, end, request.encoding, need.strategy)):
+        name = lock_name("span", request.tenant, start, end, request.encoding, need.strategy)
+        async with contextlib.nullcontext() if self._locks is None else self._locks.lock(name):
             return await self._written_since(request, need, stored) or await self._new(
                 request, need, stored, allowance, render, original, held
             )
