@@ -160,7 +160,7 @@ def build(
         return need
     if total <= budget:
         return context
-    return RecentTooLarge(needed=total, budget=budget)
+    return RecentTooLarge(needed=total, budget=budget, recent=fixed)
 
 
 def _arrange(
@@ -190,7 +190,7 @@ def _arrange(
 def _too_large(items: Sequence[Item], kept: frozenset[int], needed: int, budget: int) -> RecentTooLarge:
     pinned = tuple(sorted(p for p in kept if items[p].role not in PINNED_ROLES))
     return RecentTooLarge(
-        needed=needed, budget=budget, pinned=pinned, pinned_tokens=sum(items[p].tokens for p in pinned)
+        needed=needed, budget=budget, recent=needed, pinned=pinned, pinned_tokens=sum(items[p].tokens for p in pinned)
     )
 
 

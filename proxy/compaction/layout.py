@@ -150,6 +150,8 @@ class RecentTooLarge:
 
     needed: int
     budget: int
+    recent: int
+    """What the pinned, system and recent messages need alone: `needed` less the older part's summaries."""
     pinned: tuple[int, ...] = ()
     """Items older than the recent block kept only because the session pinned them."""
     pinned_tokens: int = 0

@@ -48,6 +48,15 @@ def too_large(result: RecentTooLarge, request: CompactionRequest) -> ContextTooL
             param="messages",
             code="pins_too_large",
         )
+    if result.needed > result.recent:  # the recent messages fit: the older part's summaries shrink no further
+        return ContextTooLarge(
+            f"The conversation could not be compacted to fit the input budget for model '{request.entry.name}' "
+            f"({result.budget} tokens): the system messages and the {request.preserve_recent} most recent messages "
+            f"need {result.recent} tokens, and the summaries of the older messages, compacted as far as they go, "
+            f"{result.needed - result.recent} more. Lower X-Context-Preserve-Recent, start a new session, or use a "
+            "model with a larger context window.",
+            param="messages",
+        )
     return ContextTooLarge(
         f"The system messages and the {request.preserve_recent} most recent messages need {result.needed} tokens, "
         f"but the input budget for model '{request.entry.name}' is {result.budget} tokens. Shorten the latest "

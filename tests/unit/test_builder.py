@@ -148,11 +148,11 @@ def test_empty_path_costs_only_the_priming() -> None:
 def test_recent_too_large_names_what_pinned_and_recent_need() -> None:
     items = [system(50), user(100), assistant(100), user(900), assistant(900)]
     result = build(items, [], Policy(budget=1_500, preserve_recent=2))
-    assert result == RecentTooLarge(needed=50 + 1_800 + PRIMING, budget=1_500)
+    assert result == RecentTooLarge(needed=50 + 1_800 + PRIMING, budget=1_500, recent=50 + 1_800 + PRIMING)
 
 
 def test_zero_budget_is_recent_too_large() -> None:
-    assert build([user(1)], [], Policy(budget=0)) == RecentTooLarge(needed=1 + PRIMING, budget=0)
+    assert build([user(1)], [], Policy(budget=0)) == RecentTooLarge(needed=1 + PRIMING, budget=0, recent=1 + PRIMING)
 
 
 def test_recent_block_widens_to_the_whole_tool_group() -> None:
@@ -357,7 +357,8 @@ def test_single_summary_plus_recent_too_large() -> None:
     policy = Policy(budget=2_200, preserve_recent=4)
     result = build(items, spans, policy)
     acknowledgement = policy.acknowledgement_tokens  # between the summary and the user turn after it
-    assert result == RecentTooLarge(needed=10 + 1_000 + acknowledgement + 1_200 + PRIMING, budget=2_200)
+    recent = 10 + 1_200 + PRIMING
+    assert result == RecentTooLarge(needed=recent + 1_000 + acknowledgement, budget=2_200, recent=recent)
 
 
 def test_max_summary_input_bounds_each_range() -> None:
