@@ -55,23 +55,6 @@ class Plans:
         self._last: OrderedDict[tuple[str, str], _Plan] = OrderedDict()
         """(tenant, session) → the last plan built for it."""
 
-    def build(
-        self,
-        session: tuple[str, str],
-        state: PathState,
-        spans: Sequence[StoredSpan],
-        policy: Policy,
-        *,
-        compacting: bool = False,
-    ) -> BuildResult:
-        """`build(state.items, spans, policy, compacting=...)`, the session's last result when asked the same."""
-        stored = tuple(spans)
-        result = self._recalled(session, state, stored, policy, compacting)
-        if result is None:
-            result = build(state.items, [span.span for span in stored], policy, compacting=compacting, cuts=state.cuts)
-            self._remember(session, _Plan(state.items, stored, policy, compacting, result))
-        return result
-
     async def plan(
         self,
         session: tuple[str, str],
@@ -81,7 +64,8 @@ class Plans:
         *,
         compacting: bool = False,
     ) -> BuildResult:
-        """`build`, made in a worker thread for a path of `OFF_LOOP_ITEMS` or more."""
+        """`build(state.items, spans, policy, compacting=...)`, the session's last result when asked the same;
+        made in a worker thread for a path of `OFF_LOOP_ITEMS` or more."""
         stored = tuple(spans)
         result = self._recalled(session, state, stored, policy, compacting)
         if result is None:

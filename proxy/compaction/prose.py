@@ -15,6 +15,9 @@ import math
 import re
 from collections.abc import Sequence, Set
 
+from proxy.history.messages import StoredPath
+from proxy.tokens import content_text
+
 NAME_WEIGHT = 1.5
 """A proper name (a person, a place, a title) is what a later question most often asks about."""
 NUMBER_WEIGHT = 1.5
@@ -123,6 +126,14 @@ def date_in_force(texts: Sequence[str], before: int) -> str | None:
         if stamp is not None:
             return stamp
     return None
+
+
+def date_before(path: StoredPath, start: int) -> str | None:
+    """The date stamp in force where a range of `path` starts (`date_in_force`): the sentences of a chat's session
+    keep its date when the session's first message fell in an earlier range."""
+    first = max(0, start - DATE_LOOKBACK)
+    texts = [content_text(stored.message.get("content"))[:STAMP_CHARS] for stored in path[first:start]]
+    return date_in_force(texts, len(texts))
 
 
 def date_line(date: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
 from proxy.compaction.extractive import fallback_summary
 from proxy.compaction.layout import NeedsSummary, Span
-from proxy.compaction.prose import DATE_LOOKBACK, STAMP_CHARS, date_in_force
+from proxy.compaction.prose import date_before
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
@@ -33,7 +33,7 @@ from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.store.database import Database, lock_name
-from proxy.tokens import content_text, count_message, rough_size
+from proxy.tokens import count_message, rough_size
 from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
@@ -370,21 +370,13 @@ class SpanWriter:
                     replaced,
                 )
         size = sum(map(rough_size, rendered))
-        date = _date_before(request.path, need.start)
+        date = date_before(request.path, need.start)
         content = await compute(size, fallback_summary, rendered, need.target, replaced, request.encoding, date)
         return WrittenSummary(content, "fallback", FALLBACK_MODEL)
 
     async def _record(self, tenant: str, event: CompactionEvent) -> None:
         if self._events is not None:
             await self._events.record(tenant, event)
-
-
-def _date_before(path: StoredPath, start: int) -> str | None:
-    """The date stamp in force where a range starts (`prose.date_in_force`): the sentences of a chat's session
-    keep its date when the session's first message fell in an earlier range."""
-    first = max(0, start - DATE_LOOKBACK)
-    texts = [content_text(stored.message.get("content"))[:STAMP_CHARS] for stored in path[first:start]]
-    return date_in_force(texts, len(texts))
 
 
 def _ended(

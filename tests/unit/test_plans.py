@@ -4,6 +4,7 @@ plan is built in a worker thread."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from typing import Any
@@ -47,6 +48,11 @@ def stored_span(rng: random.Random, identity: int, count: int) -> StoredSpan:
     )  # fmt: skip
 
 
+def ask(plans: Plans, *args: Any, **kwargs: Any) -> BuildResult:
+    """`Plans.plan` from a test that runs no loop (paths shorter than `OFF_LOOP_ITEMS`: no thread)."""
+    return asyncio.run(plans.plan(*args, **kwargs))
+
+
 @given(st.integers(0, 2**32 - 1), st.integers(2, 60), st.integers(2, 12))
 @settings(max_examples=150, deadline=None)
 def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: int, questions: int) -> None:
@@ -70,8 +76,8 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
         cuts = Cuts.of(items, cuts)  # carried over the session's growth, as `PathReader` does
         state = PathState(items, {}, cuts)
         fresh = build(items, [span.span for span in spans], policy, compacting=compacting)
-        assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
-        assert plans.build(SESSION, state, spans, policy, compacting=compacting) == fresh
+        assert ask(plans, SESSION, state, spans, policy, compacting=compacting) == fresh
+        assert ask(plans, SESSION, state, spans, policy, compacting=compacting) == fresh
 
 
 def test_only_the_same_question_is_answered_from_memory() -> None:
@@ -80,15 +86,15 @@ def test_only_the_same_question_is_answered_from_memory() -> None:
     items = session_items(rng, 40)
     policy = Policy(budget=800)
     state = PathState(items, {}, Cuts.of(items))
-    first = plans.build(SESSION, state, [], policy)
+    first = ask(plans, SESSION, state, [], policy)
     same = PathState(list(items), {}, state.cuts)
-    assert plans.build(SESSION, same, [], policy) is first  # the same items, in a new list
-    assert plans.build(SESSION, state, [], Policy(budget=801)) is not first
-    again = plans.build(SESSION, state, [], policy)
+    assert ask(plans, SESSION, same, [], policy) is first  # the same items, in a new list
+    assert ask(plans, SESSION, state, [], Policy(budget=801)) is not first
+    again = ask(plans, SESSION, state, [], policy)
     assert again == first
     assert again is not first
-    plans.build(("t", "other"), state, [], policy)  # one session remembered: the first is forgotten
-    assert plans.build(SESSION, state, [], policy) is not again
+    ask(plans, ("t", "other"), state, [], policy)  # one session remembered: the first is forgotten
+    assert ask(plans, SESSION, state, [], policy) is not again
 
 
 @pytest.mark.parametrize("messages", [OFF_LOOP_ITEMS - 1, OFF_LOOP_ITEMS])
