@@ -300,6 +300,19 @@ def m014_spans_by_end_and_tenant(connection: Connection) -> None:
     )
 
 
+def m015_lifecycle(connection: Connection) -> None:
+    """Deleting sessions and tenants (`proxy.lifecycle`): `span_epochs.cleared` is the epoch at which the tenant's
+    spans were last deleted (a process that read them before reads them afresh), and sessions are found by how long
+    they have been idle, across tenants (retention)."""
+    run_script(
+        connection,
+        """
+        ALTER TABLE span_epochs ADD COLUMN cleared BIGINT NOT NULL DEFAULT 0;
+        CREATE INDEX sessions_by_idle ON sessions (updated_at)
+        """,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     m001_history,
     m002_summaries,
@@ -315,4 +328,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     m012_summarizer_calls,
     m013_span_epochs,
     m014_spans_by_end_and_tenant,
+    m015_lifecycle,
 )

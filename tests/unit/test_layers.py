@@ -33,7 +33,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "proxy.inspection",
         "proxy.pinning",
     ),
-    ("proxy.history", "proxy.budget", "proxy.compaction", "proxy.journal", "proxy.upstream", "proxy.observability"),
+    (
+        "proxy.history",
+        "proxy.budget",
+        "proxy.compaction",
+        "proxy.journal",
+        "proxy.upstream",
+        "proxy.observability",
+        "proxy.lifecycle",
+    ),
     ("proxy.formats",),
     ("proxy.store",),
     (
