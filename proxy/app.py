@@ -75,7 +75,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/healthz", _health, methods=["GET"]),
         Route("/", _health, methods=["GET", "HEAD"]),
         Route("/sessions", _authenticated(_sessions), methods=["GET"]),
-        Route("/sessions/{session_id}", _authenticated(_session), methods=["GET"]),
+        Route("/sessions/{session_id}", _authenticated(_session), methods=["GET", "DELETE"]),
         Route("/sessions/{session_id}/summarize", _authenticated(_summarize), methods=["POST"]),
         Route("/sessions/{session_id}/pins", _authenticated(_pins), methods=["GET", "POST", "DELETE"]),
         Route("/sessions/{session_id}/pins/{message_id}", _authenticated(_pin), methods=["DELETE"]),
@@ -84,6 +84,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/journal/{step_id}", _authenticated(_journal_step), methods=["GET"]),
         Route("/admin/corrections", _corrections, methods=["GET", "DELETE"]),
         Route("/admin/corrections/{model:path}", _corrections, methods=["DELETE"]),
+        Route("/admin/tenants/{tenant}", _tenant, methods=["DELETE"]),
     ]
     if config.observability.metrics:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -205,8 +206,13 @@ async def _sessions(request: Request, caller: Caller) -> Response:
 
 
 async def _session(request: Request, caller: Caller) -> Response:
-    """The whole session: its JSON grows with it, so it is made in pieces off the event loop (`json_pieces`)."""
+    """The whole session: its JSON grows with it, so it is made in pieces off the event loop (`json_pieces`).
+    `DELETE` removes everything it stored (`proxy.lifecycle`); another tenant's id is as unknown as any."""
     services = _services(request)
+    if request.method == "DELETE":
+        session_id = request.path_params["session_id"]
+        forgotten = await services.deletions.delete_session(caller.tenant, session_id)
+        return JSONResponse({"id": session_id, "object": "session.deleted", "deleted": True, **forgotten.as_json()})
     session = await services.inspector.session(caller.tenant, request.path_params["session_id"])
     return StreamingResponse(json_pieces(session), media_type="application/json")
 
@@ -273,6 +279,16 @@ async def _corrections(request: Request) -> Response:
     if request.method == "GET":
         return JSONResponse(services.inspector.corrections())
     return JSONResponse(await services.inspector.forget_corrections(request.path_params.get("model")))
+
+
+async def _tenant(request: Request) -> Response:
+    """Everything one tenant stored, removed: its id is what `context-proxy tenants list` shows (`key-…`), so the
+    route needs no key of that tenant, only an admin key (`auth.admin_keys`)."""
+    services = _services(request)
+    authenticate_admin(request.headers, services.config.auth)
+    tenant = request.path_params["tenant"]
+    forgotten = await services.deletions.purge_tenant(tenant)
+    return JSONResponse({"id": tenant, "object": "tenant.purged", "purged": True, **forgotten.as_json()})
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

@@ -34,6 +34,7 @@ from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
+from proxy.lifecycle.deletions import Deletions
 from proxy.observability.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.store.database import Database
@@ -59,6 +60,7 @@ class Services:
     pins: Pins
     events: CompactionEvents
     metrics: Metrics
+    deletions: Deletions
 
 
 @asynccontextmanager
@@ -111,7 +113,8 @@ async def open_services(
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
             maintenance.append(asyncio.create_task(_settle_unrecorded(recovery, journal), name="journal-unrecorded"))
             maintenance.append(asyncio.create_task(_refresh_periodically(budgets), name="shared-corrections"))
-        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics)
+        deletions = Deletions(db, history)
+        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics, deletions)
     finally:
         await _finish(background, maintenance)
         if compactor is not None:
