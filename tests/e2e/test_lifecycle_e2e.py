@@ -5,6 +5,7 @@ delete nor tell apart a session of someone else's from an unknown one, and the f
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -16,8 +17,9 @@ import openai
 import pytest
 
 from proxy.auth import tenant_of
+from proxy.cli.commands import main
 from tests.conftest import ServeProxy
-from tests.support.proxy_server import ProxyServer
+from tests.support.proxy_server import ProxyServer, make_config
 
 MARKER = "Quillfeather9081"
 KEYS = ["alice-key", "bob-key"]
@@ -56,6 +58,15 @@ def converse(client: openai.OpenAI, session: str, turns: int, word: str) -> tupl
 def rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> int:
     with closing(sqlite3.connect(path)) as db:
         return int(db.execute(sql, params).fetchone()[0])
+
+
+def cli_config(proxy: ProxyServer, tmp_path: Path) -> Path:
+    """The config the CLI runs with: the served proxy's store and keys."""
+    raw = make_config(tmp_path, "http://127.0.0.1:9", auth={"keys": KEYS, "admin_keys": [ADMIN]})
+    raw["store"] = {"path": str(proxy.config.store.path)}
+    path = tmp_path / "cli-config.json"
+    path.write_text(json.dumps(raw))
+    return path
 
 
 def holds(path: Path, text: str) -> bool:
@@ -154,3 +165,45 @@ def test_the_admin_purge_is_off_without_admin_keys(serve_proxy: ServeProxy) -> N
     response = call(proxy, "DELETE", f"/admin/tenants/{tenant_of('alice-key')}", "alice-key")
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "admin_disabled"
+
+
+def test_the_cli_deletes_beside_the_running_server_whose_next_turn_on_it_is_refused_once(
+    proxy: ProxyServer, alice: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI is another process, as another replica is: the server learns of the deletion from the store."""
+    history, _ids = converse(alice, "cli", 2, MARKER)
+    config = cli_config(proxy, tmp_path)
+
+    assert main(["sessions", "delete", "cli", "--config", str(config), "--key", "bob-key"]) == 1
+    assert "No session with id 'cli'." in capsys.readouterr().err
+    assert main(["sessions", "delete", "cli", "--config", str(config), "--key", "alice-key"]) == 0
+    assert capsys.readouterr().out.startswith("deleted session cli: 1 session(s); ")
+
+    assert call(proxy, "GET", "/sessions/cli", "alice-key").status_code == 404
+    turn = [*history, {"role": "user", "content": "and now?"}]
+    with pytest.raises(openai.ConflictError) as refused:
+        alice.responses.create(
+            model="fake", instructions="Be brief.", input=turn, extra_headers={"X-Session-Id": "cli"}
+        )
+    assert refused.value.code == "session_deleted"
+    assert rows(proxy.config.store.path, "SELECT COUNT(*) FROM sessions") == 0
+    alice.responses.create(model="fake", instructions="Be brief.", input=turn, extra_headers={"X-Session-Id": "cli"})
+    assert len(call(proxy, "GET", "/sessions/cli", "alice-key").json()["messages"]) == len(turn) + 2
+
+
+def test_the_cli_lists_tenants_and_purges_one_by_key(
+    proxy: ProxyServer, alice: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    converse(alice, "a", 1, MARKER)
+    config = cli_config(proxy, tmp_path)
+
+    assert main(["tenants", "list", "--config", str(config), "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)["data"]
+    assert listed["id"] == tenant_of("alice-key")
+    assert listed["key"] == "auth.keys[0]"
+    assert listed["sessions"] == 1
+    assert main(["tenants", "purge", "--key", "alice-key", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.startswith(f"deleted tenant {tenant_of('alice-key')}: 1 session(s); ")
+    assert rows(proxy.config.store.path, "SELECT COUNT(*) FROM messages") == 0
+    assert main(["tenants", "list", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.strip() == "no tenant has stored anything"
