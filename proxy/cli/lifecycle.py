@@ -1,4 +1,5 @@
-"""`context-proxy sessions delete`, `tenants list|purge`: the stored data's lifecycle from the shell.
+"""`context-proxy sessions delete`, `tenants list|purge`, `retention [--dry-run]`: the stored data's lifecycle
+from the shell.
 
 They open the same parts the server runs (`proxy.services`, without recovery) and delete through the same one
 writer, in one transaction each (`proxy.lifecycle`); beside a running server on SQLite (WAL), or on the
@@ -47,6 +48,12 @@ def add_commands(commands: Any, sessions_commands: Any, store_options: Callable[
         command.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_command(_list_tenants, _render_tenants))
     purge.set_defaults(run=_command(_purge_tenant, _render_deleted))
+
+    retention = commands.add_parser("retention", help="delete the sessions idle past store.retention_days now")
+    retention.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    retention.add_argument("--config", required=True, help="the config file the server runs with")
+    retention.add_argument("--json", action="store_true", help="machine-readable output")
+    retention.set_defaults(run=_command(_retention, _render_sweep))
 
 
 def _command(action: Action, render: Callable[[dict[str, Any]], str]) -> Callable[[Config, argparse.Namespace], int]:
@@ -104,6 +111,25 @@ async def _list_tenants(services: Services, config: Config, args: argparse.Names
         for row in rows
     ]
     return {"object": "list", "data": data}
+
+
+async def _retention(services: Services, config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    if not services.retention.enabled:
+        raise LookupError("no retention is configured: set store.retention_days (or store.tenant_retention_days)")
+    sweep = await services.retention.sweep(dry_run=args.dry_run)
+    return sweep.as_json(time.time())
+
+
+def _render_sweep(data: dict[str, Any]) -> str:
+    sessions = data["sessions"]
+    verb = "would delete" if data["dry_run"] else "deleted"
+    lines = [f"{verb} {len(sessions)} idle session(s)"]
+    lines.extend(f"  {s['tenant']}  {s['id']}  idle {s['idle_days']} days" for s in sessions[:1000])
+    if len(sessions) > 1000:
+        lines.append(f"  … and {len(sessions) - 1000:,} more (--json lists them all)")
+    if data["rows"]:
+        lines.append("rows: " + ", ".join(f"{table} {count:,}" for table, count in data["rows"].items()))
+    return "\n".join(lines)
 
 
 def _render_deleted(data: dict[str, Any]) -> str:

@@ -112,8 +112,16 @@ class Forgotten:
         return {"sessions": len(self.sessions), "rows": dict(sorted(self.rows.items()))}
 
 
-def forget(connection: Connection, *, dialect: str, tenant: str, session_ids: Sequence[str] | None) -> Forgotten:
-    """Delete the tenant's sessions `session_ids` (those that exist), or everything the tenant stored (None).
+def forget(
+    connection: Connection,
+    *,
+    dialect: str,
+    tenant: str,
+    session_ids: Sequence[str] | None,
+    idle_before: float | None = None,
+) -> Forgotten:
+    """Delete the tenant's sessions `session_ids` (those that exist, and with `idle_before` those not updated
+    since), or everything the tenant stored (None).
 
     A write job: it runs in the writer's transaction, so every row goes or none does."""
     if session_ids is None:
@@ -124,8 +132,9 @@ def forget(connection: Connection, *, dialect: str, tenant: str, session_ids: Se
         sessions = tuple(
             row[0]
             for row in connection.execute(
-                "SELECT id FROM sessions WHERE tenant = ? AND id IN (SELECT value FROM json_each(?))",
-                (tenant, json.dumps(list(session_ids))),
+                "SELECT id FROM sessions WHERE tenant = ? AND id IN (SELECT value FROM json_each(?)) "
+                "AND updated_at < ?",
+                (tenant, json.dumps(list(session_ids)), float("inf") if idle_before is None else idle_before),
             )
         )
         if not sessions:

@@ -32,11 +32,11 @@ class Deletions:
         await self._db.reclaim()
         return forgotten
 
-    async def delete_sessions(self, tenant: str, session_ids: Sequence[str]) -> Forgotten:
-        """Several of a tenant's sessions in one transaction (retention's batches); those that are gone already are
-        skipped. Their requests' locks are not taken: a request that raced it is refused at its save all the same."""
-        forgotten = await self._forget(tenant, session_ids)
-        return forgotten
+    async def delete_sessions(self, tenant: str, session_ids: Sequence[str], *, idle_before: float) -> Forgotten:
+        """Several of a tenant's sessions in one transaction (retention's batches): those still idle since before
+        `idle_before` when it runs (one used meanwhile stays). Their requests' locks are not taken: a request
+        that raced it is refused at its save all the same."""
+        return await self._forget(tenant, session_ids, idle_before)
 
     async def purge_tenant(self, tenant: str) -> Forgotten:
         """Everything the tenant stored, in one transaction."""
@@ -48,8 +48,12 @@ class Deletions:
     async def reclaim(self) -> None:
         await self._db.reclaim()
 
-    async def _forget(self, tenant: str, session_ids: Sequence[str] | None) -> Forgotten:
-        work = functools.partial(forget, dialect=self._db.dialect, tenant=tenant, session_ids=session_ids)
+    async def _forget(
+        self, tenant: str, session_ids: Sequence[str] | None, idle_before: float | None = None
+    ) -> Forgotten:
+        work = functools.partial(
+            forget, dialect=self._db.dialect, tenant=tenant, session_ids=session_ids, idle_before=idle_before
+        )
         forgotten = await self._db.write(work, bulk=True)
         if forgotten.rows:
             self._history.recent.forget_tenant(tenant)

@@ -207,3 +207,31 @@ def test_the_cli_lists_tenants_and_purges_one_by_key(
     assert rows(proxy.config.store.path, "SELECT COUNT(*) FROM messages") == 0
     assert main(["tenants", "list", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == "no tenant has stored anything"
+
+
+def test_the_cli_retention_dry_run_says_what_would_go_and_the_sweep_deletes_it(
+    proxy: ProxyServer, alice: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    converse(alice, "stale", 1, MARKER)
+    converse(alice, "fresh", 1, "recent")
+    store = proxy.config.store.path
+    with closing(sqlite3.connect(store)) as db, db:
+        db.execute("UPDATE sessions SET updated_at = updated_at - 40 * 86400 WHERE id = 'stale'")  # 40 days ago
+    config = cli_config(proxy, tmp_path)
+    raw = json.loads(config.read_text())
+    assert main(["retention", "--dry-run", "--config", str(config)]) == 1
+    assert "no retention is configured" in capsys.readouterr().err
+    raw["store"]["retention_days"] = 30
+    config.write_text(json.dumps(raw))
+
+    assert main(["retention", "--dry-run", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("would delete 1 idle session(s)\n")
+    assert f"{tenant_of('alice-key')}  stale  idle 40.0 days" in out
+    assert rows(store, "SELECT COUNT(*) FROM sessions") == 2
+    assert main(["retention", "--config", str(config), "--json"]) == 0
+    swept = json.loads(capsys.readouterr().out)
+    assert [s["id"] for s in swept["sessions"]] == ["stale"]
+    assert swept["rows"]["sessions"] == 1
+    assert [s["id"] for s in call(proxy, "GET", "/sessions", "alice-key").json()["data"]] == ["fresh"]
+    assert not holds(store, MARKER)
