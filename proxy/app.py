@@ -196,6 +196,11 @@ async def _metrics(request: Request) -> Response:
         authenticate(request.headers, services.config.auth)
     row = await services.db.fetchone("SELECT COUNT(*) FROM sessions")
     services.metrics.sessions.set(row[0] if row is not None else 0)
+    stats = await services.stats.read()
+    services.metrics.store_bytes.set(stats.bytes)
+    services.metrics.store_free_bytes.set(stats.free_bytes)
+    for table, count in stats.rows.items():
+        services.metrics.store_rows.labels(table).set(count)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)
 
 

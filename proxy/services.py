@@ -37,6 +37,7 @@ from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
 from proxy.lifecycle.deletions import Deletions
 from proxy.lifecycle.retention import Retention, sweep_periodically
+from proxy.lifecycle.stats import StoreStatistics
 from proxy.observability.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.store.database import Database
@@ -64,6 +65,7 @@ class Services:
     metrics: Metrics
     deletions: Deletions
     retention: Retention
+    stats: StoreStatistics
 
 
 @asynccontextmanager
@@ -120,7 +122,8 @@ async def open_services(
         retention = Retention(db, deletions, config.store)
         if owners is not None and retention.enabled:
             maintenance.append(asyncio.create_task(sweep_periodically(retention), name="retention"))
-        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics, deletions, retention)
+        stats = StoreStatistics(db)
+        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics, deletions, retention, stats)
     finally:
         await _finish(background, maintenance)
         if compactor is not None:

@@ -1,5 +1,5 @@
-"""`context-proxy sessions delete`, `tenants list|purge`, `retention [--dry-run]`: the stored data's lifecycle
-from the shell.
+"""`context-proxy sessions delete`, `tenants list|purge`, `retention [--dry-run]`, `stats`: the stored data's
+lifecycle from the shell.
 
 They open the same parts the server runs (`proxy.services`, without recovery) and delete through the same one
 writer, in one transaction each (`proxy.lifecycle`); beside a running server on SQLite (WAL), or on the
@@ -48,6 +48,11 @@ def add_commands(commands: Any, sessions_commands: Any, store_options: Callable[
         command.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_command(_list_tenants, _render_tenants))
     purge.set_defaults(run=_command(_purge_tenant, _render_deleted))
+
+    stats = commands.add_parser("stats", help="the store's size, rows per table and sessions by last activity")
+    stats.add_argument("--config", required=True, help="the config file the server runs with")
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(run=_command(_stats, _render_stats))
 
     retention = commands.add_parser("retention", help="delete the sessions idle past store.retention_days now")
     retention.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
@@ -130,6 +135,32 @@ def _render_sweep(data: dict[str, Any]) -> str:
     if data["rows"]:
         lines.append("rows: " + ", ".join(f"{table} {count:,}" for table, count in data["rows"].items()))
     return "\n".join(lines)
+
+
+async def _stats(services: Services, config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    return (await services.stats.read(fresh=True)).as_json()
+
+
+def _render_stats(data: dict[str, Any]) -> str:
+    lines = [
+        f"store ({data['engine']}): {_size(data['bytes'])}"
+        + (f", of which {_size(data['free_bytes'])} free for reuse" if data["free_bytes"] else "")
+    ]
+    lines.append("rows" + (" (estimated)" if data["rows_estimated"] else "") + ":")
+    lines.extend(f"  {table:<20} {count:>12,}" for table, count in data["rows"].items())
+    idle = data["sessions_by_last_activity"]
+    lines.append("sessions last used: " + ", ".join(f"within {k}: {v:,}" for k, v in idle.items() if k != "older"))
+    lines.append(f"  longer ago: {idle['older']:,}")
+    return "\n".join(lines)
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "bytes" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
 
 
 def _render_deleted(data: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import pytest
 from proxy.auth import tenant_of
 from proxy.cli.commands import main
 from tests.conftest import ServeProxy
+from tests.support.exposition import Exposition
 from tests.support.proxy_server import ProxyServer, make_config
 
 MARKER = "Quillfeather9081"
@@ -235,3 +236,22 @@ def test_the_cli_retention_dry_run_says_what_would_go_and_the_sweep_deletes_it(
     assert swept["rows"]["sessions"] == 1
     assert [s["id"] for s in call(proxy, "GET", "/sessions", "alice-key").json()["data"]] == ["fresh"]
     assert not holds(store, MARKER)
+
+
+def test_the_stores_size_and_rows_are_in_metrics_and_the_cli(
+    proxy: ProxyServer, alice: openai.OpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    converse(alice, "counted", 2, "measured")
+    messages = rows(proxy.config.store.path, "SELECT COUNT(*) FROM messages")
+
+    scraped = Exposition.parse(call(proxy, "GET", "/metrics", "alice-key").text)
+
+    assert scraped.value("context_proxy_store_rows", table="messages") == messages
+    assert scraped.value("context_proxy_store_rows", table="sessions") == 1
+    assert scraped.value("context_proxy_store_bytes") >= proxy.config.store.path.stat().st_size
+    assert main(["stats", "--config", str(cli_config(proxy, tmp_path)), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rows"]["messages"] == messages
+    assert printed["sessions_by_last_activity"]["1d"] == 1
+    assert main(["stats", "--config", str(cli_config(proxy, tmp_path))]) == 0
+    assert f"  messages {messages:>24,}" in capsys.readouterr().out
