@@ -85,6 +85,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/admin/corrections", _corrections, methods=["GET", "DELETE"]),
         Route("/admin/corrections/{model:path}", _corrections, methods=["DELETE"]),
         Route("/admin/tenants/{tenant}", _tenant, methods=["DELETE"]),
+        Route("/admin/retention", _retention, methods=["POST"]),
     ]
     if config.observability.metrics:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -294,6 +295,20 @@ async def _tenant(request: Request) -> Response:
     tenant = request.path_params["tenant"]
     forgotten = await services.deletions.purge_tenant(tenant)
     return JSONResponse({"id": tenant, "object": "tenant.purged", "purged": True, **forgotten.as_json()})
+
+
+async def _retention(request: Request) -> Response:
+    """A retention sweep now, in this process (`?dry_run=true`: what it would delete); an admin key's."""
+    services = _services(request)
+    authenticate_admin(request.headers, services.config.auth)
+    if not services.retention.enabled:
+        raise InvalidRequest(
+            "No retention is configured: set store.retention_days (or store.tenant_retention_days).",
+            code="retention_off",
+        )
+    dry_run = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
+    sweep = await services.retention.sweep(dry_run=dry_run)
+    return JSONResponse(sweep.as_json(time.time()))
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

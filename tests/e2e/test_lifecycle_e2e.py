@@ -255,3 +255,24 @@ def test_the_stores_size_and_rows_are_in_metrics_and_the_cli(
     assert printed["sessions_by_last_activity"]["1d"] == 1
     assert main(["stats", "--config", str(cli_config(proxy, tmp_path))]) == 0
     assert f"  messages {messages:>24,}" in capsys.readouterr().out
+
+
+def test_an_admin_sweeps_retention_now_or_asks_what_it_would_delete(serve_proxy: ServeProxy, tmp_path: Path) -> None:
+    proxy = serve_proxy(
+        auth={"keys": KEYS, "admin_keys": [ADMIN]}, store={"path": str(tmp_path / "store.db"), "retention_days": 7}
+    )
+    with openai.OpenAI(base_url=proxy.base_url, api_key="alice-key", max_retries=0, timeout=20) as client:
+        converse(client, "stale", 1, MARKER)
+        converse(client, "fresh", 1, "recent")
+    with closing(sqlite3.connect(proxy.config.store.path)) as db, db:
+        db.execute("UPDATE sessions SET updated_at = updated_at - 8 * 86400 WHERE id = 'stale'")
+
+    assert call(proxy, "POST", "/admin/retention", "alice-key").status_code == 401
+    dry = call(proxy, "POST", "/admin/retention?dry_run=true", ADMIN).json()
+    assert [s["id"] for s in dry["sessions"]] == ["stale"]
+    assert dry["dry_run"] is True
+    assert rows(proxy.config.store.path, "SELECT COUNT(*) FROM sessions") == 2
+    swept = call(proxy, "POST", "/admin/retention", ADMIN).json()
+    assert [s["id"] for s in swept["sessions"]] == ["stale"]
+    assert rows(proxy.config.store.path, "SELECT COUNT(*) FROM sessions") == 1
+    assert not holds(proxy.config.store.path, MARKER)
