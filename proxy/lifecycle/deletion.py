@@ -5,13 +5,13 @@ Messages are shared by content address (`proxy.history.chain`): a session's path
 session of the same tenant also reaches (a system root, a common opening). Nothing else marks which session a
 node belongs to, so the job works it out from what refers to nodes: a session's head and anchor, its journal
 steps' request and answer nodes, its pins. The doomed sessions' nodes are every ancestor of their references; of
-those, the ancestors of the other sessions' references stay (an ancestor of a kept node is kept, so the kept part
-is found by walking up from the other references only until they meet the doomed part); what remains goes, with
-every node hanging below it (branches a doomed session left behind: no other reference reaches below a node
-that no other reference reaches). Then every row holding that content goes with it: spans ending on those nodes,
-settings attached to them, their other forms and token counts, their recall index entries (FTS5's contentless
-index is told each document's text to forget), and the sessions' own journal steps and events, pins,
-compaction events and summarizer calls. A tenant's purge is the same with nothing kept.
+those, the ancestors of the other sessions' references stay; what remains goes, with every node hanging below it
+(branches a doomed session left behind: no other reference reaches below a node that no other reference
+reaches), and so does a branch below a kept node that no reference reaches at all (a turn edited away). Then
+every row holding that content goes with it: spans ending on those nodes, settings attached to them, their other
+forms and token counts, their recall index entries (FTS5's contentless index is told each document's text to
+forget), and the sessions' own journal steps and events, pins, compaction events and summarizer calls. A tenant's
+purge is the same with nothing kept.
 
 Other processes notice through the store: the tenant's span epoch moves past a clearing (`span_epochs.cleared`),
 so a replica's spans read before are read again, and a request a replica located on nodes deleted since is
@@ -36,17 +36,6 @@ WITH RECURSIVE up(id, parent_id) AS (
 )
 SELECT id, parent_id FROM up
 """
-
-_UP_UNTIL = """
-WITH RECURSIVE up(id, parent_id) AS (
-    SELECT id, parent_id FROM messages WHERE id IN (SELECT value FROM json_each(?1))
-    UNION
-    SELECT m.id, m.parent_id FROM messages AS m JOIN up ON m.id = up.parent_id
-    WHERE NOT (up.id IN (SELECT value FROM json_each(?2)))
-)
-SELECT id FROM up
-"""
-"""Walk up from the other references, stopping where they meet the doomed nodes."""
 
 _CHILDREN = "SELECT id FROM messages WHERE parent_id IN (SELECT value FROM json_each(?))"
 
@@ -249,19 +238,16 @@ def _ancestors(connection: Connection, ids: Iterable[str]) -> dict[str, str | No
 
 
 def _kept(connection: Connection, doomed: dict[str, str | None], others: Sequence[str]) -> tuple[set[str], set[str]]:
-    """The nodes the other references reach, and those of them among the doomed: the ancestors of the points where
-    the other references, walked up, meet the doomed nodes (walked in memory, through `doomed`'s parents)."""
+    """The nodes the other references reach (every ancestor of theirs), and those of them among the doomed.
+
+    One walk up from all of them, each node visited once (a shared prefix too). The walk does not stop where it
+    meets the doomed nodes: a recursive step that looks the doomed up in a list would read the whole list again
+    for every node it visits (SQLite evaluates the step a row at a time), ~40 s for a 4,000-message session
+    beside 10,000 others."""
     if not others or not doomed:
         return set(), set()
-    kept: set[str] = set()
-    reached: set[str] = set()
-    for row in connection.execute(_UP_UNTIL, (id_array(others), id_array(doomed))):
-        node: str | None = row[0]
-        reached.add(row[0])
-        while node in doomed and node not in kept:
-            kept.add(node)
-            node = doomed[node]
-    return reached | kept, kept
+    reached = set(_ancestors(connection, others))
+    return reached, {node for node in doomed if node in reached}
 
 
 def _descendants(connection: Connection, ids: Sequence[str]) -> set[str]:

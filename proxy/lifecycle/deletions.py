@@ -29,7 +29,7 @@ class Deletions:
             forgotten = await self._forget(tenant, [session_id])
         if not forgotten.sessions:
             raise NotFound(f"No session with id '{session_id}'.", code="session_not_found")
-        await self._db.reclaim()
+        await self.reclaim(forgotten)
         return forgotten
 
     async def delete_sessions(self, tenant: str, session_ids: Sequence[str], *, idle_before: float) -> Forgotten:
@@ -42,11 +42,12 @@ class Deletions:
         """Everything the tenant stored, in one transaction."""
         forgotten = await self._forget(tenant, None)
         if forgotten.rows:
-            await self._db.reclaim()
+            await self.reclaim(forgotten)
         return forgotten
 
-    async def reclaim(self) -> None:
-        await self._db.reclaim()
+    async def reclaim(self, forgotten: Forgotten) -> None:
+        """Give back the space what was forgotten held (`Database.reclaim`)."""
+        await self._db.reclaim(documents="recall_messages" in forgotten.rows)
 
     async def _forget(
         self, tenant: str, session_ids: Sequence[str] | None, idle_before: float | None = None

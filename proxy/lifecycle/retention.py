@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from proxy.config import StoreConfig
+from proxy.lifecycle.deletion import Forgotten
 from proxy.lifecycle.deletions import Deletions
 from proxy.store.database import Database
 from proxy.types import Clock
@@ -103,7 +104,7 @@ class Retention:
                 break  # what was due went meanwhile (another process): the next sweep looks again
             await asyncio.sleep(BATCH_PAUSE_S)
         if result.rows:
-            await self._deletions.reclaim()
+            await self._deletions.reclaim(Forgotten((), result.rows))
         return result
 
     async def sweep_shared(self) -> Sweep | None:

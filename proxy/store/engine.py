@@ -68,9 +68,10 @@ class Engine(Protocol):
         """Why the store's server cannot be reached now; None when it can (always, for a file)."""
         ...
 
-    def reclaim(self) -> None:
+    def reclaim(self, documents: bool) -> None:
         """After a deletion: give the space back before the next group (SQLite: the write-ahead log truncated, free
-        pages returned to the file system; PostgreSQL's autovacuum does it on its own)."""
+        pages returned to the file system, and with `documents` the full-text index rewritten without the ones it
+        was told to forget; PostgreSQL's autovacuum does it on its own)."""
         ...
 
     def close_writer(self) -> None: ...

@@ -74,6 +74,8 @@ class SqliteEngine:
         """Since the last checkpoint."""
         self._reclaim = False
         """A deletion committed: the next group gives the space back first (`reclaim`)."""
+        self._documents = False
+        """It deleted documents of the full-text index: the index is rewritten without them."""
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, executor: ThreadPoolExecutor) -> SqliteEngine:
@@ -105,18 +107,21 @@ class SqliteEngine:
         self._commits += 1
         return outcomes
 
-    def reclaim(self) -> None:
+    def reclaim(self, documents: bool) -> None:
         self._reclaim = True
+        self._documents = self._documents or documents
 
     def _give_back(self) -> None:
         """Between two groups, on the writer thread: FTS5's index rewritten without the documents it was told to
-        forget (they stay in its segments until a merge), free pages returned to the file system (a store created
-        with incremental auto-vacuum; an older one reuses them), and the write-ahead log checkpointed and truncated,
-        so no copy of a deleted page is left in it. `secure_delete` zeroed the deleted content in the pages."""
-        self._reclaim = False
+        forget (they stay in its segments until a merge; the rewrite holds the writer for as long as the index
+        takes to write), free pages returned to the file system (a store created with incremental auto-vacuum; an
+        older one reuses them), and the write-ahead log checkpointed and truncated, so no copy of a deleted page is
+        left in it. `secure_delete` zeroed the deleted content in the pages."""
+        documents, self._reclaim, self._documents = self._documents, False, False
         self._commits = 0
         try:
-            self.writer.execute("INSERT INTO recall_index (recall_index) VALUES ('optimize')")
+            if documents:
+                self.writer.execute("INSERT INTO recall_index (recall_index) VALUES ('optimize')")
             self.writer.execute("PRAGMA incremental_vacuum").fetchall()
             self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.Error as exc:
