@@ -116,7 +116,7 @@ def forget(
     if session_ids is None:
         sessions = tuple(row[0] for row in connection.execute("SELECT id FROM sessions WHERE tenant = ?", (tenant,)))
         doomed = _ancestors(connection, _ids(connection, _TENANT_REFERENCES, (tenant,)))
-        nodes = set(doomed) | _descendants(connection, [node for node, parent in doomed.items() if parent is None])
+        nodes = _below(connection, set(doomed))
     else:
         sessions = tuple(
             row[0]
@@ -135,7 +135,7 @@ def forget(
         # Below a kept node, a branch no reference reaches is no session's any more (a turn edited away): it goes.
         stray = [node for node in _ids(connection, _CHILDREN, (id_array(kept),)) if node not in reached]
         stray = [node for node in stray if node not in doomed] if kept else []
-        nodes = {*own, *stray} | _descendants(connection, [*own, *stray])
+        nodes = _below(connection, {*own, *stray})
     rows = _delete(connection, dialect, tenant, None if session_ids is None else sessions, sorted(nodes))
     _clear_spans(connection, tenant, purge=session_ids is None)
     return Forgotten(sessions, rows)
@@ -248,6 +248,14 @@ def _kept(connection: Connection, doomed: dict[str, str | None], others: Sequenc
         return set(), set()
     reached = set(_ancestors(connection, others))
     return reached, {node for node in doomed if node in reached}
+
+
+def _below(connection: Connection, nodes: set[str]) -> set[str]:
+    """`nodes` and every node below them: walked down only from their children that are not among them already."""
+    if not nodes:
+        return nodes
+    outside = [child for child in _ids(connection, _CHILDREN, (id_array(nodes),)) if child not in nodes]
+    return nodes | set(outside) | _descendants(connection, outside)
 
 
 def _descendants(connection: Connection, ids: Sequence[str]) -> set[str]:
