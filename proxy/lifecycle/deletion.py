@@ -2,16 +2,16 @@
 crash or a failure leaves the session whole or gone, never half.
 
 Messages are shared by content address (`proxy.history.chain`): a session's path may begin with nodes another
-session of the same tenant also reaches (a system root, a common opening). Nothing else marks which session a
-node belongs to, so the job works it out from what refers to nodes: a session's head and anchor, its journal
-steps' request and answer nodes, its pins. The doomed sessions' nodes are every ancestor of their references; of
-those, the ancestors of the other sessions' references stay; what remains goes, with every node hanging below it
-(branches a doomed session left behind: no other reference reaches below a node that no other reference
-reaches), and so does a branch below a kept node that no reference reaches at all (a turn edited away). Then
-every row holding that content goes with it: spans ending on those nodes, settings attached to them, their other
-forms and token counts, their recall index entries (FTS5's contentless index is told each document's text to
-forget), and the sessions' own journal steps and events, pins, compaction events and summarizer calls. A tenant's
-purge is the same with nothing kept.
+session of the same tenant also reaches (a system root, a common opening). Nothing else marks which session a node
+belongs to, so the job works it out from what refers to nodes: a session's head and anchor, its journal steps'
+request and answer nodes, its pins. The doomed sessions' nodes are every ancestor of their references; of those, the
+ones another reference names or reaches (a branch below holds one) stay, with their ancestors; what remains goes,
+with every branch hanging below it (one a doomed session left behind: no reference reaches below a node that none
+reaches). A branch no reference reaches that hangs below a node that stays goes when it is met on the way (`_kept`
+stops at the first branch that holds a reference). Then every row holding that content goes with it: spans ending on
+those nodes, settings attached to them, their other forms and token counts, their recall index entries (FTS5's
+contentless index is told each document's text to forget), and the sessions' own journal steps and events, pins,
+compaction events and summarizer calls. A tenant's purge is the same with nothing kept.
 
 Other processes notice through the store: the tenant's span epoch moves past a clearing (`span_epochs.cleared`),
 so a replica's spans read before are read again, and a request a replica located on nodes deleted since is
@@ -29,15 +29,15 @@ from proxy.store.connection import Connection
 from proxy.store.database import id_array
 
 _UP = """
-WITH RECURSIVE up(id, parent_id) AS (
-    SELECT id, parent_id FROM messages WHERE id IN (SELECT value FROM json_each(?1))
+WITH RECURSIVE up(id, parent_id, depth) AS (
+    SELECT id, parent_id, depth FROM messages WHERE id IN (SELECT value FROM json_each(?1))
     UNION
-    SELECT m.id, m.parent_id FROM messages AS m JOIN up ON m.id = up.parent_id
+    SELECT m.id, m.parent_id, m.depth FROM messages AS m JOIN up ON m.id = up.parent_id
 )
-SELECT id, parent_id FROM up
+SELECT id, parent_id, depth FROM up
 """
 
-_CHILDREN = "SELECT id FROM messages WHERE parent_id IN (SELECT value FROM json_each(?))"
+_CHILDREN = "SELECT id, parent_id FROM messages WHERE parent_id IN (SELECT value FROM json_each(?))"
 
 _DOWN = """
 WITH RECURSIVE down(id) AS (
@@ -81,6 +81,12 @@ UNION SELECT message_id FROM recall_messages WHERE tenant = ?1
 _FORGET_DOCUMENT = "INSERT INTO recall_index (recall_index, rowid, text) VALUES ('delete', ?, ?)"
 """SQLite's FTS5 contentless index forgets a document only when told its text again (`m009_recall`); PostgreSQL's
 rows are deleted by id."""
+
+LOOKED_AT_CHILDREN = 16
+"""A node with at most this many children outside the doomed ones has each looked at (a dead branch below it goes);
+one with more (a tenant's shared root) only until one holding a reference is found."""
+MAX_BRANCH_NODES = 10_000
+"""Nodes of a branch read in search of a reference before it is taken to hold one (and kept)."""
 
 _SESSION_ROWS = ("pins", "compaction_events", "summarizer_calls")
 """Tables of a session's own rows (tenant, session_id), deleted with it."""
@@ -130,12 +136,8 @@ def forget(
             return Forgotten(())
         listed = json.dumps(list(sessions))
         doomed = _ancestors(connection, _ids(connection, _SESSION_REFERENCES, (tenant, listed)))
-        reached, kept = _kept(connection, doomed, _ids(connection, _OTHER_REFERENCES, (tenant, listed)))
-        own = [node for node in doomed if node not in kept]
-        # Below a kept node, a branch no reference reaches is no session's any more (a turn edited away): it goes.
-        stray = [node for node in _ids(connection, _CHILDREN, (id_array(kept),)) if node not in reached]
-        stray = [node for node in stray if node not in doomed] if kept else []
-        nodes = _below(connection, {*own, *stray})
+        kept, dead = _kept(connection, doomed, set(_ids(connection, _OTHER_REFERENCES, (tenant, listed))))
+        nodes = _below(connection, {node for node in doomed if node not in kept} | dead)
     rows = _delete(connection, dialect, tenant, None if session_ids is None else sessions, sorted(nodes))
     _clear_spans(connection, tenant, purge=session_ids is None)
     return Forgotten(sessions, rows)
@@ -229,32 +231,73 @@ def _ids(connection: Connection, sql: str, params: Sequence[object]) -> list[str
     return [row[0] for row in connection.execute(sql, params) if row[0] is not None]
 
 
-def _ancestors(connection: Connection, ids: Iterable[str]) -> dict[str, str | None]:
-    """Every ancestor of `ids` (themselves included), with its parent."""
+def _ancestors(connection: Connection, ids: Iterable[str]) -> dict[str, tuple[str | None, int]]:
+    """Every ancestor of `ids` (themselves included), with its parent and depth."""
     listed = list(ids)
     if not listed:
         return {}
-    return {row[0]: row[1] for row in connection.execute(_UP, (id_array(listed),))}
+    return {row[0]: (row[1], int(row[2])) for row in connection.execute(_UP, (id_array(listed),))}
 
 
-def _kept(connection: Connection, doomed: dict[str, str | None], others: Sequence[str]) -> tuple[set[str], set[str]]:
-    """The nodes the other references reach (every ancestor of theirs), and those of them among the doomed.
+def _kept(
+    connection: Connection, doomed: dict[str, tuple[str | None, int]], others: set[str]
+) -> tuple[set[str], set[str]]:
+    """The doomed nodes that stay (those another reference names or reaches, and their ancestors), and the branches
+    hanging below doomed nodes that no reference reaches (to go with them).
 
-    One walk up from all of them, each node visited once (a shared prefix too). The walk does not stop where it
-    meets the doomed nodes: a recursive step that looks the doomed up in a list would read the whole list again
-    for every node it visits (SQLite evaluates the step a row at a time), ~40 s for a 4,000-message session
-    beside 10,000 others."""
-    if not others or not doomed:
-        return set(), set()
-    reached = set(_ancestors(connection, others))
-    return reached, {node for node in doomed if node in reached}
+    A doomed node with a child outside the doomed ones stays if that child's branch holds another reference
+    (`_holds_reference`). Deepest nodes first (an ancestor of a node that stays stays); of many children only until
+    a branch holding one is found: the shared root of a tenant's 10,000 sessions costs a look at one of them, not a
+    walk through all."""
+    kept: set[str] = set()
+
+    def keep(node: str | None) -> None:
+        while node is not None and node not in kept:
+            kept.add(node)
+            node = doomed[node][0]
+
+    for node in others:
+        if node in doomed:
+            keep(node)
+    outside: dict[str, list[str]] = {}
+    for row in connection.execute(_CHILDREN, (id_array(doomed),)):
+        if row[0] not in doomed:
+            outside.setdefault(row[1], []).append(row[0])
+    dead: set[str] = set()
+    for parent in sorted(outside, key=lambda node: doomed[node][1], reverse=True):
+        children = outside[parent]
+        every = len(children) <= LOOKED_AT_CHILDREN  # a few: each looked at, so a dead one goes
+        if parent in kept and not every:
+            continue
+        for child in children:
+            if _holds_reference(connection, child, others):
+                keep(parent)
+                if not every:
+                    break
+            else:
+                dead.add(child)
+    return kept, dead
+
+
+def _holds_reference(connection: Connection, branch: str, others: set[str]) -> bool:
+    """Whether the branch from `branch` down holds another reference: read a level at a time, stopping at the first
+    (a session's steps name a node every turn or two); past `MAX_BRANCH_NODES` it is taken to hold one."""
+    level, seen = [branch], 0
+    while level:
+        if any(node in others for node in level):
+            return True
+        seen += len(level)
+        if seen > MAX_BRANCH_NODES:
+            return True
+        level = [row[0] for row in connection.execute(_CHILDREN, (id_array(level),))]
+    return False
 
 
 def _below(connection: Connection, nodes: set[str]) -> set[str]:
     """`nodes` and every node below them: walked down only from their children that are not among them already."""
     if not nodes:
         return nodes
-    outside = [child for child in _ids(connection, _CHILDREN, (id_array(nodes),)) if child not in nodes]
+    outside = [row[0] for row in connection.execute(_CHILDREN, (id_array(nodes),)) if row[0] not in nodes]
     return nodes | set(outside) | _descendants(connection, outside)
 
 

@@ -340,3 +340,18 @@ def _holds(folder: Path, text: str) -> bool:
     """Whether any of the store's files (the database, its write-ahead log) holds `text`, in any case."""
     needles = (text.encode(), text.lower().encode())
     return any(needle in path.read_bytes() for path in folder.glob("store.sqlite*") for needle in needles)
+
+
+async def test_a_session_branching_from_the_middle_of_the_deleted_one_keeps_its_whole_path(parts: Parts) -> None:
+    doomed = await parts.session("t", "a", [*opening("x"), *turns("a", 4)])
+    for index in range(20):  # a root with many branches: looked at only until one holds a reference
+        await parts.session("t", f"other-{index}", [*opening("x"), *turns(f"other-{index}", 1)])
+    branch = await parts.session("t", "b", [*(m.message for m in doomed[:5]), *turns("b", 2)])
+    before = await parts.history.path("t", "b")
+
+    await parts.deletions.delete_session("t", "a")
+
+    assert await parts.history.path("t", "b") == before
+    assert [m.id for m in branch[:5]] == [m.id for m in doomed[:5]]
+    assert await parts.rows("messages", "WHERE id = ?", (doomed[5].id,)) == 0
+    assert await parts.rows("messages") == 5 + 4 + 20 * 2  # b's path, and each other session's own pair
