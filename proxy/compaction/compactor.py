@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from proxy.canonical.types import Clock, Message
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
@@ -32,14 +34,12 @@ from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
-from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
+from proxy.config.schema import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, token_counts
 from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
-from proxy.types import Clock, Message
-from proxy.vocabulary import SYSTEM_ROLES
 
 __all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
 

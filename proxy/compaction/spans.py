@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.canonical.types import Clock, Message
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
 from proxy.compaction.extractive import fallback_summary
 from proxy.compaction.layout import NeedsSummary, Span
@@ -28,13 +29,12 @@ from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
-from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
 from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.store.database import Database, lock_name
 from proxy.tokens import count_message, rough_size
-from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
 

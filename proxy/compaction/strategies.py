@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.compaction.layout import Block, NeedsSummary, Neighbours, Policy, View
-from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 
 
 class Strategy(Protocol):

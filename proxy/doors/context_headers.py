@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from proxy.config import STRATEGY_NAMES, parse_strategies
-from proxy.conversation import Answer, Completed, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
+from proxy.canonical.answers import Answer, Completed, ContextReport, Replayed, usage_text
+from proxy.canonical.conversation import ContextMode, ContextOptions
+from proxy.config.schema import STRATEGY_NAMES, parse_strategies
 from proxy.cost import TokenCost
 from proxy.errors import InvalidRequest
 from proxy.numbers import MAX_STORED_INTEGER, parse_integer

@@ -27,17 +27,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import Caller, authenticate
-from proxy.config import Config, RequestLimits
-from proxy.continuations import extended
-from proxy.conversation import Answer, Conversation, Streaming
+from proxy.canonical.answers import Answer, Streaming
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
 from proxy.observability.requests import observe_model
 from proxy.offload import Lane
-from proxy.pieces import Received
-from proxy.pipeline import Pipeline
+from proxy.request.continuations import extended
+from proxy.request.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class Doors:
         """A door's API over a WebSocket: the handshake authenticated like a request and counted against the
         key's `server.max_sockets_per_key` (refused with the door's HTTP error), then one request at a time,
         each answered by its events; a failed request is an error event and the socket stays open; the client
-        closes it (or the server, idle: `proxy.socket_protocol`)."""
+        closes it (or the server, idle: `proxy.serving.sockets`)."""
         door = self.by_name[name]
         with ExitStack() as held:
             try:

@@ -27,8 +27,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 
 if TYPE_CHECKING:
     from proxy.history.messages import StoredMessage

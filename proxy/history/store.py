@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import tokens
+from proxy.canonical.types import Clock, Message
+from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import (
@@ -54,8 +56,6 @@ from proxy.history.settings import fold
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
-from proxy.types import Clock, Message
-from proxy.vocabulary import ITEMS
 
 _STORED = operator.attrgetter("stored")
 

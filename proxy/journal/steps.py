@@ -8,7 +8,7 @@ Storage model (`journal_steps`, `journal_events` in `proxy.store.migrations`): o
                     └─────────▶ interrupt ▶ interrupted    cancelled on purpose; partial answer kept
     (crash) open ── recover ──▶ complete | failed | interrupted
 
-Events are the upstream's chunks in the canonical form (`proxy.types.Chunk`), whatever wire format the client
+Events are the upstream's chunks in the canonical form (`proxy.canonical.types.Chunk`), whatever wire format the client
 spoke, so replay and recovery never depend on a client's format.
 """
 
@@ -21,11 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.journal.assembly import Assembly, assemble
 from proxy.store.connection import Row
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
-from proxy.types import Chunk
 
 
 class StepStatus(enum.StrEnum):

@@ -17,7 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.config import JournalConfig
+from proxy.canonical.types import Chunk, Clock
+from proxy.config.schema import JournalConfig
 from proxy.errors import Conflict, StoreUnavailable, error_fields
 from proxy.history.answers import Answers, PendingAnswer
 from proxy.history.messages import StoredMessage
@@ -39,7 +40,6 @@ from proxy.observability.metrics import Metrics
 from proxy.offload import OFF_LOOP_CHARS
 from proxy.store.connection import Connection
 from proxy.store.database import Database
-from proxy.types import Chunk, Clock
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from proxy.app import create_app
-from proxy.config import Config, parse_config
-from proxy.server import server_options
+from proxy.config.schema import Config, parse_config
+from proxy.serving.app import create_app
+from proxy.serving.server import server_options
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0

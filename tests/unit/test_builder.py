@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from proxy.canonical.sharing import shared_prefix
 from proxy.compaction.builder import (
     BuildResult,
     ContextLayout,
@@ -23,8 +24,7 @@ from proxy.compaction.builder import (
     usable_spans,
 )
 from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
-from proxy.config import SUMMARIZE, TOOL_RESULTS
-from proxy.sharing import shared_prefix
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.config.schema import RequestLimits
 from proxy.doors.door import OpenSockets, SocketState, error_door
 from proxy.doors.messages import Messages
 from proxy.doors.registry import DOORS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.server import HeldBody
+from proxy.serving.server import HeldBody
 
 
 def test_one_chunk_is_handed_on_as_the_parsers_own_object() -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.vocabulary import ITEMS
+from proxy.canonical.vocabulary import chat_messages as for_chat
+from proxy.config.schema import RequestLimits
 from proxy.doors.messages.input import chat_messages, parse_messages_request, result_text
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.anthropic_blocks import anthropic_request
-from proxy.vocabulary import ITEMS
-from proxy.vocabulary import chat_messages as for_chat
 
 LIMITS = RequestLimits()
 

@@ -20,7 +20,7 @@ from proxy.compaction.layout import Item
 from proxy.compaction.path_items import PathState
 from proxy.compaction.plans import OFF_LOOP_ITEMS, Plans
 from proxy.compaction.span_store import StoredSpan
-from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 
 SESSION = ("t", "s")
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
-from proxy.conversation import Continuation
+from proxy.canonical.conversation import Continuation
+from proxy.canonical.vocabulary import ITEMS, chat_messages
+from proxy.config.schema import RequestLimits
 from proxy.doors.responses.input import ResponsesRequest, echoed, parse_responses_request
 from proxy.doors.responses.items import input_messages
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.responses_items import input_items
-from proxy.vocabulary import ITEMS, chat_messages
 
 LIMITS = RequestLimits()
 

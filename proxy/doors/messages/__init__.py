@@ -24,8 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
-from proxy.config import RequestLimits
-from proxy.conversation import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import RESPONSE
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply
@@ -34,9 +37,6 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_error, completed_message
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.observability.requests import observe_model
-from proxy.pieces import Received
-from proxy.types import Chunk
-from proxy.vocabulary import RESPONSE
 
 CLIENT_SESSION_HEADER = "x-claude-code-session-id"
 BETA_HEADER = "anthropic-beta"

@@ -27,17 +27,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Message, NativeRequest
+from proxy.canonical.vocabulary import ITEMS
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
-from proxy.pieces import Received
-from proxy.references import TOKEN_PREFIX
-from proxy.types import Message, NativeRequest
-from proxy.vocabulary import ITEMS
+from proxy.request.references import TOKEN_PREFIX
 
 ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)
@@ -186,7 +186,7 @@ def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
     for index, block in enumerate(blocks):
         if _carries_reference(block):
             # A summary of the proxy's that the client compacted its turns into stands alone, so that it alone
-            # gives way to the conversation it stands for (`proxy.continuations`), not the blocks beside it.
+            # gives way to the conversation it stands for (`proxy.request.continuations`), not the blocks beside it.
             place = f"{where}.content.{index}"
             messages.append({"role": "user", "content": _chat_content([block], [place]), ITEMS: [block]})
             continue

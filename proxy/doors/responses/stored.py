@@ -3,7 +3,7 @@
 A response is a journal step (its id is `resp_` + the step's id in hex), and the Responses door keeps with the
 step what rendering it again needs (`Conversation.wire`): the request's echoed fields and tools, whether the
 client asked to `store` it, where its own input began. The conversation itself is in the history, as for every
-request (what `previous_response_id` continues from: `proxy.continuations`). A response sent with
+request (what `previous_response_id` continues from: `proxy.request.continuations`). A response sent with
 `store: false`, one deleted (which hides it from this API; the history keeps it, as it keeps every message), an
 unknown id and another tenant's id all read as 404 in OpenAI's shape.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.continuations import is_instructions
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS
 from proxy.doors.event_streams import Event
 from proxy.doors.responses.fields import chat_tools
 from proxy.doors.responses.ids import step_of
@@ -23,8 +24,7 @@ from proxy.history.store import History
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import StepRecord, StepStatus
 from proxy.journal.writer import Journal
-from proxy.types import Message
-from proxy.vocabulary import ITEMS
+from proxy.request.continuations import is_instructions
 
 RESPONSES_DOOR = "responses"
 DEFAULT_ITEMS_PAGE = 20

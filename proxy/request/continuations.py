@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
-from proxy.references import References
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.request.references import References
 
 
 async def continued(
@@ -61,7 +61,7 @@ async def _summarized(
     history: History, references: References, tenant: str, conversation: Conversation
 ) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
-    reference, `proxy.references`): the summary and the turns the client kept before it give way to the stored
+    reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
     conversation it stands for. A reference to nothing of this tenant's is left as it is."""
     found = references.find(tenant, conversation.messages)
     if found is None:

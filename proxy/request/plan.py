@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budget
+from proxy.canonical.answers import ContextReport
 from proxy.compaction.compactor import WorkingContext
 from proxy.compaction.spans import Allowance
-from proxy.config import ModelEntry
-from proxy.conversation import ContextReport
+from proxy.config.schema import ModelEntry
 from proxy.history.messages import Reconciled
 
 

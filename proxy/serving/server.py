@@ -9,7 +9,7 @@ chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) 
 protocol's timer is the backstop for a body nobody reads. A response whose client takes none of its bytes for
 `server.write_timeout_s` (its socket and the transport's buffer full) is dropped: the connection is aborted,
 which the app hears as the client leaving (a stream's relay journals the answer to its end); an upgraded
-WebSocket (`proxy.socket_protocol`) has the same write deadline (`proxy.connections`). The keep-alive
+WebSocket (`proxy.serving.sockets`) has the same write deadline (`proxy.serving.connections`). The keep-alive
 timeout stays well above common clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a
 server that closes at the same moment races the client's next request on that connection, which then fails with
 a `ReadError`.
@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.config import ServerConfig
-from proxy.connections import ClientConnection, peer
+from proxy.config.schema import ServerConfig
 from proxy.doors.door import error_door
 from proxy.doors.registry import DOORS
 from proxy.errors import ClientError, ProxyError, openai_error
-from proxy.socket_protocol import SocketProtocol
+from proxy.serving.connections import ClientConnection, peer
+from proxy.serving.sockets import SocketProtocol
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
