@@ -5,7 +5,9 @@ before any state is touched, as a 400 (or 413) naming the field — and renders 
 `chat.completion`, or SSE chunks from the very JSON the journal stored, then `[DONE]`. Validation is
 deliberately limited to what OpenAI itself rejects and what the proxy relies on; every other field passes
 through untouched, because the upstream is the authority on its own parameters. Errors leave in OpenAI's shape
-(`proxy.errors.openai_error`), which is also this API's.
+(`proxy.errors.openai_error`), which is also this API's. A stream's upstream is always asked for its usage chunk
+(`stream_options.include_usage`), so that every step keeps what it cost; a client that did not ask for it does not
+get that chunk.
 """
 
 from __future__ import annotations

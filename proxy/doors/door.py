@@ -7,6 +7,11 @@ X-Context-* options and the client's own names for its conversation, name the mo
 client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
 (`Door.routes`: stored responses, `count_tokens`); their handlers get the caller already authenticated.
 
+A door refuses, before anything is written, what its API refuses and the proxy can see — a number that is not
+finite, a content part of a type the role does not take, a tool output that answers no call, a call the
+conversation goes on past unanswered (one at the very end is the client's to answer) — as a 400 in its API's shape
+naming the field. What the proxy cannot see is the upstream's to refuse.
+
 Which door's shape an error leaves in is chosen by route (`error_response`): every path under a door's `prefix`
 answers in its shape — its own failures, unknown paths and methods below it, unexpected exceptions alike — and
 every other path in OpenAI's (invariant 8).

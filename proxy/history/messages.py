@@ -26,7 +26,8 @@ class StoredMessage:
     """0 for the root."""
     role: str
     message: dict[str, Any]
-    """The normalized message: what gets sent upstream."""
+    """The normalized message: what gets sent upstream. Shared with later requests (a session's cached path hands
+    the same objects out again), so nothing changes it in place."""
     tokens: int
     """The token count for the encoding asked for."""
     created_at: float

@@ -308,7 +308,7 @@ class History(HistoryReads):
     async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:
         """Attach setting changes (a None value removes the key) to the request's conversation end: they hold
         for every request that continues from there, and for no other conversation (docs/architecture.md,
-        "Session")."""
+        "Glossary": session)."""
         tenant = reconciled.session.tenant
         message_id = reconciled.end_id
         now = self.clock()
