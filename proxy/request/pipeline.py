@@ -171,7 +171,7 @@ class Pipeline:
         return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
 
     async def count_tokens(self, conversation: Conversation) -> int:
-        """What the proxy would send for `conversation` (`request_budget.count_tokens`)."""
+        """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
         return await count_tokens(self.config, self.budgets, self.compactor, conversation)
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
