@@ -42,7 +42,7 @@ from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
 from proxy.observability.requests import observe_model
 from proxy.offload import Lane
-from proxy.request.continuations import extended
+from proxy.request.continuations import SocketContinuations
 from proxy.request.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class Doors:
             await self._serve_events(door, caller, websocket)
 
     async def _serve_events(self, door: Door[Any], caller: Caller, websocket: WebSocket) -> None:
-        socket = SocketState()
+        socket = SocketContinuations()
         try:
             while True:
                 raw = await _receive(websocket, self.config.request_limits.max_body_bytes)
@@ -233,7 +233,7 @@ class Doors:
             return
 
     async def _answer_event(
-        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketState
+        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketContinuations
     ) -> None:
         limits = self.config.request_limits
         parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits), door.lane)
@@ -262,33 +262,6 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
-
-
-@dataclass
-class SocketState:
-    """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
-    a response answered on the same socket even if the client did not store it, or its latest warm-up. Only the
-    latest: a client warms a socket up just before the turn that continues it (Codex, every turn), and a
-    warm-up may hold a whole conversation, so a socket keeps one rather than every one it was sent."""
-
-    answered: set[int] = field(default_factory=set)
-    """The journal steps answered on this socket."""
-    warmed: tuple[str, Conversation] | None = None
-    """The latest warm-up: the id it answered with, and the conversation it was sent with, resolved."""
-
-    def warm(self, reference: str, conversation: Conversation) -> None:
-        self.warmed = (reference, conversation)
-
-    def resolve(self, conversation: Conversation) -> Conversation:
-        continues = conversation.continues
-        if continues is None:
-            return conversation
-        if self.warmed is not None and self.warmed[0] == continues.reference:
-            warmed = self.warmed[1]
-            return extended(conversation, warmed.messages[warmed.instructions :])
-        if continues.step_id in self.answered:
-            return replace(conversation, continues=replace(continues, same_connection=True))
-        return conversation
 
 
 async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:

@@ -1,20 +1,14 @@
 """`proxy.doors.door`: which door's shape an error takes, by route; the registry's doors; what a socket holds
-(a key's open sockets against its cap, the latest warm-up)."""
+(a key's open sockets against its cap)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
-from proxy.canonical.conversation import Conversation
-from proxy.config.schema import RequestLimits
-from proxy.doors.door import OpenSockets, SocketState, error_door
+from proxy.doors.door import OpenSockets, error_door
 from proxy.doors.messages import Messages
 from proxy.doors.registry import DOORS
 from proxy.doors.responses import Responses
-from proxy.doors.responses.input import parse_socket_event
 from proxy.errors import TooManySockets
 
 
@@ -62,20 +56,3 @@ def test_a_socket_that_fails_while_held_gives_its_room_back() -> None:
     with pytest.raises(RuntimeError), sockets.held("a", 1):
         raise RuntimeError("the socket broke")
     assert sockets.count("a") == 0
-
-
-def event(**fields: Any) -> Conversation:
-    raw = json.dumps({"type": "response.create", "model": "m", **fields}).encode()
-    return parse_socket_event(raw, RequestLimits()).conversation
-
-
-def test_a_socket_keeps_only_its_latest_warm_up() -> None:
-    socket = SocketState()
-    socket.warm("resp_warm_1", event(input="first warm-up"))
-    socket.warm("resp_warm_2", event(input="second warm-up"))
-
-    older = socket.resolve(event(input="next", previous_response_id="resp_warm_1"))
-    assert older.continues is not None  # not resolved here: the pipeline answers previous_response_not_found
-    latest = socket.resolve(event(input="next", previous_response_id="resp_warm_2"))
-    assert latest.continues is None
-    assert [message["content"] for message in latest.messages] == ["second warm-up", "next"]
