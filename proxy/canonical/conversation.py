@@ -40,7 +40,7 @@ class Conversation:
     native: NativeRequest | None = None
     """The request in the client's own API (Responses, Messages): a model configured with the same `api` is sent
     it in that API (`proxy.upstream.router`)."""
-    wire: Mapping[str, Any] = field(default_factory=dict)
+    door_state: Mapping[str, Any] = field(default_factory=dict)
     """What the client's door keeps of the request with its journal step (JSON), to render the response again
     later: the Responses door's stored responses (`GET /v1/responses/{id}`)."""
     continues: Continuation | None = None

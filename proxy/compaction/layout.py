@@ -128,7 +128,7 @@ class ContextLayout:
 
 
 @dataclass(frozen=True)
-class NeedsSummary:
+class SpanNeeded:
     """Write a span of items [start, end) with `strategy`; it may cover existing spans, which it supersedes."""
 
     start: int
@@ -157,7 +157,7 @@ class RecentTooLarge:
     pinned_tokens: int = 0
 
 
-BuildResult = ContextLayout | NeedsSummary | RecentTooLarge
+BuildResult = ContextLayout | SpanNeeded | RecentTooLarge
 
 
 @dataclass(frozen=True)

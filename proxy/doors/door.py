@@ -79,7 +79,7 @@ class Door(Generic[R]):
     (built once when serving starts) parses requests and renders answers."""
 
     name: ClassVar[str]
-    """The door's API, as `Conversation.wire["door"]` and a model entry's `api` name it."""
+    """The door's API, as `Conversation.door_state["door"]` and a model entry's `api` name it."""
     path: ClassVar[str]
     """The route its requests come to (POST)."""
     prefix: ClassVar[str]
@@ -164,7 +164,7 @@ class OpenSockets:
         self._open: Counter[str] = Counter()
 
     @contextmanager
-    def held(self, tenant: str, limit: int) -> Iterator[None]:
+    def slot(self, tenant: str, limit: int) -> Iterator[None]:
         if self._open[tenant] >= limit:
             raise TooManySockets(
                 f"This key already holds {limit} WebSockets (server.max_sockets_per_key); close one, or use HTTP."
@@ -208,7 +208,7 @@ class Doors:
         with ExitStack() as held:
             try:
                 caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
-                held.enter_context(self.sockets.held(caller.tenant, self.config.server.max_sockets_per_key))
+                held.enter_context(self.sockets.slot(caller.tenant, self.config.server.max_sockets_per_key))
             except ProxyError as exc:
                 status, body, headers = door.error(exc)
                 await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))

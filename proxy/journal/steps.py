@@ -60,6 +60,9 @@ StoredEvent = tuple[int, str, str]
 """(seq, type, content) of one stored event."""
 
 JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
+DOOR_STATE = "wire"
+"""The key of a step's `context` under which its door's state is kept (`Conversation.door_state`): stores
+written before the rename hold it there, so the stored name stays."""
 
 
 def event_type(chunk: Chunk) -> EventType:
@@ -181,17 +184,17 @@ class StepRecord:
     parent_message_id: str | None = None
     """Where the step's answer joins (or would have joined) the conversation: the end of its request."""
 
-    def wire(self) -> dict[str, Any]:
-        """What the step's door kept of its request (`Conversation.wire`)."""
-        wire = (self.context or {}).get("wire")
-        return wire if isinstance(wire, dict) else {}
+    def door_state(self) -> dict[str, Any]:
+        """What the step's door kept of its request (`Conversation.door_state`)."""
+        state = (self.context or {}).get(DOOR_STATE)
+        return state if isinstance(state, dict) else {}
 
     def readable_through(self, door: str, *, unstored: bool = False) -> bool:
         """Whether the door that answered serves the step back by id: not another door's, not one the client
         deleted, and not one it asked not to store (`store: false`) unless `unstored` ones may be read."""
-        wire = self.wire()
-        stored = unstored or bool(wire.get("store", True))
-        return wire.get("door") == door and stored and not wire.get("deleted")
+        state = self.door_state()
+        stored = unstored or bool(state.get("store", True))
+        return state.get("door") == door and stored and not state.get("deleted")
 
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""

@@ -25,6 +25,7 @@ from proxy.history.messages import StoredMessage
 from proxy.journal.assembly import assemble
 from proxy.journal.keys import KEY_DONE, KEY_PARAM, check_key
 from proxy.journal.steps import (
+    DOOR_STATE,
     ENDED,
     JSON_ENCODER,
     PRUNABLE,
@@ -196,7 +197,7 @@ class Journal:
         await self._db.write(write, atomic=False)
 
     async def annotate(self, tenant: str, step_id: int, changes: Mapping[str, Any]) -> bool:
-        """Merge `changes` into what the step's door keeps of it (`context.wire`, see `Conversation.wire`);
+        """Merge `changes` into what the step's door keeps of it (`Conversation.door_state`, under `DOOR_STATE`);
         False if the tenant has no such step."""
 
         def write(connection: Connection) -> bool:
@@ -206,7 +207,7 @@ class Journal:
             if row is None:
                 return False
             context = json.loads(row[0]) if row[0] else {}
-            context["wire"] = {**(context.get("wire") or {}), **changes}
+            context[DOOR_STATE] = {**(context.get(DOOR_STATE) or {}), **changes}
             connection.execute("UPDATE journal_steps SET context = ? WHERE id = ?", (dumps(context), step_id))
             return True
 

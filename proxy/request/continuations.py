@@ -86,8 +86,8 @@ def extended(conversation: Conversation, earlier: list[Message]) -> Conversation
     orphan = unanswered_output(messages)
     if orphan is not None:
         raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
-    wire = {**conversation.wire, "input_from": conversation.instructions + len(earlier)}
-    return replace(conversation, messages=messages, wire=wire, continues=None)
+    door_state = {**conversation.door_state, "input_from": conversation.instructions + len(earlier)}
+    return replace(conversation, messages=messages, door_state=door_state, continues=None)
 
 
 def is_instructions(stored: StoredMessage) -> bool:

@@ -168,7 +168,7 @@ class Pipeline:
             reconciled = await self._remember_settings(reconciled, options)
         budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
-        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
+        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.door_state)
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
@@ -224,7 +224,7 @@ class Pipeline:
                 ),
                 options,
             )
-        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.wire)
+        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.door_state)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a

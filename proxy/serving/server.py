@@ -86,7 +86,7 @@ class ServerBusy(ProxyError):
     status, type, code = SERVER_BUSY, "server_error", "server_busy"
 
 
-class HeldBody(bytearray):
+class ChunkedBody(bytearray):
     """The body bytes a request's cycle holds until the app receives them, kept as the parser's own chunks.
 
     uvicorn's cycle appends each chunk to a bytearray and copies that into new bytes on `receive`: two copies of
@@ -279,8 +279,8 @@ class DeadlineProtocol(ClientConnection, HttpToolsProtocol):
         if self._refused:
             return
         self._body_bytes += len(body)
-        if self.cycle is not None and type(self.cycle.body) is not HeldBody:
-            self.cycle.body = HeldBody()  # the cycle's empty bytearray (again after each `receive`)
+        if self.cycle is not None and type(self.cycle.body) is not ChunkedBody:
+            self.cycle.body = ChunkedBody()  # the cycle's empty bytearray (again after each `receive`)
         super().on_body(body)
 
     def on_message_complete(self) -> None:

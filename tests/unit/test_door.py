@@ -38,21 +38,21 @@ def test_every_door_is_registered_once_with_its_own_route_and_prefix() -> None:
 
 def test_a_key_holds_at_most_its_limit_of_sockets_and_a_closed_one_gives_the_room_back() -> None:
     sockets = OpenSockets()
-    with sockets.held("a", 2), sockets.held("a", 2):
-        with pytest.raises(TooManySockets) as refused, sockets.held("a", 2):
+    with sockets.slot("a", 2), sockets.slot("a", 2):
+        with pytest.raises(TooManySockets) as refused, sockets.slot("a", 2):
             pass
         assert refused.value.status == 429
         assert refused.value.code == "too_many_sockets"
-        with sockets.held("b", 2):
+        with sockets.slot("b", 2):
             assert (sockets.count("a"), sockets.count("b")) == (2, 1)
         assert sockets.count("a") == 2
     assert (sockets.count("a"), sockets.count("b")) == (0, 0)
-    with sockets.held("a", 2):
+    with sockets.slot("a", 2):
         assert sockets.count("a") == 1
 
 
 def test_a_socket_that_fails_while_held_gives_its_room_back() -> None:
     sockets = OpenSockets()
-    with pytest.raises(RuntimeError), sockets.held("a", 1):
+    with pytest.raises(RuntimeError), sockets.slot("a", 1):
         raise RuntimeError("the socket broke")
     assert sockets.count("a") == 0

@@ -143,7 +143,7 @@ def test_a_codex_request_s_delivery_session_and_native_fields() -> None:
     assert conversation.model == "gpt-5-codex"
     assert conversation.stream is True
     assert conversation.instructions == 1
-    assert conversation.wire == {
+    assert conversation.door_state == {
         "door": "responses",
         "store": False,
         "request": echoed(CODEX_BODY),
@@ -255,7 +255,7 @@ def test_a_string_input_is_one_user_message() -> None:
     ]
     assert parsed.conversation.instructions == 1
     assert parsed.conversation.stream is False
-    assert parsed.conversation.wire["store"] is True
+    assert parsed.conversation.door_state["store"] is True
     assert parsed.session_key is None
 
 
@@ -266,7 +266,7 @@ def test_no_instructions_count_none(instructions: str | None) -> None:
         body["instructions"] = instructions
     conversation = parse(body).conversation
     assert conversation.instructions == 0
-    assert conversation.wire["input_from"] == 0
+    assert conversation.door_state["input_from"] == 0
     assert conversation.messages == [{"role": "user", "content": "hi"}]
 
 

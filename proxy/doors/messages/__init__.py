@@ -38,7 +38,6 @@ from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_e
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.observability.requests import observe_model
 
-CLIENT_SESSION_HEADER = "x-claude-code-session-id"
 BETA_HEADER = "anthropic-beta"
 
 
@@ -47,7 +46,7 @@ class Messages(Door[None]):
     path: ClassVar[str] = "/v1/messages"
     prefix: ClassVar[str] = "/v1/messages"
     api_key_header: ClassVar[bool] = True
-    session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    session_header: ClassVar[str | None] = "x-claude-code-session-id"
     native_headers: ClassVar[tuple[str, ...]] = (BETA_HEADER,)
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 

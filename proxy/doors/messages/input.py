@@ -85,7 +85,7 @@ def parse_messages_request(
         max_output_param="max_tokens",
         identity={key: value for key, value in body.items() if key not in _DELIVERY},
         native=NativeRequest("messages", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
-        wire={"door": "messages"},
+        door_state={"door": "messages"},
         fit_output=True,
     )
 
@@ -127,7 +127,7 @@ def _system(system: Any, where: str = "system") -> list[Message]:
     return [{"role": "system", "content": text, ITEMS: blocks}]
 
 
-def chat_messages(messages: Sequence[Any]) -> list[Message]:
+def input_messages(messages: Sequence[Any]) -> list[Message]:
     """The conversation's messages as chat messages (see the module docstring)."""
     conversion = _converted(messages, 0)
     _check_pairs(conversion)

@@ -45,9 +45,6 @@ from proxy.numbers import parse_integer
 from proxy.offload import Lane
 from proxy.request.pipeline import Pipeline
 
-CLIENT_SESSION_HEADER = "session-id"
-"""Codex CLI's conversation id, stable for a whole thread."""
-
 
 @dataclass(frozen=True)
 class Echo:
@@ -62,7 +59,8 @@ class Responses(Door[Echo]):
     name: ClassVar[str] = "responses"
     path: ClassVar[str] = "/v1/responses"
     prefix: ClassVar[str] = "/v1/responses"
-    session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    session_header: ClassVar[str | None] = "session-id"
+    """Codex CLI's conversation id, stable for a whole thread."""
     socket: ClassVar[bool] = True
     routes: ClassVar[tuple[DoorRoute, ...]] = (
         DoorRoute("/v1/responses/compact", ("POST",), "compact"),

@@ -168,7 +168,7 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
             native=NativeRequest("responses", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
-            wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
+            door_state={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
             continues=continues,
             instructions=len(instructions),
             compaction=compacted.trigger,
