@@ -68,7 +68,7 @@ def words(count: int, seed: int) -> str:
 async def fill(target: Path | str, messages: int, steps: int, sessions: int) -> None:
     """The store the proxy will serve, written through the proxy's own parts."""
     from proxy import environment
-    from proxy.config import JournalConfig
+    from proxy.config.schema import JournalConfig
     from proxy.history.answers import Answers
     from proxy.history.store import History
     from proxy.journal.writer import Journal

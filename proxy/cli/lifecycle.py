@@ -1,7 +1,7 @@
 """`context-proxy sessions delete`, `tenants list|purge`, `retention [--dry-run]`, `stats`: the stored data's
 lifecycle from the shell.
 
-They open the same parts the server runs (`proxy.services`, without recovery) and delete through the same one
+They open the same parts the server runs (`proxy.serving.services`, without recovery) and delete through the same one
 writer, in one transaction each (`proxy.lifecycle`); beside a running server on SQLite (WAL), or on the
 PostgreSQL store the replicas share, whose other processes notice the deletion through the store. A tenant is
 named by its id (`key-…`, as `tenants list` shows it, with the `auth.keys` entry it belongs to) or by `--key`: a
@@ -20,10 +20,10 @@ from typing import Any
 
 from proxy import environment
 from proxy.auth import OPEN_TENANT, tenant_of
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.errors import NotFound
 from proxy.lifecycle.deletion import Forgotten
-from proxy.services import Services, open_services
+from proxy.serving.services import Services, open_services
 from proxy.store.database import StoreRefused, StoreUnavailable
 
 Action = Callable[[Services, Config, argparse.Namespace], Awaitable[dict[str, Any]]]

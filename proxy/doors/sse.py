@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.journal.relay import JournaledGroups
+from proxy.canonical.answers import StreamGroups
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -46,7 +46,7 @@ class RelayedStream(StreamingResponse):
     client gone before or during the body — the groups are closed, which tells the relay whether its consumer
     left (`finish_on_disconnect`)."""
 
-    def __init__(self, groups: JournaledGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(self, groups: StreamGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
         super().__init__(body, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
         self._groups = groups
 

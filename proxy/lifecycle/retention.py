@@ -16,11 +16,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from proxy.config import StoreConfig
+from proxy.canonical.types import Clock
+from proxy.config.schema import StoreConfig
 from proxy.lifecycle.deletion import Forgotten
 from proxy.lifecycle.deletions import Deletions
 from proxy.store.database import Database
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

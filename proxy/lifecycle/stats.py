@@ -13,8 +13,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from proxy.canonical.types import Clock
 from proxy.store.database import Database
-from proxy.types import Clock
 
 TABLES = (
     "sessions",

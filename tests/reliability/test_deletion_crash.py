@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import JournalConfig
+from proxy.config.schema import JournalConfig
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.writer import Journal

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from proxy.canonical.types import Chunk
 from proxy.compaction.recall import Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config import JournalConfig
+from proxy.config.schema import JournalConfig
 from proxy.cost import TokenCost
 from proxy.errors import Conflict, NotFound
 from proxy.history.answers import Answers
@@ -23,7 +24,6 @@ from proxy.journal.reader import JournalReader
 from proxy.journal.writer import Journal
 from proxy.lifecycle.deletions import Deletions
 from proxy.store.database import Database
-from proxy.types import Chunk
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"

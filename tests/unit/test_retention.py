@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import StoreConfig
+from proxy.config.schema import StoreConfig
 from proxy.history.store import History
 from proxy.lifecycle import retention as retention_module
 from proxy.lifecycle.deletions import Deletions

@@ -26,11 +26,11 @@ from proxy.compaction.recall import Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.history.answers import Answers
 from proxy.history.pins import Pins
 from proxy.history.store import History
-from proxy.inspection import Inspector
+from proxy.inspection.views import Inspector
 from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
@@ -39,7 +39,7 @@ from proxy.lifecycle.deletions import Deletions
 from proxy.lifecycle.retention import Retention, sweep_periodically
 from proxy.lifecycle.stats import StoreStatistics
 from proxy.observability.metrics import Metrics
-from proxy.pipeline import Pipeline
+from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
 from proxy.upstream.redaction import Redactor
 from proxy.upstream.router import UpstreamRouter
