@@ -22,7 +22,7 @@ from proxy import environment
 from proxy.auth import OPEN_TENANT, tenant_of
 from proxy.config.schema import Config
 from proxy.errors import NotFound
-from proxy.lifecycle.deletion import Forgotten
+from proxy.lifecycle.forget import Forgotten
 from proxy.serving.services import Services, open_services
 from proxy.store.database import StoreRefused, StoreUnavailable
 

@@ -2,7 +2,7 @@
 
 A session's deletion holds the session's lock (in this process and, on PostgreSQL, across replicas), so it falls
 between two of its requests' saves: a request located before it is refused when it is saved (`SessionDeleted`),
-never stored on a half-deleted session. The rows go in one write job (`deletion.forget`), on the writer thread;
+never stored on a half-deleted session. The rows go in one write job (`forget.forget`), on the writer thread;
 then the space is given back (`Database.reclaim`), also off the event loop.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from proxy.errors import NotFound
 from proxy.history.store import History
-from proxy.lifecycle.deletion import Forgotten, forget
+from proxy.lifecycle.forget import Forgotten, forget
 from proxy.store.database import Database
 
 

@@ -2,7 +2,7 @@
 deleted with everything they stored.
 
 A sweep deletes in bounded batches: at most `BATCH_SESSIONS` sessions of one tenant per transaction (each a
-`deletion.forget` job on the writer thread), with a pause between batches so requests' writes are never queued
+`forget.forget` job on the writer thread), with a pause between batches so requests' writes are never queued
 behind a long run of deletions, and at most `MAX_BATCHES` batches per sweep (the next sweep goes on). The space
 is given back once at the end. A dry run reads which sessions would go and writes nothing. Replicas sharing a
 PostgreSQL store sweep one at a time (`Database.try_lock`); the clock is given, so tests move time by hand.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from proxy.canonical.types import Clock
 from proxy.config.schema import StoreConfig
-from proxy.lifecycle.deletion import Forgotten
 from proxy.lifecycle.deletions import Deletions
+from proxy.lifecycle.forget import Forgotten
 from proxy.store.database import Database
 
 log = logging.getLogger(__name__)

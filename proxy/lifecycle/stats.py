@@ -62,7 +62,9 @@ class StoreStats:
         }
 
 
-class StoreStatistics:
+class StatsReader:
+    """The store's `StoreStats`, read at most once a minute (`/metrics` scrapes may come every few seconds)."""
+
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self._db = db
         self._clock = clock

@@ -37,7 +37,7 @@ from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
 from proxy.lifecycle.deletions import Deletions
 from proxy.lifecycle.retention import Retention, sweep_periodically
-from proxy.lifecycle.stats import StoreStatistics
+from proxy.lifecycle.stats import StatsReader
 from proxy.observability.metrics import Metrics
 from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
@@ -65,7 +65,7 @@ class Services:
     metrics: Metrics
     deletions: Deletions
     retention: Retention
-    stats: StoreStatistics
+    stats: StatsReader
 
 
 @asynccontextmanager
@@ -122,7 +122,7 @@ async def open_services(
         retention = Retention(db, deletions, config.store)
         if owners is not None and retention.enabled:
             maintenance.append(asyncio.create_task(sweep_periodically(retention), name="retention"))
-        stats = StoreStatistics(db)
+        stats = StatsReader(db)
         yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics, deletions, retention, stats)
     finally:
         await _finish(background, maintenance)

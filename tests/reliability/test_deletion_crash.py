@@ -1,5 +1,5 @@
 """A process killed with SIGKILL while it deletes a long session leaves that session whole or wholly gone: the
-deletion is one transaction (`proxy.lifecycle.deletion`), never a session with part of its rows."""
+deletion is one transaction (`proxy.lifecycle.forget`), never a session with part of its rows."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.history.store import History
 from proxy.lifecycle.deletions import Deletions
-from proxy.lifecycle.stats import DAY_S, TABLES, StoreStatistics
+from proxy.lifecycle.stats import DAY_S, TABLES, StatsReader
 from proxy.store.database import Database
 
 ENCODING = "cl100k_base"
@@ -32,7 +32,7 @@ def conversation(tag: str, turns: int) -> list[dict[str, Any]]:
 async def test_the_counts_size_and_last_use_follow_what_is_stored_and_deleted(db: Database) -> None:
     clock = Clock()
     history = History(db, clock=clock)
-    stats = StoreStatistics(db, clock=clock)
+    stats = StatsReader(db, clock=clock)
     await history.reconcile("t", "old", conversation("old", 20), "m", ENCODING)
     clock.now += 10 * DAY_S
     empty = await stats.read()
