@@ -23,7 +23,7 @@ from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import Block, BuildResult, View
 from proxy.compaction.strategies import ToolResults
 from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
-from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
+from tests.unit.compaction.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
 STUB = 30
 MARKER = 25

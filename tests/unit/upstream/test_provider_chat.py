@@ -13,7 +13,7 @@ from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream
-from tests.unit.test_upstream import WEATHER_TOOL
+from tests.unit.upstream.test_upstream import WEATHER_TOOL
 
 KEY = "sk-ant-upstream-secret"
 CACHED_SYSTEM: dict[str, Any] = {

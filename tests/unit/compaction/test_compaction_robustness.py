@@ -50,7 +50,7 @@ from proxy.store.database import Database
 from proxy.tokens import count_message
 from tests.support.fake_upstream import role_order_error
 from tests.support.scripted_upstream import ScriptedUpstream, completion
-from tests.unit.test_builder import (
+from tests.unit.compaction.test_builder import (
     PRIMING,
     Loop,
     assistant,
@@ -61,7 +61,7 @@ from tests.unit.test_builder import (
     tool,
     user,
 )
-from tests.unit.test_span_store import (
+from tests.unit.compaction.test_span_store import (
     ENCODING,
     ENTRY,
     TENANT,
