@@ -216,6 +216,7 @@ tight_policies = st.builds(
 """Budgets small enough for the conversations below to need summaries more often than not."""
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=template_valid_conversations(), policy=tight_policies)
 def test_property_every_working_context_of_a_valid_conversation_is_valid_for_strict_templates(
