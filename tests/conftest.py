@@ -10,8 +10,12 @@ fast unit suite: no PostgreSQL, no browser, no served proxy.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import shutil
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +45,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # (a loaded machine, or an encoding read by the first example, would fail Hypothesis's default deadline).
     settings.register_profile("untimed", deadline=None)
     settings.load_profile("untimed")
+    # Collecting imports modules, whose objects are no garbage: the collector waits until they are all loaded.
+    gc.disable()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     # What `serve` does once loaded: the modules' objects and the collected tests left out of the collector's full
     # passes, which would otherwise walk them again and again through the session (seconds of the fast suite).
     heap.freeze_loaded()
+    gc.enable()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -96,9 +103,26 @@ def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     return server.database()
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store as `Database.open` leaves a new file, made once a session (on a thread of its own, away from
+    the tests' event loops): each SQLite `db` starts from a copy, as migrating each test's file was most of a
+    store test's time."""
+    path = tmp_path_factory.mktemp("migrated") / "store.sqlite"
+
+    async def migrate() -> None:
+        await (await Database.open(path)).close()
+
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, migrate()).result()
+    return path
+
+
 @pytest.fixture
-async def db(store_target: Path | str) -> AsyncIterator[Database]:
+async def db(store_target: Path | str, migrated_sqlite: Path) -> AsyncIterator[Database]:
     """A real store, on each engine (the tests that use it run twice)."""
+    if isinstance(store_target, Path):
+        shutil.copyfile(migrated_sqlite, store_target)
     database = await Database.open(store_target)
     yield database
     await database.close()
