@@ -660,6 +660,7 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         assert cuts.savings == [sum(saving[:i]) for i in range(len(saving) + 1)]
 
 
+@pytest.mark.slow
 @example(shape=[(9, 1)] * 12, spans=[(0, 10, True), (2, 3, True)], recent=12, kept={4})  # a mask inside a mask
 @settings(max_examples=300)
 @given(
