@@ -35,9 +35,12 @@ def test_the_error_shape_is_chosen_by_route(path: str, door: type | None) -> Non
 
 
 def test_every_door_is_registered_once_with_its_own_route_and_prefix() -> None:
-    assert len({door.name for door in DOORS}) == len({door.path for door in DOORS}) == len(DOORS)
+    paths = [path for door in DOORS for path in door.paths]
+    assert len({door.name for door in DOORS}) == len(DOORS)
+    assert len(set(paths)) == len(paths)
     for door in DOORS:
-        assert door.path == door.prefix or door.path.startswith(door.prefix + "/")
+        for path in door.paths:
+            assert error_door(path, DOORS) is door
         for route in door.routes:
             assert callable(getattr(door, route.handler))
 
