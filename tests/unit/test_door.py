@@ -11,6 +11,7 @@ import pytest
 from proxy.config import RequestLimits
 from proxy.conversation import Conversation
 from proxy.doors.door import OpenSockets, SocketState, error_door
+from proxy.doors.gemini import Gemini
 from proxy.doors.messages import Messages
 from proxy.doors.registry import DOORS
 from proxy.doors.responses import Responses
@@ -27,6 +28,11 @@ from proxy.errors import TooManySockets
         ("/v1/messagesX", None),
         ("/v1/responses/resp_1/input_items", Responses),
         ("/v1/models", None),
+        ("/v1/models/gpt-4o", None),
+        ("/v1/models/gemini-2.5-pro:generateContent", Gemini),
+        ("/v1/models/org/model:countTokens", Gemini),
+        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent", Gemini),
+        ("/v1beta/anything", Gemini),
         ("/sessions/x", None),
     ],
 )
