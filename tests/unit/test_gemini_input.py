@@ -247,3 +247,26 @@ def test_count_tokens_takes_contents_or_a_whole_generate_request() -> None:
     assert [message["role"] for message in whole.messages] == ["system", "user"]
     with pytest.raises(InvalidRequest):
         count_request_conversation({}, "m", LIMITS)
+
+
+def test_gemini_clis_session_context_is_a_system_message_so_a_resumed_session_is_the_same_conversation() -> None:
+    context = {"text": "<session_context>\nToday is Monday. Files: a.txt\n</session_context>"}
+    later = {"text": "<session_context>\nToday is Monday. Files: a.txt, b.txt\n</session_context>"}
+    first = chat_messages([{"role": "user", "parts": [context, {"text": "Create b.txt."}]}])
+    resumed = chat_messages([{"role": "user", "parts": [later, {"text": "Create b.txt."}]}])
+    assert [message["role"] for message in first] == ["system", "user"]
+    assert first[1] == resumed[1] == {"role": "user", "content": "Create b.txt.", ITEMS: [{"text": "Create b.txt."}]}
+    assert first[0][ITEMS] == [context]
+    quoted = chat_messages(
+        [user("a"), {"role": "model", "parts": [{"text": "b"}]}, {"role": "user", "parts": [context]}]
+    )
+    assert quoted[-1]["role"] == "user"  # only the conversation's opening part is the client's context
+
+
+def test_a_response_sent_twice_in_one_turn_is_one_tool_message() -> None:
+    response = {"functionResponse": {"id": "c1", "name": "ls", "response": {"output": "a.txt"}}}
+    contents = [user("ls"), {"role": "model", "parts": [{"functionCall": {"id": "c1", "name": "ls"}}]}]
+    once = chat_messages([*contents, {"role": "user", "parts": [response]}])
+    twice = chat_messages([*contents, {"role": "user", "parts": [response, dict(response)]}])
+    assert without_items(twice) == without_items(once)
+    assert [message["role"] for message in twice] == ["user", "assistant", "tool"]

@@ -11,6 +11,10 @@ their `thoughtSignature`, inline data), so nothing is lost; its identity is its 
     a `model` turn                               one assistant message: its text parts joined (not the thoughts),
                                                  a tool call per `functionCall` part (`args` as JSON arguments)
 
+Gemini CLI opens a conversation with a `<session_context>` part of its own, made anew by each process (the
+directory tree changes as it works): it is a system message, so a resumed session is the same conversation; and a
+response sent twice in one turn (its resumed sessions repeat each) is one tool message.
+
 A call without an `id` (a client that builds its history by hand) is named by its function and its place among
 that turn's calls of the same name (`read_file#0`), and so is a response without one in the next turn: Gemini
 answers a turn's calls in the turn after it, in order.
@@ -46,6 +50,10 @@ _DATA_PARTS = ("inlineData", "fileData")
 _NUMBER_FIELDS = {"temperature": "temperature", "topP": "top_p", "presencePenalty": "presence_penalty"}
 _NUMBER_FIELDS |= {"frequencyPenalty": "frequency_penalty"}
 _INTEGER_FIELDS = {"maxOutputTokens": ("max_tokens", 1), "candidateCount": ("n", 1), "seed": ("seed", None)}
+SESSION_CONTEXT, SESSION_CONTEXT_END = "<session_context>", "</session_context>"
+"""Gemini CLI's own first part (0.61.0: the date, the OS, the workspace's directory tree), made anew by each
+process: a system message, so that a resumed session (`gemini --resume`) is the same conversation."""
+FIRST_CONTENT = "contents[0]"
 _CHOICES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
 
 
@@ -148,7 +156,17 @@ def _chat_messages(content: Any, where: str) -> list[Message]:
             f"Please use a valid role: user, model. Got {str(role)[:40]!r} at '{where}.role'.", param=f"{where}.role"
         )
     parts = _parts(content, where)
-    return [_assistant(parts, where)] if role == MODEL_ROLE else _user(parts, where)
+    if role == MODEL_ROLE:
+        return [_assistant(parts, where)]
+    if where == FIRST_CONTENT and _is_session_context(parts[0]):
+        context: Message = {"role": "system", "content": parts[0]["text"], ITEMS: [parts[0]]}
+        return [context, *(_user(parts[1:], where) if len(parts) > 1 else [])]
+    return _user(parts, where)
+
+
+def _is_session_context(part: Mapping[str, Any]) -> bool:
+    text = part.get("text")
+    return isinstance(text, str) and text.startswith(SESSION_CONTEXT) and text.rstrip().endswith(SESSION_CONTEXT_END)
 
 
 def _parts(content: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
@@ -212,6 +230,8 @@ def _user(parts: Sequence[dict[str, Any]], where: str) -> list[Message]:
         if response is None:
             rest.append(part)
             continue
+        if part in parts[:index]:
+            continue  # the same response twice in one turn (Gemini CLI 0.61.0's resumed sessions): one tool message
         place = f"{where}.parts[{index}].functionResponse"
         name = response.get("name") if isinstance(response, dict) else None
         if not isinstance(name, str) or not name:
