@@ -29,7 +29,8 @@ from proxy.config import Config, parse_config
 from proxy.server import server_options
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0
+"""A served process loads its encodings before it answers: ~15 s on a loaded 2-core machine."""
 STOP_TIMEOUT_S = 15.0
 
 
