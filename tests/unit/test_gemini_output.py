@@ -122,3 +122,10 @@ def test_an_unexpected_failure_leaks_nothing() -> None:
     code, body, _headers = google_error(RuntimeError("secret detail"))
     assert (code, body["error"]["status"]) == (500, "INTERNAL")
     assert "secret" not in body["error"]["message"]
+
+
+def test_a_chat_models_reasoning_streams_as_thought_parts_before_its_text() -> None:
+    renderer = ResponseStream(SHAPE)
+    events = renderer.feed([chunk({"reasoning_content": "Think."}), chunk({"content": "Answer."}), chunk({}, "stop")])
+    parts = [event["candidates"][0]["content"]["parts"][0] for event in events]
+    assert parts == [{"text": "Think.", "thought": True}, {"text": "Answer."}]

@@ -12,7 +12,7 @@ the elements of one JSON array), the function calls whole in the last one with t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +137,20 @@ class ResponseStream(ChunkRenderer):
 
     def start(self) -> list[Event]:
         return []
+
+    def feed(self, chunks: Iterable[Chunk]) -> list[Event]:
+        """A chat model's reasoning deltas (`reasoning_content`, as LiteLLM names every provider's) as thought
+        parts, in their place among the text."""
+        events: list[Event] = []
+        for chunk in chunks:
+            for choice in chunk.get("choices") or ():
+                reasoning = (
+                    (choice.get("delta") or {}).get("reasoning_content") if choice.get("index", 0) == 0 else None
+                )
+                if isinstance(reasoning, str) and reasoning:
+                    events.append(self.shape.response([{"text": reasoning, "thought": True}], None, None))
+            events.extend(super().feed([chunk]))
+        return events
 
     def text(self, content: str) -> list[Event]:
         return [self.shape.response([{"text": content}], None, None)]
