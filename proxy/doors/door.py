@@ -54,17 +54,19 @@ Handler = Callable[[Request, Caller], Awaitable[Response]]
 
 @dataclass(frozen=True)
 class RequestView:
-    """The matched request a door parses: what its route's pattern took from the path, the query, the headers
-    (lower-case names) and the body. A socket's event has its handshake's path, query and headers."""
+    """The matched request a door parses: its path and what its route's pattern took from it, the query, the
+    headers (lower-case names) and the body."""
 
     body: Received | bytes
+    path: str = ""
     path_params: Mapping[str, str] = field(default_factory=dict)
     query: Mapping[str, str] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, connection: HTTPConnection, body: Received | bytes) -> RequestView:
-        return cls(body, dict(connection.path_params), dict(connection.query_params), dict(connection.headers))
+        params, query, headers = dict(connection.path_params), dict(connection.query_params), dict(connection.headers)
+        return cls(body, connection.url.path, params, query, headers)
 
 
 @dataclass(frozen=True)

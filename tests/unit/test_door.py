@@ -29,6 +29,7 @@ from proxy.errors import TooManySockets
         ("/v1/responses/resp_1/input_items", Responses),
         ("/v1/models", None),
         ("/v1/models/gpt-4o", None),
+        ("/v1/models/ft:gpt-4o:org:abc123", None),
         ("/v1/models/gemini-2.5-pro:generateContent", Gemini),
         ("/v1/models/org/model:countTokens", Gemini),
         ("/v1beta/models/gemini-2.5-pro:streamGenerateContent", Gemini),

@@ -32,12 +32,12 @@ from proxy.doors.event_streams import Event, relayed_events, replayed_events
 from proxy.doors.gemini.input import count_request_conversation, parse_generate_request
 from proxy.doors.gemini.output import ResponseShape, ResponseStream, completed_response, google_error
 from proxy.doors.sse import SSE_HEADERS, SSE_MEDIA_TYPE, RelayedStream, sse_event
-from proxy.errors import NotFound
 from proxy.observability.requests import observe_model
 
 VERSIONS = ("v1beta", "v1")
 GENERATE = "generateContent"
 STREAM = "streamGenerateContent"
+COUNT = "countTokens"
 JSON_MEDIA_TYPE = "application/json"
 
 
@@ -50,18 +50,23 @@ class Delivery:
 
 class Gemini(Door[Delivery]):
     name: ClassVar[str] = "gemini"
-    paths: ClassVar[tuple[str, ...]] = tuple(f"/{version}/models/{{model:path}}:{{method}}" for version in VERSIONS)
-    mounts: ClassVar[tuple[str, ...]] = ("/v1beta", "/v1/models/{model:path}:{method}")
+    paths: ClassVar[tuple[str, ...]] = tuple(
+        f"/{version}/models/{{model:path}}:{method}" for version in VERSIONS for method in (GENERATE, STREAM)
+    )
+    mounts: ClassVar[tuple[str, ...]] = (
+        "/v1beta",
+        *(f"/v1/models/{{model:path}}:{method}" for method in (GENERATE, STREAM, COUNT)),
+    )
+    """Under `/v1` only its methods' paths: OpenAI's `/v1/models/{id}` keeps its errors (a fine-tuned model's id
+    has colons too)."""
     keys: ClassVar[tuple[KeyPlace, ...]] = (X_GOOG_API_KEY, QUERY_KEY, BEARER)
     routes: ClassVar[tuple[DoorRoute, ...]] = tuple(
-        DoorRoute(f"/{version}/models/{{model:path}}:countTokens", ("POST",), "count_tokens") for version in VERSIONS
+        DoorRoute(f"/{version}/models/{{model:path}}:{COUNT}", ("POST",), "count_tokens") for version in VERSIONS
     )
 
     def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[Delivery]:
-        model, method = request.path_params.get("model", ""), request.path_params.get("method", "")
-        if method not in (GENERATE, STREAM):
-            raise NotFound(f"Method models.{method[:60]} is not served here: use {GENERATE}, {STREAM} or countTokens.")
-        conversation = parse_generate_request(request.body, model, method == STREAM, limits, self.resent.of(tenant))
+        model, stream = request.path_params["model"], request.path.endswith(f":{STREAM}")
+        conversation = parse_generate_request(request.body, model, stream, limits, self.resent.of(tenant))
         return DoorRequest(conversation, Delivery(sse=request.query.get("alt") == "sse"))
 
     def render(self, answer: Answer, request: DoorRequest[Delivery]) -> Response:
