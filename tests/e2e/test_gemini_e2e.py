@@ -192,6 +192,7 @@ def test_a_stream_without_alt_sse_is_one_json_array(proxy: ProxyServer) -> None:
     body = {"contents": [{"parts": [{"text": "Array please"}]}]}
     answer = httpx.post(f"{proxy.url}/v1beta/models/fake:streamGenerateContent", json=body, timeout=10)
     assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
     elements = json.loads(answer.text)
     assert isinstance(elements, list)
     assert len(elements) > 2

@@ -85,9 +85,7 @@ class Gemini(Door[Delivery]):
             )
         assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
         body = _framed(relayed_events(ResponseStream(shape), answer.groups), sse)
-        stream = RelayedStream(answer.groups, body, headers)
-        stream.media_type = _media_type(sse)
-        return stream
+        return RelayedStream(answer.groups, body, headers, _media_type(sse))
 
     @staticmethod
     def error(exc: BaseException) -> ErrorReply:
