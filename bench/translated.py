@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from tests.support.fake_anthropic_upstream import FakeAnthropicUpstream
 

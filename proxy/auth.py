@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.config import AuthConfig
+from proxy.config.schema import AuthConfig
 from proxy.errors import AuthenticationFailed, Forbidden
 
 OPEN_TENANT = "open"

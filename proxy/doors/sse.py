@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.journal.relay import JournaledGroups
+from proxy.canonical.answers import StreamGroups
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -48,7 +48,7 @@ class RelayedStream(StreamingResponse):
 
     def __init__(
         self,
-        groups: JournaledGroups,
+        groups: StreamGroups,
         body: AsyncIterator[bytes],
         headers: Mapping[str, str],
         media_type: str = SSE_MEDIA_TYPE,

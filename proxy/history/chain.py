@@ -5,7 +5,7 @@ fields (`"refusal": null`, `"annotations": []`, `"audio": null`, ...). For a re-
 rows already stored, every message is first reduced to its normal form — role, content, name, tool calls,
 tool_call_id, and the items of another wire format it stands for — which is what is stored. Its id hashes its
 parent's id and its *identity*, the part of the normal form that says which message it is (docs/architecture.md,
-"Message chain"):
+"Glossary"):
 
 - a system (or developer) message is identified by its role at its position, not its text: agents rewrite
   their system prompt every turn (a clock, the working directory, a repo map), and the conversation after it
@@ -27,8 +27,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 
 if TYPE_CHECKING:
     from proxy.history.messages import StoredMessage

@@ -14,13 +14,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE
+from proxy.config.schema import ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import ANSWER, EVENT, RESPONSE
 
 ANTHROPIC_BASE = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from proxy import environment
-from proxy.config import ModelEntry
+from proxy.config.schema import ModelEntry
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,10 @@ from typing import Any
 import httpx
 
 from proxy import environment
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk, Message, RawList
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError
-from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
@@ -45,7 +46,6 @@ from proxy.upstream.failures import malformed_answer, upstream_error
 from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
 from proxy.upstream.provider_chat import ProviderChat, ProviderTarget, detached
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
 

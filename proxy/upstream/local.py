@@ -7,8 +7,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy.config import ModelEntry
-from proxy.types import Chunk, Message, NativeRequest, RawList
+from proxy.canonical.types import Chunk, Message, NativeRequest, RawList
+from proxy.config.schema import ModelEntry
 
 LOCAL_ID_PREFIX = "chatcmpl-proxy-"
 

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import ERROR_READ_BYTES, SHAPE_ERRORS, UpstreamRefusal, upstream_error

@@ -25,16 +25,16 @@ from typing import Any
 
 import httpx
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk, Message, RawList
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import AnswerTooLarge, UpstreamError
-from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
 from proxy.upstream.json_body import client_run, json_body
 from proxy.upstream.native_client import error_text
 from proxy.upstream.redaction import CUT_MARK
-from proxy.vocabulary import chat_messages
 
 OPENAI_BASE = "https://api.openai.com/v1"
 BASE_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE")

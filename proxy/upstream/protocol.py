@@ -1,9 +1,9 @@
 """The seam at the upstream: what the pipeline and the summarizer call, and what unit tests replace.
 
-Two calls, both in the canonical form (`proxy.types`): a non-stream completion, and a stream whose first byte
+Two calls, both in the canonical form (`proxy.canonical.types`): a non-stream completion, and a stream whose first byte
 has been received. `native` is the request in the client's own API when it came through a native door: a model
 that speaks that API gets it in that API, with the working context in its form, and answers canonical chunks
-that carry its events whole (`proxy.vocabulary.EVENT`). A failure is always an `UpstreamError` carrying the
+that carry its events whole (`proxy.canonical.vocabulary.EVENT`). A failure is always an `UpstreamError` carrying the
 upstream's status — raised by `open_stream` when the upstream refuses before its first byte (a status the client
 can still receive), and by the returned iterator once the stream has started. `proxy.upstream.router` is the
 implementation; tests plug in an in-process fake (`tests/support/scripted_upstream.py`) the way httpx tests plug
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from proxy.config import ModelEntry
-from proxy.types import Chunk, Message, NativeRequest, RawList
+from proxy.canonical.types import Chunk, Message, NativeRequest, RawList
+from proxy.config.schema import ModelEntry
 
 
 class Upstream(Protocol):

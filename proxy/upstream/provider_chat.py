@@ -24,12 +24,12 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.config import ModelEntry
-from proxy.types import Chunk, Message
+from proxy.canonical.types import Chunk, Message
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import ModelEntry
 from proxy.upstream.bounded_bodies import EVENT_STREAM
 from proxy.upstream.failures import malformed_answer
 from proxy.upstream.openai_chat import OpenAIChat
-from proxy.vocabulary import chat_messages
 
 ANTHROPIC_BASE = "https://api.anthropic.com/v1/messages"
 ANTHROPIC_PATH = "/v1/messages"

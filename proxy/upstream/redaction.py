@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.upstream.credentials import environment_keys
 
 REDACTED = "[redacted]"

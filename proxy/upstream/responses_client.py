@@ -13,13 +13,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
+from proxy.config.schema import ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, input_items, qualified_name
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
 
 OPENAI_BASE = "https://api.openai.com/v1"
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
-from proxy.types import Chunk, Message, NativeRequest, RawList
+from proxy.canonical.types import Chunk, Message, NativeRequest, RawList
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.native_client import NativeClient

@@ -19,7 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import ContextOverflow, UpstreamError
 from proxy.upstream.context_window import context_overflow, reported_counts
 from proxy.upstream.failures import upstream_error

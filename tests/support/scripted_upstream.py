@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, Message, NativeRequest, RawList
+from proxy.config.schema import ModelEntry
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
-from proxy.types import Chunk, Message, NativeRequest, RawList
 
 CallKind = Literal["complete", "stream"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
+from proxy.canonical.vocabulary import ITEMS
+from proxy.config.schema import RequestLimits
 from proxy.doors.gemini.input import chat_messages, count_request_conversation, json_schema, parse_generate_request
 from proxy.doors.resent import ResentLists
 from proxy.errors import InvalidRequest
-from proxy.vocabulary import ITEMS
 
 LIMITS = RequestLimits()
 
@@ -45,7 +45,7 @@ def test_the_model_is_the_paths_and_the_system_instruction_a_system_message() ->
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
     ]
-    assert conversation.wire == {"door": "gemini"}
+    assert conversation.door_state == {"door": "gemini"}
     assert parsed({"systemInstruction": "Plain.", "contents": [user("hi")]}).messages[0] == {
         "role": "system",
         "content": "Plain.",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream

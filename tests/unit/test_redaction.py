@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import AuthConfig, Config, ModelEntry
+from proxy.config.schema import AuthConfig, Config, ModelEntry
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS, REDACTED, Redactor
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError, openai_error
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.litellm_client import LiteLLMUpstream

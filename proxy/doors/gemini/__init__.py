@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.auth import BEARER, QUERY_KEY, X_GOOG_API_KEY, Caller, KeyPlace
-from proxy.config import RequestLimits
-from proxy.conversation import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_json_object, parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply, RequestView

@@ -34,15 +34,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
-from proxy.pieces import Received
-from proxy.types import Message
-from proxy.vocabulary import ITEMS
 
 USER_ROLES = ("user", "function")
 MODEL_ROLE = "model"
@@ -92,7 +92,7 @@ def parse_generate_request(
         max_output=max_output if isinstance(max_output, int) else None,
         max_output_param="generationConfig.maxOutputTokens",
         identity={**body, "model": model},
-        wire={"door": "gemini"},
+        door_state={"door": "gemini"},
     )
 
 

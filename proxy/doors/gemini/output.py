@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.cost import TokenCost
 from proxy.doors.event_streams import ChunkRenderer, Event
 from proxy.errors import ProxyError
-from proxy.types import Chunk
 
 FINISH_REASONS = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 STATUSES = {

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.pieces import Pieces
+from proxy.canonical.pieces import Pieces
 
 JSONObject = dict[str, Any]
 Message = dict[str, Any]

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from proxy.config_sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
-from proxy.config_sections import Section, expand, file_key, read_fields, setting
+from proxy.config.sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
+from proxy.config.sections import Section, expand, file_key, read_fields, setting
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -95,7 +95,7 @@ class ServerConfig:
     max_connections: int | None = setting(None, minimum=1)
     """Open client connections; a new one beyond closes the one waiting longest for a request, else the slowest
     body (below `min_body_rate`), else is served only as a health check. None: half of what the open-file limit
-    leaves (`proxy.server.default_max_connections`)."""
+    leaves (`proxy.serving.server.default_max_connections`)."""
     min_body_rate: float = setting(DEFAULT_MIN_BODY_RATE, low=0.0, high=1e12)
     """Bytes a second: a request body arriving slower (after a second) makes its connection evictable when
     `max_connections` is reached."""
@@ -184,7 +184,7 @@ class ContextConfig:
     client_compaction: bool = True
     """Answer a client's own compaction request (Claude Code's /compact, Codex's local compaction) from what the
     proxy holds, with no model call, and expand its summary back to the whole conversation later; false: such a
-    request goes to the model like any other (`proxy.client_compaction`)."""
+    request goes to the model like any other (`proxy.request.client_compaction`)."""
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ answered by the proxy from what it holds, with no model call.
 Such a request is the whole conversation followed by a prompt asking for a summary; the client then replaces its
 turns with the summary. The proxy keeps every turn and compacts by itself, so it answers the prompt at once: the
 spans it wrote for older turns and an extractive summary of the rest, and a reference to the stored conversation
-(`proxy.references`). When the client sends the summary back, the reference makes the proxy send its own working
-context of the whole conversation instead (`proxy.continuations`): one session, every original still reachable
-(inspection, recall, a bigger model). The prompts are recognized by the words each client uses; the switch is
-`context.client_compaction`.
+(`proxy.request.references`). The conversation is stored without that prompt. When the client sends the summary
+back, the reference makes the proxy send its own working context of the whole conversation instead
+(`proxy.request.continuations`): one session, every original still reachable (inspection, recall, a bigger model).
+The prompts are recognized by the words each client uses; the switch is `context.client_compaction`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.canonical.types import Message
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
-from proxy.config import TOOL_RESULTS
+from proxy.config.schema import TOOL_RESULTS
 from proxy.history.messages import StoredMessage
-from proxy.references import reference
+from proxy.request.references import reference
 from proxy.tokens import content_text
-from proxy.types import Message
 
 PROMPT_OPENINGS = (
     "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",  # Claude Code's /compact and auto-compact

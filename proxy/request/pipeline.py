@@ -4,7 +4,7 @@
     budget         an output request fitted to the model (when the client asked for its own model's); an
                    impossible max_tokens is refused before the first write
     journal        an Idempotency-Key retry is answered from the journal
-    continuation   a continued answer's conversation put before the request's own (`proxy.continuations`)
+    continuation   a continued answer's conversation put before the request's own (`proxy.request.continuations`)
     history        under the session lock: reconcile the re-sent messages, remember budget settings
     budget         the effective input budget (request, session, learned corrections)
     compaction     the working context, summarizing first when it does not fit
@@ -25,23 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from proxy import continuations
 from proxy.budget.budgets import Budgets
 from proxy.budget.corrections import Refused
-from proxy.client_compaction import compaction_prompt, summary_text, wants_tags
+from proxy.canonical.answers import Answer, Compacted, Completed, StepRef, Streaming
+from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
+from proxy.canonical.types import Chunk
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
-from proxy.config import Config, ModelEntry
-from proxy.conversation import (
-    Answer,
-    Compacted,
-    Completed,
-    ContextMode,
-    ContextOptions,
-    Conversation,
-    Replayed,
-    StepRef,
-    Streaming,
-)
+from proxy.config.schema import Config, ModelEntry
 from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
@@ -50,14 +40,15 @@ from proxy.journal.assembly import Assembly, assemble
 from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
-from proxy.journal.replay import answer_chunks
+from proxy.journal.replay import replayed
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.plan import Plan
-from proxy.references import References
-from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
+from proxy.request import continuations
+from proxy.request.budget import count_tokens, counted, fit_output, model_entry, request_budget
+from proxy.request.client_compaction import compaction_prompt, summary_text, wants_tags
+from proxy.request.plan import Plan
+from proxy.request.references import References
 from proxy.tokens import encoding_for_model
-from proxy.types import Chunk
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
@@ -70,7 +61,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The stages of the request path, wired once (`proxy.services`)."""
+    """The stages of the request path, wired once (`proxy.serving.services`)."""
 
     config: Config
     history: History
@@ -80,12 +71,12 @@ class Pipeline:
     compactor: Compactor
     budgets: Budgets
     background: set[asyncio.Task[None]]
-    """Streams still being relayed: shutdown lets them seal (`proxy.services`)."""
+    """Streams still being relayed: shutdown lets them seal (`proxy.serving.services`)."""
     references: References = field(default_factory=References)
-    """Which message of a request carries a reference the proxy wrote (`proxy.continuations`)."""
+    """Which message of a request carries a reference the proxy wrote (`proxy.request.continuations`)."""
 
     async def continued(self, tenant: str, conversation: Conversation) -> tuple[Conversation, str | None]:
-        """The conversation with what it continues put in, and that answer's session (`proxy.continuations`)."""
+        """The conversation with what it continues put in, and that answer's session (`proxy.request.continuations`)."""
         return await continuations.continued(self.reader, self.history, self.references, tenant, conversation)
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
@@ -102,7 +93,7 @@ class Pipeline:
             replay = await self.reader.replay(tenant, key, fingerprint)
             if replay is not None:
                 record, stored = replay
-                return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
+                return replayed(record, stored, conversation.stream)
         conversation, continued_session = await self.continued(tenant, conversation)
         options = options.with_session(continued_session)
         if conversation.compaction:
@@ -158,7 +149,7 @@ class Pipeline:
     async def _summary_plan(
         self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
     ) -> tuple[Plan, Upstream]:
-        """A client's request for a summary of its conversation (`proxy.client_compaction`): the conversation
+        """A client's request for a summary of its conversation (`proxy.request.client_compaction`): the conversation
         without the request's prompt is stored, and answered by the proxy from its own spans, with no model call."""
         plan = await self._saved(tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry)
         path = plan.reconciled.path
@@ -177,10 +168,10 @@ class Pipeline:
             reconciled = await self._remember_settings(reconciled, options)
         budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
-        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
+        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.door_state)
 
     async def count_tokens(self, conversation: Conversation) -> int:
-        """What the proxy would send for `conversation` (`request_budget.count_tokens`)."""
+        """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
         return await count_tokens(self.config, self.budgets, self.compactor, conversation)
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
@@ -233,7 +224,7 @@ class Pipeline:
                 ),
                 options,
             )
-        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.wire)
+        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.door_state)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a
