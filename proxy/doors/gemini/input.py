@@ -19,12 +19,7 @@ A call without an `id` (a client that builds its history by hand) is named by it
 that turn's calls of the same name (`read_file#0`), and so is a response without one in the next turn: Gemini
 answers a turn's calls in the turn after it, in order.
 
-Fields for a chat upstream, from `generationConfig`: `maxOutputTokens` → `max_tokens` (reserved from the
-budget), `temperature`, `topP` → `top_p`, `stopSequences` → `stop`, `candidateCount` → `n`, `seed`,
-`presencePenalty`, `frequencyPenalty`, `responseMimeType: application/json` → `response_format` (with
-`responseJsonSchema` / `responseSchema` as its schema); `tools[].functionDeclarations` → functions (a Gemini
-`Schema`'s upper-case types made JSON Schema's), `toolConfig.functionCallingConfig` → `tool_choice`. Gemini's own
-(`topK`, `thinkingConfig`, `safetySettings`, `cachedContent`, hosted tools) stay behind for a chat upstream.
+Fields for a chat upstream: `proxy.doors.gemini.fields`.
 """
 
 from __future__ import annotations
@@ -40,6 +35,7 @@ from proxy.canonical.types import Message
 from proxy.canonical.vocabulary import ITEMS
 from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_shape
+from proxy.doors.gemini.fields import generation_config, generation_params
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -47,14 +43,10 @@ from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls,
 USER_ROLES = ("user", "function")
 MODEL_ROLE = "model"
 _DATA_PARTS = ("inlineData", "fileData")
-_NUMBER_FIELDS = {"temperature": "temperature", "topP": "top_p", "presencePenalty": "presence_penalty"}
-_NUMBER_FIELDS |= {"frequencyPenalty": "frequency_penalty"}
-_INTEGER_FIELDS = {"maxOutputTokens": ("max_tokens", 1), "candidateCount": ("n", 1), "seed": ("seed", None)}
 SESSION_CONTEXT, SESSION_CONTEXT_END = "<session_context>", "</session_context>"
 """Gemini CLI's own first part (0.61.0: the date, the OS, the workspace's directory tree), made anew by each
 process: a system message, so that a resumed session (`gemini --resume`) is the same conversation."""
 FIRST_CONTENT = "contents[0]"
-_CHOICES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
 
 
 def parse_generate_request(
@@ -78,7 +70,7 @@ def parse_generate_request(
         check_message_size(system, "systemInstruction", limits)
     prelude = listed.prelude(system, _system)
     listed.convert(_converted, "contents", _check_pairs, prelude)
-    config = _generation_config(body)
+    config = generation_config(body)
     params = generation_params(config, body)
     max_output = params.get("max_tokens")
     if stream:
@@ -107,7 +99,7 @@ def count_request_conversation(body: Mapping[str, Any], model: str, limits: Requ
     conversion = _converted(contents, 0)
     _check_pairs(conversion)
     system = body.get("systemInstruction", body.get("system_instruction"))
-    params = generation_params(_generation_config(body), body)
+    params = generation_params(generation_config(body), body)
     return Conversation(
         model=model,
         messages=[*_system(system), *conversion.messages],
@@ -298,131 +290,3 @@ def _check_pairs(conversion: Conversion, start: int = 0) -> None:
             "the number of function call parts of the function call turn.",
             param=where,
         )
-
-
-def _generation_config(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    config = body.get("generationConfig", body.get("generation_config"))
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise InvalidRequest(
-            f"Invalid value at 'generation_config': expected an object, got {json_type(config)}",
-            param="generationConfig",
-        )
-    return config
-
-
-def generation_params(config: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat fields a Gemini request's `generationConfig`, tools and tool config stand for."""
-    params: dict[str, Any] = {}
-    for name, chat in _NUMBER_FIELDS.items():
-        value = config.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidRequest(
-                f"Invalid value at 'generation_config.{name}': expected a number", param=f"generationConfig.{name}"
-            )
-        params[chat] = value
-    for name, (chat, minimum) in _INTEGER_FIELDS.items():
-        value = config.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-            shown = "an integer" if minimum is None else f"an integer of at least {minimum}"
-            raise InvalidRequest(
-                f"Invalid value at 'generation_config.{name}': expected {shown}", param=f"generationConfig.{name}"
-            )
-        params[chat] = value
-    stop = config.get("stopSequences")
-    if stop is not None:
-        if not isinstance(stop, list) or not all(isinstance(item, str) for item in stop):
-            raise InvalidRequest(
-                "Invalid value at 'generation_config.stop_sequences': expected strings",
-                param="generationConfig.stopSequences",
-            )
-        if stop:
-            params["stop"] = stop
-    response_format = _response_format(config)
-    if response_format is not None:
-        params["response_format"] = response_format
-    functions = _functions(body.get("tools"))
-    if functions:
-        params["tools"] = functions
-        choice = _tool_choice(body.get("toolConfig", body.get("tool_config")))
-        if choice is not None:
-            params["tool_choice"] = choice
-    return params
-
-
-def _response_format(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    if config.get("responseMimeType") != "application/json":
-        return None
-    schema = config.get("responseJsonSchema", config.get("responseSchema"))
-    if not isinstance(schema, dict):
-        return {"type": "json_object"}
-    return {"type": "json_schema", "json_schema": {"name": "response", "schema": json_schema(schema)}}
-
-
-def _functions(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise InvalidRequest("Invalid value at 'tools': expected a list of Tool objects", param="tools")
-    functions: list[dict[str, Any]] = []
-    for index, tool in enumerate(tools):
-        declarations = tool.get("functionDeclarations", tool.get("function_declarations")) or []
-        if not isinstance(declarations, list):
-            raise InvalidRequest(
-                f"Invalid value at 'tools[{index}].function_declarations': expected a list",
-                param=f"tools[{index}].functionDeclarations",
-            )
-        for position, declaration in enumerate(declarations):
-            functions.append(_function(declaration, f"tools[{index}].function_declarations[{position}]"))
-    return functions
-
-
-def _function(declaration: Any, where: str) -> dict[str, Any]:
-    name = declaration.get("name") if isinstance(declaration, dict) else None
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"* GenerateContentRequest.{where}.name: Name cannot be empty.", param=f"{where}.name")
-    schema = declaration.get("parametersJsonSchema")
-    if not isinstance(schema, dict):
-        schema = declaration.get("parameters")
-        schema = json_schema(schema) if isinstance(schema, dict) else {"type": "object", "properties": {}}
-    function: dict[str, Any] = {"name": name, "parameters": schema}
-    if isinstance(declaration.get("description"), str) and declaration["description"]:
-        function["description"] = declaration["description"]
-    return {"type": "function", "function": function}
-
-
-def json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A Gemini `Schema` (OpenAPI's subset, types in upper case: `OBJECT`, `STRING`) as JSON Schema."""
-    converted: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type" and isinstance(value, str):
-            converted["type"] = value.lower()
-        elif key == "properties" and isinstance(value, dict):
-            converted["properties"] = {
-                name: json_schema(sub) if isinstance(sub, dict) else sub for name, sub in value.items()
-            }
-        elif key == "items" and isinstance(value, dict):
-            converted["items"] = json_schema(value)
-        elif key == "anyOf" and isinstance(value, list):
-            converted["anyOf"] = [json_schema(sub) if isinstance(sub, dict) else sub for sub in value]
-        elif key not in ("nullable", "propertyOrdering"):
-            converted[key] = value
-    if schema.get("nullable") is True and isinstance(converted.get("type"), str):
-        converted["type"] = [converted["type"], "null"]
-    return converted
-
-
-def _tool_choice(config: Any) -> Any:
-    calling = config.get("functionCallingConfig") if isinstance(config, dict) else None
-    if not isinstance(calling, dict):
-        return None
-    choice = _CHOICES.get(str(calling.get("mode", "")).upper())
-    allowed = calling.get("allowedFunctionNames")
-    if choice == "required" and isinstance(allowed, list) and len(allowed) == 1 and isinstance(allowed[0], str):
-        return {"type": "function", "function": {"name": allowed[0]}}
-    return choice
