@@ -26,7 +26,7 @@ from proxy.errors import UpstreamError
 from proxy.observability.metrics import Metrics
 from proxy.offload import compute
 from proxy.tokens import rough_size
-from proxy.upstream.protocol import Upstream
+from proxy.upstream.protocol import Upstream, UpstreamCall
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Summarizer:
             prompt[0] = {"role": "system", "content": instruction.format(target=target)}
         started = time.monotonic()
         try:
-            response = await self._upstream.complete(entry, prompt, params)
+            response = await self._upstream.complete(UpstreamCall(entry, prompt, params))
             await self._account(entry.name, response, session)
             content = _answer_text(response)
             if content:

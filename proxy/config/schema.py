@@ -22,8 +22,12 @@ from proxy.config.sections import Section, expand, file_key, read_fields, settin
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
-UPSTREAM_APIS = ("CHAT", "RESPONSES", "MESSAGES")
-"""`models[].api`, compared without case."""
+CHAT_API = "chat"
+RESPONSES_API = "responses"
+MESSAGES_API = "messages"
+UPSTREAM_APIS = (CHAT_API, RESPONSES_API, MESSAGES_API)
+"""`models[].api` (compared without case): chat, any provider through LiteLLM, and the native APIs, each spoken by
+the one client that declares it (`proxy.upstream.natives.NATIVE_CLIENTS`, which a test holds to this list)."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
 DEFAULT_MAX_BODY_VALUES = 1_000_000
@@ -145,7 +149,7 @@ class ModelEntry:
     api_key: str | None = setting(None, repr=False)
     context_window: int | None = setting(None, minimum=256)
     max_output: int | None = setting(None, minimum=1)
-    api: str = setting("chat", choices=UPSTREAM_APIS)
+    api: str = setting(CHAT_API, choices=tuple(api.upper() for api in UPSTREAM_APIS))
     """What the upstream speaks natively: `chat` (chat completions through LiteLLM, any provider: every door
     reaches it), `responses` (OpenAI's Responses API itself, for the Responses door: input items, encrypted
     reasoning and ids reach it as the client sent them) or `messages` (Anthropic's Messages API itself, for the

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, StreamGroups
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.pieces import Received
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import proxy_key
 from proxy.config.schema import RequestLimits
@@ -31,7 +32,6 @@ from proxy.doors.door import Door, DoorRequest, RequestView
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES: Mapping[str, tuple[str, ...]] = {

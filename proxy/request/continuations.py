@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from proxy.canonical.conversation import Conversation
+from proxy.canonical.tool_pairs import unanswered_output
 from proxy.canonical.types import Message
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.errors import InvalidRequest, NotFound
-from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader

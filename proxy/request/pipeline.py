@@ -52,7 +52,7 @@ from proxy.tokens import encoding_for_model
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
-from proxy.upstream.protocol import Upstream
+from proxy.upstream.protocol import Upstream, UpstreamCall
 
 log = logging.getLogger(__name__)
 
@@ -316,13 +316,7 @@ class Pipeline:
             total_s = self.config.upstream.stream_deadline_s
             try:
                 async with asyncio.timeout(total_s) as call:
-                    return await upstream.complete(
-                        plan.entry,
-                        plan.prepared.messages,
-                        conversation.params,
-                        conversation.native,
-                        conversation.raw_messages,
-                    )
+                    return await upstream.complete(upstream_call(conversation, plan))
             except TimeoutError as exc:
                 if not call.expired():
                     raise
@@ -359,13 +353,7 @@ class Pipeline:
             deadlines = StreamDeadlines.from_config(self.config.upstream)
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
-                    chunks = await upstream.open_stream(
-                        plan.entry,
-                        plan.prepared.messages,
-                        conversation.params,
-                        conversation.native,
-                        conversation.raw_messages,
-                    )
+                    chunks = await upstream.open_stream(upstream_call(conversation, plan))
             except TimeoutError as exc:
                 if not opening.expired():
                     raise
@@ -387,3 +375,10 @@ class Pipeline:
             write_timeout_s=self.config.server.write_timeout_s,
         )
         return Streaming(relay.events(), sent.report, StepRef(step.id, step.created_at))
+
+
+def upstream_call(conversation: Conversation, plan: Plan) -> UpstreamCall:
+    """What the upstream is given for one attempt: the plan's working context, the request as it came."""
+    return UpstreamCall(
+        plan.entry, plan.prepared.messages, conversation.params, conversation.native, conversation.raw_messages
+    )

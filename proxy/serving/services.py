@@ -37,7 +37,7 @@ from proxy.journal.writer import Journal
 from proxy.observability.metrics import Metrics
 from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
-from proxy.upstream.redaction import Redactor
+from proxy.upstream import credentials
 from proxy.upstream.router import UpstreamRouter
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ async def open_services(
             journal.owner = owners.id
             await recovery.recover()
         upstream = UpstreamRouter(
-            config.upstream, config.models, Redactor.from_config(config), config.request_limits.max_answer_chars
+            config.upstream, config.models, credentials.redactor(config), config.request_limits.max_answer_chars
         )
         ttl_s = config.context.correction_ttl_s
         budgets = Budgets(

@@ -26,6 +26,7 @@ from proxy.journal.steps import Step, StepStatus
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
 from proxy.upstream.deadlines import StreamDeadlines
+from proxy.upstream.protocol import UpstreamCall
 from tests.support.raw_store import committed_rows
 from tests.support.scripted_upstream import Script, ScriptedUpstream, chunk, server_error
 
@@ -96,7 +97,7 @@ class Rig:
         deadlines: StreamDeadlines | None = None,
         write_timeout_s: float = WAIT_S,
     ) -> StreamRelay:
-        chunks = await self.upstream.open_stream(ENTRY, MESSAGES, {"stream": True})
+        chunks = await self.upstream.open_stream(UpstreamCall(ENTRY, MESSAGES, {"stream": True}))
         return StreamRelay(
             self.journal,
             step,

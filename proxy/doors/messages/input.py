@@ -29,14 +29,14 @@ from typing import Any
 
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.pieces import Received
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS
-from proxy.config.schema import RequestLimits
+from proxy.config.schema import MESSAGES_API, RequestLimits
 from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.request.references import TOKEN_PREFIX
 
 ROLES = ("user", "assistant", "system")
@@ -84,7 +84,7 @@ def parse_messages_request(
         max_output=max_tokens,
         max_output_param="max_tokens",
         identity={key: value for key, value in body.items() if key not in _DELIVERY},
-        native=NativeRequest("messages", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
+        native=NativeRequest(MESSAGES_API, {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
         door_state={"door": "messages"},
         fit_output=True,
     )

@@ -14,7 +14,7 @@ from proxy.canonical.conversation import Continuation, Conversation
 from proxy.canonical.pieces import Received
 from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
-from proxy.config.schema import RequestLimits
+from proxy.config.schema import RESPONSES_API, RequestLimits
 from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
 from proxy.doors.resent import Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
@@ -167,7 +167,7 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
-            native=NativeRequest("responses", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
+            native=NativeRequest(RESPONSES_API, {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
             door_state={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
             continues=continues,
             instructions=len(instructions),
