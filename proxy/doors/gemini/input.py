@@ -31,6 +31,7 @@ from typing import Any
 
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.pieces import Received
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.canonical.types import Message
 from proxy.canonical.vocabulary import ITEMS
 from proxy.config.schema import RequestLimits
@@ -38,7 +39,6 @@ from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.gemini.fields import generation_config, generation_params
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 
 USER_ROLES = ("user", "function")
 MODEL_ROLE = "model"
