@@ -3,7 +3,8 @@
 Handlers are thin: each delegates to one part and returns JSON. The routes that need a proxy key get the caller
 from one wrapper (`_authenticated`), which runs before anything else they do. Every error — ours, Starlette's
 (unknown route, wrong method) or an unexpected one — leaves in the shape of the door whose routes it falls under
-(`proxy.doors.door.error_response`): Anthropic's under `/v1/messages`, OpenAI's everywhere else.
+(`proxy.doors.door.error_response`): Anthropic's under `/v1/messages`, Google's under Gemini's paths, OpenAI's
+everywhere else.
 """
 
 from __future__ import annotations
@@ -105,15 +106,16 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
 
 
 def door_routes(doors: tuple[DoorType, ...]) -> list[BaseRoute]:
-    """Each door's main route and its own; a door's own routes come first, so that a fixed path of its own
-    (`/v1/responses/compact`) is never read as a parameter of another (`/v1/responses/{id}`)."""
+    """Each door's main routes and its own; a door's own routes come first, so that a fixed path of its own
+    (`/v1/responses/compact`, Gemini's `:countTokens`) is never read as a parameter of another
+    (`/v1/responses/{id}`, Gemini's `{model}:{method}`)."""
     routes: list[BaseRoute] = []
     for door in doors:
         for extra in door.routes:
             routes.append(Route(extra.path, _door_call(door.name, extra.handler), methods=list(extra.methods)))
-        routes.append(Route(door.path, _door_serve(door.name), methods=["POST"]))
+        routes.extend(Route(path, _door_serve(door.name), methods=["POST"]) for path in door.paths)
         if door.socket:
-            routes.append(WebSocketRoute(door.path, _door_socket(door.name)))
+            routes.append(WebSocketRoute(door.paths[0], _door_socket(door.name)))
     return routes
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.doors.door import OpenSockets, error_door
+from proxy.doors.gemini import Gemini
 from proxy.doors.messages import Messages
 from proxy.doors.registry import DOORS
 from proxy.doors.responses import Responses
@@ -21,6 +22,12 @@ from proxy.errors import TooManySockets
         ("/v1/messagesX", None),
         ("/v1/responses/resp_1/input_items", Responses),
         ("/v1/models", None),
+        ("/v1/models/gpt-4o", None),
+        ("/v1/models/ft:gpt-4o:org:abc123", None),
+        ("/v1/models/gemini-2.5-pro:generateContent", Gemini),
+        ("/v1/models/org/model:countTokens", Gemini),
+        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent", Gemini),
+        ("/v1beta/anything", Gemini),
         ("/sessions/x", None),
     ],
 )
@@ -29,9 +36,12 @@ def test_the_error_shape_is_chosen_by_route(path: str, door: type | None) -> Non
 
 
 def test_every_door_is_registered_once_with_its_own_route_and_prefix() -> None:
-    assert len({door.name for door in DOORS}) == len({door.path for door in DOORS}) == len(DOORS)
+    paths = [path for door in DOORS for path in door.paths]
+    assert len({door.name for door in DOORS}) == len(DOORS)
+    assert len(set(paths)) == len(paths)
     for door in DOORS:
-        assert door.path == door.prefix or door.path.startswith(door.prefix + "/")
+        for path in door.paths:
+            assert error_door(path, DOORS) is door
         for route in door.routes:
             assert callable(getattr(door, route.handler))
 
