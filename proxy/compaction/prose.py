@@ -47,7 +47,7 @@ _DAYS = _listed("monday tuesday wednesday thursday friday saturday sunday")
 _TIME_WORDS = _listed(
     "yesterday today tonight tomorrow week weekend month year ago morning evening night birthday anniversary"
 )
-_STOP = _listed(
+FUNCTION_WORDS = _listed(
     """
     a about above after again against all almost also am an and any are aren't as at be because been before being
     below between both but by can can't could couldn't did didn't do does doesn't doing don't down during each few
@@ -64,6 +64,7 @@ _STOP = _listed(
     one ones also maybe perhaps actually definitely totally absolutely probably quite pretty well back around
     """
 )
+"""Words that carry grammar, not content: a sentence (or a question, for `recall_terms`) made of them says nothing."""
 _FILLERS = _listed(
     """
     hey hi hello hiya yo bye goodbye thanks thank cheers welcome yeah yes yep yup nope okay ok alright sure wow
@@ -154,7 +155,7 @@ def content_words(sentence: str) -> list[str]:
     words = []
     for index, word in enumerate(_WORD.findall(sentence)):
         lower = word.lower().strip("'’-")
-        if len(lower) < 3 or lower in _STOP or lower in _FILLERS or word[0].isdigit():
+        if len(lower) < 3 or lower in FUNCTION_WORDS or lower in _FILLERS or word[0].isdigit():
             continue
         if word[0].isupper() and index > 0:
             continue

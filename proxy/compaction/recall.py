@@ -1,10 +1,12 @@
 """Recall: original passages of compacted history, brought back when the latest user message refers to them.
 
-A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
-original. The significant terms of the latest user message that the working context does not already show
-(`recall_terms`) are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
-the session's hidden messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent
-as one user message, within `context.recall_tokens`.
+A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) or about what
+was said in passing ("when did she go to the support group?") needs the original. When some term of the latest
+user message (an identifier, a name, a content word: `recall_terms`) is not shown by the working context, the
+question's terms are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
+the session's hidden messages — summarized, omitted or stubbed —, ranked (bm25, ts_rank), and those that pass the
+threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
+answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing.
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from proxy.compaction.recall_terms import Term, match_expression, term_pattern, tsquery, unseen_terms
+from proxy.compaction.recall_terms import Lookup, Term, lookup, match_expression, term_pattern, tsquery
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
@@ -35,9 +37,12 @@ log = logging.getLogger(__name__)
 
 
 RECALL_HEADER = "[Recalled from earlier in this conversation]"
-MAX_PASSAGES = 8
+MAX_HITS = 8
+"""Matches recalled at most, each with its neighbours."""
 MAX_PASSAGE_CHARS = 1600
 """A passage longer than this is an excerpt around its best match (about 400 tokens of prose)."""
+MAX_NEIGHBOUR_CHARS = 800
+"""A hit's neighbour (the message before or after it) is shown up to this, as context for the hit."""
 MIN_PASSAGE_CHARS = 160
 """An excerpt is shrunk to fit what is left of the limit, but not below this: a shorter one says nothing."""
 CHARS_PER_TOKEN = 4
@@ -67,6 +72,8 @@ _RANK = {
 """Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL; `among`
 restricts them to the ids of a JSON array (`_AMONG`) or not at all."""
 _AMONG = " AND d.message_id IN (SELECT value FROM json_each(?))"
+NEIGHBOUR_ROLES = frozenset(("user", "assistant", "tool"))
+"""What a hit's neighbour may be: a turn of the conversation, not a system message."""
 RANKED_FIRST = 8 * MAX_CANDIDATES
 """Matches of the whole tenant ranked before the hidden ones are picked from them (`Recall._rank`)."""
 
@@ -131,24 +138,48 @@ class Recall:
         """
         if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
-        terms = await compute(len(query) + len(visible_text), unseen_terms, query, visible_text)
-        if not terms:
+        asked = await compute(len(query) + len(visible_text), lookup, query, visible_text)
+        if not asked.unseen:
             return []
         await self._index(tenant, session_id, path, shown)
-        expression = match_expression(terms) if self._db.dialect == "sqlite" else tsquery(terms)
+        if self._db.dialect == "sqlite":
+            expression = match_expression(asked.terms, asked.unseen)
+        else:
+            expression = tsquery(asked.terms, asked.unseen)
         ranked = await self._rank(tenant, path, shown, expression)
-        chosen: list[tuple[int, Passage]] = []
+        texts = [message_text(path[position].message) for position in ranked]
+        answering = await compute(sum(map(len, texts)), _answering, asked, texts)
+        hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
+        return await self._chosen(path, shown, hits, asked.terms, limit_tokens, encoding)
+
+    async def _chosen(
+        self,
+        path: Sequence[StoredMessage],
+        shown: Set[int],
+        hits: Sequence[int],
+        terms: Sequence[Term],
+        limit_tokens: int,
+        encoding: str,
+    ) -> list[Passage]:
+        """The hits, best first, each followed by its hidden neighbours, while they fit `limit_tokens`; the least
+        ranked dropped while the whole message does not fit; in path order."""
+        chosen: list[tuple[tuple[int, int], Passage]] = []
+        taken: set[int] = set()
         used = count_message(recall_message([]), encoding)
-        for rank, position in enumerate(ranked):
-            if len(chosen) == MAX_PASSAGES:
-                break
-            stored = path[position]
-            room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
-            if room <= 0:
-                break
-            passage = await self._passage(position, stored, terms, room, encoding)
-            if passage is not None:
-                chosen.append((rank, passage))
+        for rank, hit in enumerate(hits):
+            for near, position in enumerate((hit, hit - 1, hit + 1)):
+                if position in taken or position in shown or not 0 <= position < len(path):
+                    continue
+                stored = path[position]
+                if near and stored.role not in NEIGHBOUR_ROLES:
+                    continue
+                room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
+                widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
+                passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
+                if passage is None:
+                    continue
+                chosen.append(((rank, near), passage))
+                taken.add(position)
                 used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
         # The sum of the parts is a close estimate; the whole message is what the working context pays.
         while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
@@ -274,10 +305,10 @@ class Recall:
         return [position for position, score in found if score <= best * MIN_RELATIVE_SCORE]
 
     async def _passage(
-        self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str
+        self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str, widest: int
     ) -> Passage | None:
         size = rough_size(stored.message)
-        max_chars = max(MIN_PASSAGE_CHARS, min(MAX_PASSAGE_CHARS, room * CHARS_PER_TOKEN))
+        max_chars = max(MIN_PASSAGE_CHARS, min(widest, room * CHARS_PER_TOKEN))
         while True:
             text = await compute(size, message_excerpt, stored.message, terms, max_chars)
             tokens = count_text(text, encoding)
@@ -301,11 +332,15 @@ def _label(position: int, role: str) -> str:
     return f"Message {position} ({role}):\n"
 
 
-def _in_order(chosen: Sequence[tuple[int, Passage]]) -> list[Passage]:
+def _in_order(chosen: Sequence[tuple[tuple[int, int], Passage]]) -> list[Passage]:
     return sorted((passage for _, passage in chosen), key=lambda passage: passage.position)
 
 
 # --- the pure parts ---------------------------------------------------------------------------------------------
+
+
+def _answering(asked: Lookup, texts: Sequence[str]) -> list[bool]:
+    return [asked.answers(text) for text in texts]
 
 
 def message_text(message: Mapping[str, Any]) -> str:
