@@ -18,19 +18,19 @@ request: odd input gives no passages, and a failed index write is logged and lea
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
-from proxy.compaction.recall_terms import Lookup, Term, lookup, match_expression, term_pattern, tsquery
+from proxy.compaction.excerpts import message_excerpt, message_text
+from proxy.compaction.recall_terms import Lookup, Term, lookup, match_expression, tsquery
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
-from proxy.tokens import content_text, count_message, count_text, rough_size
+from proxy.tokens import count_message, count_text, rough_size
 from proxy.vocabulary import ORIGIN, Origin
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,6 @@ CHARS_PER_TOKEN = 4
 MIN_RELATIVE_SCORE = 0.25
 """A match scoring below this share of the best one is noise (a common word), not a reference."""
 MAX_CANDIDATES = 32
-MAX_HITS_PER_TERM = 64
 MAX_INDEX_CHARS = 8 * 1024 * 1024
 """Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
 
@@ -343,87 +342,5 @@ def _answering(asked: Lookup, texts: Sequence[str]) -> list[bool]:
     return [asked.answers(text) for text in texts]
 
 
-def message_text(message: Mapping[str, Any]) -> str:
-    """What a message is indexed and excerpted by: its text, then each tool call's name and arguments."""
-    parts = [content_text(message.get("content"))]
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
-    return "\n".join(part for part in parts if part)
-
-
 def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
     return [(message.id, message_text(message.message)) for message in messages]
-
-
-def message_excerpt(message: Mapping[str, Any], terms: Sequence[Term], max_chars: int) -> str:
-    return excerpt(message_text(message), terms, max_chars)
-
-
-def excerpt(text: str, terms: Sequence[Term], max_chars: int) -> str:
-    """`text` when it is short; else at most `max_chars` of it (plus "…" marks where it was cut), whole lines
-    where it can, around the place where most of the terms occur together."""
-    text = text.strip()
-    if len(text) <= max_chars:
-        return text
-    width = max(1, max_chars)
-    lead = width // 4
-    hit = _best_hit(text, terms, width, lead)
-    hit_start, hit_end = hit if hit is not None else (0, 0)
-    start = max(0, hit_start - lead)
-    end = min(len(text), start + width)
-    start = max(0, end - width)
-    if start > 0:
-        start = _cut_after(text, start, hit_start)
-    if end < len(text):
-        end = _cut_before(text, max(hit_end, start), end)
-    body = text[start:end].strip()
-    return ("… " if start > 0 else "") + body + (" …" if end < len(text) else "")
-
-
-def _best_hit(text: str, terms: Sequence[Term], width: int, lead: int) -> tuple[int, int] | None:
-    """The hit that begins the window (`lead` before it, `width` wide) holding the most distinct terms."""
-    hits = sorted(_hits(text, terms))
-    best: tuple[int, int] | None = None
-    best_count = 0
-    inside: Counter[int] = Counter()
-    right = 0
-    for left, (start, end, _) in enumerate(hits):
-        while right < len(hits) and hits[right][1] <= start - lead + width:
-            inside[hits[right][2]] += 1
-            right += 1
-        if len(inside) > best_count:
-            best, best_count = (start, end), len(inside)
-        if right > left:
-            inside[hits[left][2]] -= 1
-            if not inside[hits[left][2]]:
-                del inside[hits[left][2]]
-        else:
-            right = left + 1
-    return best if best is not None else (hits[0][:2] if hits else None)
-
-
-def _hits(text: str, terms: Sequence[Term]) -> Iterator[tuple[int, int, int]]:
-    for index, term in enumerate(terms):
-        for match in islice(term_pattern(term).finditer(text), MAX_HITS_PER_TERM):
-            yield match.start(), match.end(), index
-
-
-def _cut_after(text: str, start: int, limit: int) -> int:
-    """`start` moved past the next line break (else space) before `limit`, so the excerpt begins whole."""
-    for separator in ("\n", " "):
-        cut = text.find(separator, start, limit)
-        if cut != -1:
-            return cut + 1
-    return start
-
-
-def _cut_before(text: str, floor: int, end: int) -> int:
-    """`end` moved back to the last line break (else space) after `floor`, so the excerpt ends whole."""
-    for separator in ("\n", " "):
-        cut = text.rfind(separator, floor, end)
-        if cut != -1:
-            return cut
-    return end

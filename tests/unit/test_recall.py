@@ -11,14 +11,13 @@ from typing import Any, cast
 import pytest
 
 from proxy.compaction import recall as recall_module
+from proxy.compaction.excerpts import excerpt, message_text
 from proxy.compaction.recall import (
     MAX_HITS,
     MAX_PASSAGE_CHARS,
     RECALL_HEADER,
     Passage,
     Recall,
-    excerpt,
-    message_text,
     recall_message,
 )
 from proxy.history.messages import StoredMessage
