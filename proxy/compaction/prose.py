@@ -70,7 +70,7 @@ FUNCTION_WORDS = _listed(
     """
 )
 """Words that carry grammar, not content: a sentence (or a question, for `recall_terms`) made of them says nothing."""
-_FILLERS = _listed(
+FILLERS = _listed(
     """
     hey hi hello hiya yo bye goodbye thanks thank cheers welcome yeah yes yep yup nope okay ok alright sure wow
     whoa oh ah aw aww haha hahaha lol omg hmm um uh great good nice cool awesome amazing lovely wonderful fantastic
@@ -82,6 +82,7 @@ _FILLERS = _listed(
     together hurry anyway whatever stuff point points honestly basically literally seems seem
     """
 )
+"""Words of small talk: a sentence (or a message, for `recall_terms`) that has only these tells nothing."""
 _INTERJECTIONS = _listed(
     """
     hey hi hello hiya yo thanks thank cheers congrats congratulations wow whoa oh ah aw aww yeah yes yep sorry
@@ -198,7 +199,7 @@ def content_words(sentence: str) -> list[str]:
     words = []
     for index, word in enumerate(_WORD.findall(sentence)):
         lower = word.lower().strip("'’-")
-        if len(lower) < 3 or lower in FUNCTION_WORDS or lower in _FILLERS or word[0].isdigit():
+        if len(lower) < 3 or lower in FUNCTION_WORDS or lower in FILLERS or word[0].isdigit():
             continue
         if word[0].isupper() and index > 0:
             continue

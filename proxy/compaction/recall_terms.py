@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from proxy.compaction.prose import FUNCTION_WORDS
+from proxy.compaction.prose import FILLERS, FUNCTION_WORDS
 
 Term = tuple[str, ...]
 """One query term as the lowercase tokens FTS5's unicode61 tokenizer makes of it: `DEPLOY_REGION` is
@@ -53,8 +53,11 @@ _STOPWORD_TEXT = """
 """
 STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 """Words that refer to nothing in particular, the meta words of a question about the past among them."""
-_QUESTION_WORDS = STOPWORDS | FUNCTION_WORDS | {"kind", "type", "lot", "happen", "happened", "recently", "ago"}
-"""What a content word of a question is not: it asks, it does not name what it asks about."""
+_QUESTION_WORDS = (
+    STOPWORDS | FUNCTION_WORDS | FILLERS | {"kind", "type", "lot", "happen", "happened", "recently", "ago"}
+)
+"""What a content word of a question is not: it asks or chats, it does not name what it asks about (small talk
+looks nothing up)."""
 _SUFFIXES = ("ings", "ing", "ies", "ied", "ers", "er", "ed", "es", "ly", "s", "e")
 """Endings cut off a content word to make its stem, the longest first (`paintings` → `paint*`, `dance` → `danc*`)."""
 MIN_MATCHED_SHARE = 0.5

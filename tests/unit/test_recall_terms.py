@@ -156,6 +156,7 @@ def test_content_words_are_the_question_s_plain_words_as_stems() -> None:
     assert content_words("What did Melanie say about her paintings?", [("melanie",)]) == [("paint*",)]
     assert content_words("Is the dance studio open?") == [("danc*",), ("studio*",), ("open*",)]
     assert content_words("what is it, and how? did we?") == []
+    assert content_words("Wow, that's so awesome, thanks! Love it, have fun.") == [], "small talk looks nothing up"
     assert content_words("v2.3 DEPLOY_REGION 8080 ok") == [], "identifiers and numbers are named terms, not words"
     assert stem("cars") == "cars", "a stem shorter than four letters is the word itself"
     assert stem("cat") == "cat"
