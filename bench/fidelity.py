@@ -20,7 +20,7 @@ LoCoMo (snap-research/locomo, `data/locomo10.zip` → `locomo10.json` or its per
 CC BY-NC 4.0: fine for measuring, not ours to ship; pass its path, never commit it.
 
 Run by hand: `python bench/fidelity.py [--windows 4096,8192] [--modes down,up] [--generated 4] [--locomo PATH]
-[--questions N] [--recall-tokens N] [--json PATH]`.
+[--questions N] [--json PATH]`.
 """
 
 from __future__ import annotations
@@ -133,9 +133,7 @@ class Script:
 
 
 @contextmanager
-def served(
-    windows: Sequence[int], mode: str, recall_tokens: int | None = None
-) -> Iterator[tuple[FakeUpstream, Script, openai.OpenAI]]:
+def served(windows: Sequence[int], mode: str) -> Iterator[tuple[FakeUpstream, Script, openai.OpenAI]]:
     script = Script()
     with FakeUpstream(context_window=FAKE_WINDOW) as fake, tempfile.TemporaryDirectory() as tmp:
         fake.responder = script.respond
@@ -149,10 +147,7 @@ def served(
             {"name": "summarizer", "api_base": summarizer, "context_window": SUMMARIZER_WINDOW, "max_output": 2048}
             | common
         )
-        context: dict[str, Any] = {"summarizer_model": "summarizer"}
-        if recall_tokens is not None:
-            context["recall_tokens"] = recall_tokens
-        config = make_config(Path(tmp), fake.url, models=models, context=context)
+        config = make_config(Path(tmp), fake.url, models=models, context={"summarizer_model": "summarizer"})
         with started(config, Path(tmp)) as proxy:
             client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=120)
             yield fake, script, client
@@ -338,9 +333,6 @@ def main() -> None:
     parser.add_argument(
         "--questions", type=int, default=None, help="at most N questions per conversation, taken from each category"
     )
-    parser.add_argument(
-        "--recall-tokens", type=int, default=None, help="the proxy's context.recall_tokens (0: recall off)"
-    )
     parser.add_argument("--answer-url", help="an OpenAI-compatible API (…/v1) whose model answers the questions")
     parser.add_argument("--answer-model", default="default", help="the model name to ask at --answer-url")
     add_json_option(parser)
@@ -354,7 +346,7 @@ def main() -> None:
     report = Report.start("fidelity", args)
     sets = conversations(args)
     for mode in args.modes.split(","):
-        with served(windows, mode, args.recall_tokens) as parts:
+        with served(windows, mode) as parts:
             for data, chats in sets:
                 results: dict[int, dict[str, list[Scored]]] = {w: defaultdict(list) for w in windows}
                 for conversation in chats:
