@@ -6,7 +6,8 @@ of its questions is asked as the latest user message of a context that shows onl
 fitting `--visible-tokens` (the rest hidden, as compaction leaves them), and the call recall makes for that
 request is timed: the question's terms against the visible text, the lazy indexing of the hidden messages (the
 first question of a conversation; reported apart), the ranked lookup, the threshold, the passages. Reported per
-visible size: how often recall fired, how many passages it sent, p50/p95/max milliseconds per request, and what
+visible size: how often recall fired, how many passages it sent, p50/p95/max milliseconds per request and the mean
+CPU time (the process's, all threads: on a loaded machine the wall time measures the machine), and what
 it adds: the share of questions whose every evidence turn is in the visible messages, and in them or the
 passages (a truncated context with recall, without the proxy's summaries: what recall alone brings back).
 
@@ -51,6 +52,9 @@ SYSTEM = {"role": "system", "content": "You are a friendly chat companion."}
 @dataclass(frozen=True)
 class Timed:
     milliseconds: float
+    cpu_milliseconds: float
+    """The process's CPU time over the call (its threads' too: SQLite's, the offloaded work): on a loaded machine
+    the wall time measures the machine, this measures recall."""
     passages: int
     first: bool
     """The conversation's first question: its call also indexed the hidden messages."""
@@ -81,14 +85,14 @@ async def measure(db: Database, conversation: Conversation, visible_tokens: int,
         path = (await history.reconcile("bench", session, [*chat, asked], MODEL, ENCODING)).path
         shown = {0, *range(start, len(path))}
         visible = "\n".join(content_text(message.get("content")) for message in [SYSTEM, *chat[start:]])
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         passages = await recall.passages("bench", session, path, shown, visible, question.text, RECALL_TOKENS, ENCODING)
-        milliseconds = (time.perf_counter() - began) * 1000
+        milliseconds, cpu_milliseconds = (time.perf_counter() - began) * 1000, (time.process_time() - cpu) * 1000
         evidence = [turns[id_] for id_ in question.evidence if id_ in turns]
         recalled = visible + "\n".join(passage.text for passage in passages)
         shown = all(turn in visible for turn in evidence) if evidence else None
         found = all(turn in recalled for turn in evidence) if evidence else None
-        timed.append(Timed(milliseconds, len(passages), index == 0, shown, found))
+        timed.append(Timed(milliseconds, cpu_milliseconds, len(passages), index == 0, shown, found))
     return timed
 
 
@@ -110,6 +114,7 @@ METRICS = columns(
     ("p50", "p50 ms", ".2f"),
     ("p95", "p95 ms", ".2f"),
     ("max", "max ms", ".1f"),
+    ("cpu", "mean CPU ms", ".2f"),
     ("first", "first question ms (indexes)", ".1f"),
     ("shown", "evidence: visible", ".1%"),
     ("recalled", "visible + recall", ".1%"),
@@ -157,6 +162,7 @@ def main() -> None:
             p50=percentile(steady, 50) if steady else None,
             p95=percentile(steady, 95) if steady else None,
             max=max(steady, default=None),
+            cpu=statistics.mean(t.cpu_milliseconds for t in timed if not t.first) if steady else None,
             first=statistics.mean(t.milliseconds for t in timed if t.first) if timed else None,
             shown=share([t.shown for t in timed]),
             recalled=share([t.recalled for t in timed]),
