@@ -9,7 +9,8 @@ first question of a conversation; reported apart), the ranked lookup, the thresh
 visible size: how often recall fired, how many passages it sent, p50/p95/max milliseconds per request and the mean
 CPU time (the process's, all threads: on a loaded machine the wall time measures the machine), and what
 it adds: the share of questions whose every evidence turn is in the visible messages, and in them or the
-passages (a truncated context with recall, without the proxy's summaries: what recall alone brings back).
+passages (a truncated context with recall, without the proxy's summaries: what recall alone brings back), and how
+often it fired for a question whose evidence was all visible already.
 
 The same script run from another checkout (copy it there) measures that checkout's recall: the bench only uses
 `History.reconcile` and `Recall.passages`, whose signatures did not change.
@@ -116,6 +117,7 @@ METRICS = columns(
     ("max", "max ms", ".1f"),
     ("cpu", "mean CPU ms", ".2f"),
     ("first", "first question ms (indexes)", ".1f"),
+    ("needless", "fired, evidence visible", ".1%"),
     ("shown", "evidence: visible", ".1%"),
     ("recalled", "visible + recall", ".1%"),
 )
@@ -164,6 +166,7 @@ def main() -> None:
             max=max(steady, default=None),
             cpu=statistics.mean(t.cpu_milliseconds for t in timed if not t.first) if steady else None,
             first=statistics.mean(t.milliseconds for t in timed if t.first) if timed else None,
+            needless=share([bool(t.passages) for t in timed if t.shown]),
             shown=share([t.shown for t in timed]),
             recalled=share([t.recalled for t in timed]),
         )
