@@ -355,14 +355,16 @@ class Compactor:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
         room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
-        visible = "\n".join(content_text(message.get("content")) for message in prepared.messages)
+        at = _message_index(context, latest)
+        # What the question follows is what it may find shown: the turn's own tool results after it would make the
+        # recall come and go between the turn's requests, and with it their cached prefix.
+        visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
         query = content_text(request.path[latest].message.get("content"))
         passages = await self._recall.passages(
             request.tenant, request.session_id, request.path, shown, visible, query, room, request.encoding
         )
         if not passages:
             return prepared
-        at = _message_index(context, latest)
         recalled = recall_message(passages)
         before = prepared.messages[:at]
         previous = next((m for m in reversed(before) if m.get("role") not in SYSTEM_ROLES), None)

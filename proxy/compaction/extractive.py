@@ -214,12 +214,15 @@ def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tupl
     sentences: dict[str, _Segment] = {}
     seen: set[str] = set()
     position = 0
-    for label, text, kind in labelled_texts(messages):
+    texts = list(labelled_texts(messages))
+    people = _speakers(texts)
+    for label, text, kind in texts:
         bonus = SUMMARY_BONUS if kind == SUMMARY_LABEL else 0
-        if kind == TEXT:
-            stamp, text = date_stamp(text)
-            date = stamp or date
         for line in text.splitlines():
+            if kind == TEXT:
+                # A stamp dates the lines after it, also on a later line (a client that joins a speaker's turns).
+                stamp, line = date_stamp(line)
+                date = stamp or date
             listed = _fact_line(line) if kind == SUMMARY_LABEL else None
             if listed is not None:
                 for fact in listed:
@@ -243,10 +246,10 @@ def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tupl
                 for fact in written:
                     facts.setdefault(fact, _Fact(position, fact, bonus))
                 rest = _remove(sentence, found)
-                told = information(rest, seen) if kind in (SUMMARY_LABEL, TEXT) else None
+                told = information(rest, seen, people) if kind in (SUMMARY_LABEL, TEXT) else None
                 signals = max(_score(rest, worded=told != 0), FACT_CONTEXT_SCORE if found else 0)
                 # An earlier summary's small talk is not worth keeping again before new facts.
-                plain = bool(told) and not signals and not specific(rest)
+                plain = bool(told) and not signals and not specific(rest, people)
                 score = signals + (0 if plain else bonus) + (told or 0.0)
                 seen.update(content_words(rest) if told is not None else ())
                 shown = clip(sentence, MAX_SEGMENT_CHARS)
@@ -255,6 +258,18 @@ def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tupl
                     sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows, date, plain)
                 position += 1
     return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values())
+
+
+def _speakers(texts: Sequence[tuple[str, str, str]]) -> frozenset[str]:
+    """The speakers a transcript's lines start with (lowercase), in what people wrote and earlier summaries."""
+    people = set()
+    for label, text, kind in texts:
+        if kind in (SUMMARY_LABEL, TEXT):
+            for line in text.splitlines():
+                who, _ = speaker(_label_of(date_stamp(line)[1], label, kind)[1])
+                if who is not None:
+                    people.add(who.lower())
+    return frozenset(people)
 
 
 def _label_of(line: str, label: str, kind: str) -> tuple[str, str]:

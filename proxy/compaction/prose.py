@@ -29,6 +29,11 @@ SEEN_WORD_WEIGHT = 0.25
 MIN_INFORMATION = 1.5
 """Below this a sentence is a pleasantry or small talk: it is not kept for what it says."""
 INFORMATION_CAP = 8.0
+INTERJECTION_WEIGHT = 0.5
+"""A sentence opened by an interjection (`Wow, …`, `Thanks for …`) reacts to what was said: its content words
+count this much."""
+QUESTION_WEIGHT = 0.5
+"""A question asks more than it tells: what it says counts this much (its answer is what a summary keeps)."""
 DATE_LOOKBACK = 500
 """Messages looked back at for the date in force: a chat's sessions are stamped far more often than this."""
 STAMP_CHARS = 80
@@ -47,7 +52,7 @@ _DAYS = _listed("monday tuesday wednesday thursday friday saturday sunday")
 _TIME_WORDS = _listed(
     "yesterday today tonight tomorrow week weekend month year ago morning evening night birthday anniversary"
 )
-_STOP = _listed(
+FUNCTION_WORDS = _listed(
     """
     a about above after again against all almost also am an and any are aren't as at be because been before being
     below between both but by can can't could couldn't did didn't do does doesn't doing don't down during each few
@@ -64,7 +69,8 @@ _STOP = _listed(
     one ones also maybe perhaps actually definitely totally absolutely probably quite pretty well back around
     """
 )
-_FILLERS = _listed(
+"""Words that carry grammar, not content: a sentence (or a question, for `recall_terms`) made of them says nothing."""
+FILLERS = _listed(
     """
     hey hi hello hiya yo bye goodbye thanks thank cheers welcome yeah yes yep yup nope okay ok alright sure wow
     whoa oh ah aw aww haha hahaha lol omg hmm um uh great good nice cool awesome amazing lovely wonderful fantastic
@@ -76,6 +82,21 @@ _FILLERS = _listed(
     together hurry anyway whatever stuff point points honestly basically literally seems seem
     """
 )
+"""Words of small talk: a sentence (or a message, for `recall_terms`) that has only these tells nothing."""
+_INTERJECTIONS = _listed(
+    """
+    hey hi hello hiya yo thanks thank cheers congrats congratulations wow whoa oh ah aw aww yeah yes yep sorry
+    bye goodbye haha hahaha lol omg ok okay dear glad nice great awesome cool lovely
+    """
+)
+_NAME = r"[A-Z][\w'’-]*"
+_VOCATIVE = re.compile(
+    r"(?:^|(?P<before>\S*)[,;]\s*|\b(?:" + "|".join(sorted(_INTERJECTIONS)) + r")[,!]?\s+)"
+    rf"(?P<name>{_NAME})(?=\s*(?:[,.!?;]|$))",
+    re.IGNORECASE,
+)
+"""A name called out to the one spoken to: set off by a comma (`No doubts, Caroline.`), after an interjection
+(`Hey Mel!`), or alone before a comma at the start (`Caroline, look!`)."""
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d:.,/-]*")
 _STAMP = re.compile(r"^\[(?P<date>[^\[\]\n]{3,60})\]\s*")
 _DATE_LIKE = re.compile(r"\b\d{4}\b|\b\d{1,2}:\d{2}\b|\b(?:" + "|".join(MONTHS.split()) + r")\b", re.IGNORECASE)
@@ -98,17 +119,41 @@ def date_stamp(text: str) -> tuple[str | None, str]:
     return match.group("date"), text[match.end() :]
 
 
-def specific(sentence: str) -> bool:
-    """Whether a sentence names someone or something, or gives a number or a date: what a question asks for.
-    A sentence without (`I have been trying to cook more at home`) is kept only while there is room."""
+def specific(sentence: str, people: Set[str] = frozenset()) -> bool:
+    """Whether a sentence names someone or something (not its listener), or gives a number, a date or a time
+    (`yesterday`, `next month`): what a question asks for. A sentence without (`I have been trying to cook more at
+    home`) is kept only while there is room."""
     words = _WORD.findall(sentence)
-    return bool(_names(words) or _numbers(words))
+    return bool(
+        _told_names(sentence, words, people) or _numbers(words) or any(word.lower() in _TIME_WORDS for word in words)
+    )
+
+
+def _told_names(sentence: str, words: Sequence[str], people: Set[str]) -> set[str]:
+    """The names a sentence tells of: not one it calls out to its listener, nor one of the chat's `people`."""
+    return {name for name in _names(words) - _vocatives(sentence) if not _one_of(name.lower(), people)}
 
 
 def _names(words: Sequence[str]) -> set[str]:
     """Capitalized words inside the sentence (its first word is capitalized anyway), months and days aside."""
     names = {w for i, w in enumerate(words) if i > 0 and w[0].isupper() and w.lower() not in _MONTHS | _DAYS}
     return names - {"I", "I'm", "I've", "I'd", "I'll"}
+
+
+def _vocatives(sentence: str) -> set[str]:
+    """The names `sentence` calls out to its listener (`_VOCATIVE`), not after another capitalized word
+    (`Portland, Oregon.` is a place)."""
+    called = set()
+    for match in _VOCATIVE.finditer(sentence):
+        name, before = match.group("name"), match.group("before")
+        if name[0].isupper() and not (before and before[0].isupper() and before.lower() not in _INTERJECTIONS):
+            called.add(name)
+    return called
+
+
+def _one_of(name: str, people: Set[str]) -> bool:
+    """Whether a lowercase name is one of `people` or the short form of one (`mel` for `melanie`)."""
+    return name in people or (len(name) >= 3 and any(person.startswith(name) for person in people))
 
 
 def _numbers(words: Sequence[str]) -> set[str]:
@@ -154,7 +199,7 @@ def content_words(sentence: str) -> list[str]:
     words = []
     for index, word in enumerate(_WORD.findall(sentence)):
         lower = word.lower().strip("'’-")
-        if len(lower) < 3 or lower in _STOP or lower in _FILLERS or word[0].isdigit():
+        if len(lower) < 3 or lower in FUNCTION_WORDS or lower in FILLERS or word[0].isdigit():
             continue
         if word[0].isupper() and index > 0:
             continue
@@ -162,23 +207,25 @@ def content_words(sentence: str) -> list[str]:
     return words
 
 
-def information(sentence: str, seen: Set[str]) -> float:
-    """What `sentence` tells, given the content words the range used before it (`seen`): names, numbers and
-    dates, time words, and its content words (new ones fully) with diminishing returns (the square root of
-    their count: a long sentence is not worth more for its length alone); 0 for a sentence with no content word
-    at all (a greeting, a thank-you, a name called out) or below `MIN_INFORMATION`. At most `INFORMATION_CAP`."""
+def information(sentence: str, seen: Set[str], people: Set[str] = frozenset()) -> float:
+    """What `sentence` tells, given the content words the range used before it (`seen`): names (not one called
+    out to the listener), numbers and dates, time words, and its content words (new ones fully) with diminishing
+    returns (the square root of their count: a long sentence is not worth more for its length alone; less after
+    an interjection); less for a question; 0 for a sentence with no content word at all (a greeting, a
+    thank-you, a name called out) or below `MIN_INFORMATION`. At most `INFORMATION_CAP`. `people`: the
+    chat's speakers (lowercase), whose names a line mostly calls out to them (`No doubt, Jon you've got this.`)."""
     words = _WORD.findall(sentence)
     content = content_words(sentence)
     if not set(content) - _TIME_WORDS:
         return 0.0
-    names, numbers = _names(words), _numbers(words)
+    names, numbers = _told_names(sentence, words, people), _numbers(words)
     times = {w.lower() for w in words if w.lower() in _TIME_WORDS}
     distinct = set(content)
     new = distinct - seen
-    total = (
-        NAME_WEIGHT * len(names)
-        + NUMBER_WEIGHT * len(numbers)
-        + TIME_WORD_WEIGHT * min(1, len(times))
-        + math.sqrt(len(new - _TIME_WORDS) + SEEN_WORD_WEIGHT * len(distinct - new - _TIME_WORDS))
-    )
+    worded = math.sqrt(len(new - _TIME_WORDS) + SEEN_WORD_WEIGHT * len(distinct - new - _TIME_WORDS))
+    if words and words[0].lower() in _INTERJECTIONS:
+        worded *= INTERJECTION_WEIGHT
+    total = NAME_WEIGHT * len(names) + NUMBER_WEIGHT * len(numbers) + TIME_WORD_WEIGHT * min(1, len(times)) + worded
+    if sentence.rstrip().endswith("?"):
+        total *= QUESTION_WEIGHT
     return min(INFORMATION_CAP, total) if total >= MIN_INFORMATION else 0.0

@@ -1,10 +1,12 @@
 """Recall: original passages of compacted history, brought back when the latest user message refers to them.
 
-A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) needs the
-original. The significant terms of the latest user message that the working context does not already show
-(`recall_terms`) are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
-the session's hidden messages — summarized, omitted or stubbed — and the best-ranked (bm25, ts_rank) are sent
-as one user message, within `context.recall_tokens`.
+A summary keeps the gist; a question about an exact value (`DEPLOY_REGION`, a path, an error code) or about what
+was said in passing ("when did she go to the support group?") needs the original. When some term of the latest
+user message (an identifier, a name, a content word: `recall_terms`) is not shown by the working context, the
+question's terms are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
+the session's hidden messages — summarized, omitted or stubbed —, ranked (bm25, ts_rank), and those that pass the
+threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
+answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing.
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -16,28 +18,31 @@ request: odd input gives no passages, and a failed index write is logged and lea
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from proxy.canonical.vocabulary import ORIGIN, Origin
-from proxy.compaction.recall_terms import Term, match_expression, term_pattern, tsquery, unseen_terms
+from proxy.compaction.excerpts import message_excerpt, message_text
+from proxy.compaction.recall_terms import Lookup, Term, lookup, match_expression, tsquery
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
-from proxy.tokens import content_text, count_message, count_text, rough_size
+from proxy.tokens import count_message, count_text, rough_size
 
 log = logging.getLogger(__name__)
 
 
 RECALL_HEADER = "[Recalled from earlier in this conversation]"
-MAX_PASSAGES = 8
+MAX_HITS = 8
+"""Matches recalled at most, each with its neighbours."""
 MAX_PASSAGE_CHARS = 1600
 """A passage longer than this is an excerpt around its best match (about 400 tokens of prose)."""
+MAX_NEIGHBOUR_CHARS = 800
+"""A hit's neighbour (the message before or after it) is shown up to this, as context for the hit."""
 MIN_PASSAGE_CHARS = 160
 """An excerpt is shrunk to fit what is left of the limit, but not below this: a shorter one says nothing."""
 CHARS_PER_TOKEN = 4
@@ -45,7 +50,6 @@ CHARS_PER_TOKEN = 4
 MIN_RELATIVE_SCORE = 0.25
 """A match scoring below this share of the best one is noise (a common word), not a reference."""
 MAX_CANDIDATES = 32
-MAX_HITS_PER_TERM = 64
 MAX_INDEX_CHARS = 8 * 1024 * 1024
 """Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
 
@@ -67,6 +71,8 @@ _RANK = {
 """Recall's two engine-specific statements: FTS5 on SQLite (`m009_recall`), a tsvector on PostgreSQL; `among`
 restricts them to the ids of a JSON array (`_AMONG`) or not at all."""
 _AMONG = " AND d.message_id IN (SELECT value FROM json_each(?))"
+NEIGHBOUR_ROLES = frozenset(("user", "assistant", "tool"))
+"""What a hit's neighbour may be: a turn of the conversation, not a system message."""
 RANKED_FIRST = 8 * MAX_CANDIDATES
 """Matches of the whole tenant ranked before the hidden ones are picked from them (`Recall._rank`)."""
 
@@ -131,24 +137,48 @@ class Recall:
         """
         if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
-        terms = await compute(len(query) + len(visible_text), unseen_terms, query, visible_text)
-        if not terms:
+        asked = await compute(len(query) + len(visible_text), lookup, query, visible_text)
+        if not asked.unseen:
             return []
         await self._index(tenant, session_id, path, shown)
-        expression = match_expression(terms) if self._db.dialect == "sqlite" else tsquery(terms)
+        if self._db.dialect == "sqlite":
+            expression = match_expression(asked.terms, asked.unseen)
+        else:
+            expression = tsquery(asked.terms, asked.unseen)
         ranked = await self._rank(tenant, path, shown, expression)
-        chosen: list[tuple[int, Passage]] = []
+        texts = [message_text(path[position].message) for position in ranked]
+        answering = await compute(sum(map(len, texts)), _answering, asked, texts)
+        hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
+        return await self._chosen(path, shown, hits, asked.terms, limit_tokens, encoding)
+
+    async def _chosen(
+        self,
+        path: Sequence[StoredMessage],
+        shown: Set[int],
+        hits: Sequence[int],
+        terms: Sequence[Term],
+        limit_tokens: int,
+        encoding: str,
+    ) -> list[Passage]:
+        """The hits, best first, each followed by its hidden neighbours, while they fit `limit_tokens`; the least
+        ranked dropped while the whole message does not fit; in path order."""
+        chosen: list[tuple[tuple[int, int], Passage]] = []
+        taken: set[int] = set()
         used = count_message(recall_message([]), encoding)
-        for rank, position in enumerate(ranked):
-            if len(chosen) == MAX_PASSAGES:
-                break
-            stored = path[position]
-            room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
-            if room <= 0:
-                break
-            passage = await self._passage(position, stored, terms, room, encoding)
-            if passage is not None:
-                chosen.append((rank, passage))
+        for rank, hit in enumerate(hits):
+            for near, position in enumerate((hit, hit - 1, hit + 1)):
+                if position in taken or position in shown or not 0 <= position < len(path):
+                    continue
+                stored = path[position]
+                if near and stored.role not in NEIGHBOUR_ROLES:
+                    continue
+                room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
+                widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
+                passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
+                if passage is None:
+                    continue
+                chosen.append(((rank, near), passage))
+                taken.add(position)
                 used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
         # The sum of the parts is a close estimate; the whole message is what the working context pays.
         while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
@@ -274,10 +304,10 @@ class Recall:
         return [position for position, score in found if score <= best * MIN_RELATIVE_SCORE]
 
     async def _passage(
-        self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str
+        self, position: int, stored: StoredMessage, terms: Sequence[Term], room: int, encoding: str, widest: int
     ) -> Passage | None:
         size = rough_size(stored.message)
-        max_chars = max(MIN_PASSAGE_CHARS, min(MAX_PASSAGE_CHARS, room * CHARS_PER_TOKEN))
+        max_chars = max(MIN_PASSAGE_CHARS, min(widest, room * CHARS_PER_TOKEN))
         while True:
             text = await compute(size, message_excerpt, stored.message, terms, max_chars)
             tokens = count_text(text, encoding)
@@ -301,94 +331,16 @@ def _label(position: int, role: str) -> str:
     return f"Message {position} ({role}):\n"
 
 
-def _in_order(chosen: Sequence[tuple[int, Passage]]) -> list[Passage]:
+def _in_order(chosen: Sequence[tuple[tuple[int, int], Passage]]) -> list[Passage]:
     return sorted((passage for _, passage in chosen), key=lambda passage: passage.position)
 
 
 # --- the pure parts ---------------------------------------------------------------------------------------------
 
 
-def message_text(message: Mapping[str, Any]) -> str:
-    """What a message is indexed and excerpted by: its text, then each tool call's name and arguments."""
-    parts = [content_text(message.get("content"))]
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
-    return "\n".join(part for part in parts if part)
+def _answering(asked: Lookup, texts: Sequence[str]) -> list[bool]:
+    return [asked.answers(text) for text in texts]
 
 
 def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
     return [(message.id, message_text(message.message)) for message in messages]
-
-
-def message_excerpt(message: Mapping[str, Any], terms: Sequence[Term], max_chars: int) -> str:
-    return excerpt(message_text(message), terms, max_chars)
-
-
-def excerpt(text: str, terms: Sequence[Term], max_chars: int) -> str:
-    """`text` when it is short; else at most `max_chars` of it (plus "…" marks where it was cut), whole lines
-    where it can, around the place where most of the terms occur together."""
-    text = text.strip()
-    if len(text) <= max_chars:
-        return text
-    width = max(1, max_chars)
-    lead = width // 4
-    hit = _best_hit(text, terms, width, lead)
-    hit_start, hit_end = hit if hit is not None else (0, 0)
-    start = max(0, hit_start - lead)
-    end = min(len(text), start + width)
-    start = max(0, end - width)
-    if start > 0:
-        start = _cut_after(text, start, hit_start)
-    if end < len(text):
-        end = _cut_before(text, max(hit_end, start), end)
-    body = text[start:end].strip()
-    return ("… " if start > 0 else "") + body + (" …" if end < len(text) else "")
-
-
-def _best_hit(text: str, terms: Sequence[Term], width: int, lead: int) -> tuple[int, int] | None:
-    """The hit that begins the window (`lead` before it, `width` wide) holding the most distinct terms."""
-    hits = sorted(_hits(text, terms))
-    best: tuple[int, int] | None = None
-    best_count = 0
-    inside: Counter[int] = Counter()
-    right = 0
-    for left, (start, end, _) in enumerate(hits):
-        while right < len(hits) and hits[right][1] <= start - lead + width:
-            inside[hits[right][2]] += 1
-            right += 1
-        if len(inside) > best_count:
-            best, best_count = (start, end), len(inside)
-        if right > left:
-            inside[hits[left][2]] -= 1
-            if not inside[hits[left][2]]:
-                del inside[hits[left][2]]
-        else:
-            right = left + 1
-    return best if best is not None else (hits[0][:2] if hits else None)
-
-
-def _hits(text: str, terms: Sequence[Term]) -> Iterator[tuple[int, int, int]]:
-    for index, term in enumerate(terms):
-        for match in islice(term_pattern(term).finditer(text), MAX_HITS_PER_TERM):
-            yield match.start(), match.end(), index
-
-
-def _cut_after(text: str, start: int, limit: int) -> int:
-    """`start` moved past the next line break (else space) before `limit`, so the excerpt begins whole."""
-    for separator in ("\n", " "):
-        cut = text.find(separator, start, limit)
-        if cut != -1:
-            return cut + 1
-    return start
-
-
-def _cut_before(text: str, floor: int, end: int) -> int:
-    """`end` moved back to the last line break (else space) after `floor`, so the excerpt ends whole."""
-    for separator in ("\n", " "):
-        cut = text.rfind(separator, floor, end)
-        if cut != -1:
-            return cut
-    return end

@@ -190,8 +190,8 @@ class ContextConfig:
     pin_patterns: tuple[re.Pattern[str], ...] = ()
     """A message whose text matches one of these is pinned, as if by `POST /sessions/{id}/pins`."""
     recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
-    """Tokens of archived originals recalled into the working context when the latest user message refers to
-    them; 0: no recall."""
+    """Tokens of archived originals (hits and the turns around them) recalled into the working context when the
+    latest user message asks about what only they hold; 0: no recall."""
     correction_ttl_s: float = setting(DEFAULT_CORRECTION_TTL_S, low=60.0, high=30 * 86400.0)
     """How long a correction learned from an upstream's context-window refusal holds before the upstream has to
     confirm it by refusing again (`proxy.budget.corrections`)."""

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.compaction.recall import message_text
+from proxy.compaction.excerpts import message_text
 from proxy.store.connection import Connection
 from proxy.store.database import id_array
 

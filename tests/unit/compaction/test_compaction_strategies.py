@@ -262,6 +262,34 @@ async def test_a_fact_only_in_compacted_history_is_recalled_before_the_question(
     assert alternates(prepared.messages)
 
 
+async def test_an_ordinary_question_recalls_the_same_passages_through_its_turn_s_tool_calls(
+    history: History, summaries: SpanStore, db: Database
+) -> None:
+    """A question in plain words recalls its hidden turn; the turn's tool results, which show the question's words,
+    do not take the recall away from the turn's next request: the prompt up to the question stays as it was sent."""
+    messages = conversation(20)
+    messages[3] = {"role": "user", "content": "I went to a LGBTQ support group yesterday and it was so powerful."}
+    messages.append({"role": "user", "content": "When did I go to the support group?"})
+    path = await stored_path(history, messages)
+    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, FakeSummarizer(), recall=Recall(db))
+    budget = total(path) // 2
+    first = await engine.prepare(request(path, budget))
+
+    assert first.summaries >= 1
+    assert first.recalled >= 1
+    [recalled] = [m for m in first.messages if str(m["content"]).startswith(RECALL_HEADER)]
+    assert "LGBTQ support group yesterday" in recalled["content"]
+    call = {"id": "c1", "type": "function", "function": {"name": "search_notes", "arguments": '{"q": "support group"}'}}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "notes: the support group meets weekly"},
+    ]
+    second = await engine.prepare(request(await stored_path(history, messages), budget))
+
+    assert second.messages[: len(first.messages)] == first.messages
+    assert second.recalled == first.recalled
+
+
 async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
     history: History, summaries: SpanStore, db: Database
 ) -> None:

@@ -151,3 +151,89 @@ def test_small_talk_fills_at_most_half_a_summary() -> None:
     summary = extractive_summary(messages, 80)
     assert summary.count("\n") >= 1, "the small talk was not kept at all: the test measures nothing"
     assert count_text(summary) <= 40
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "No doubts, Caroline.",
+        "That's a gorgeous photo, Caroline!",
+        "Understand where you're at, Jon.",
+        "Hey Caroline, since we last chatted, I've had a lot of things happening to me.",
+        "Wow, Mel, I'm so stoked for you that art is helping you express yourself and bring you joy!",
+        "Glad you have support, Caroline!",
+        "Nice reminder, Gina!",
+        "Thanks for askin', Gina!",
+    ],
+)
+def test_a_name_called_out_to_the_other_speaker_tells_nothing(sentence: str) -> None:
+    """A vocative (`…, Caroline!`, `Hey Caroline`) names the one spoken to, not someone the chat is about: these
+    LoCoMo lines were kept by the fallback for their names."""
+    assert information(sentence, set()) == 0
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "I went to a LGBTQ support group yesterday and it was so powerful.",
+        "I ran a charity race for mental health last Saturday.",
+        "Unfortunately, I also lost my job at Door Dash this month.",
+        "Caroline and I went to the Riverside museum.",
+        "Thanks to Vera, we adopted a beagle named Biscuit.",
+    ],
+)
+def test_what_happened_to_whom_still_tells(sentence: str) -> None:
+    assert information(sentence, set()) >= 2
+
+
+def test_a_question_tells_less_than_the_same_words_stated() -> None:
+    assert (
+        0
+        < information("Did you paint the lake sunrise in Oregon?", set())
+        < information("I painted the lake sunrise in Oregon.", set())
+    )
+
+
+def test_a_stamp_on_a_later_line_of_a_message_dates_the_sentences_after_it() -> None:
+    """A client that joins a speaker's consecutive turns into one message puts each session's stamp at a line's
+    start: it dates what follows, and neither the stamp nor a greeting after it is kept as a sentence."""
+    merged = (
+        "Caroline: I went to the LGBTQ support group at the Riverside centre yesterday.\n"
+        f"[{JUNE}] Caroline: Hey Melanie!\n"
+        "Caroline: My cousin Vera adopted a beagle named Biscuit."
+    )
+    messages = [{"role": "user", "content": f"[{MAY}] Caroline: Hi!"}, {"role": "user", "content": merged}]
+    lines = extractive_summary(messages, 80).splitlines()
+    assert "Hey Melanie" not in "\n".join(lines)
+    assert lines.index(f"[{MAY}]") < lines.index("user: " + FACT_SENTENCES[0]) < lines.index(f"[{JUNE}]")
+    assert lines.index(f"[{JUNE}]") < lines.index("user: Caroline: My cousin Vera adopted a beagle named Biscuit.")
+
+
+def test_the_chat_s_speakers_named_in_its_lines_are_not_news() -> None:
+    people = {"jon", "gina"}
+    assert information("No doubt, Jon you've got this.", set(), people) == 0
+    assert information("Sorry about your job Jon, but starting your own business sounds awesome!", set(), people) == 0
+    assert information("Gina, Marley flooring is what dance studios use.", set(), people) >= 2
+    messages = [
+        {"role": "user", "content": "Jon: Sorry about your job Gin, but a dance studio of your own sounds awesome!"},
+        {"role": "assistant", "content": "Gina: I lost my job at Door Dash this month."},
+    ]
+    summary = extractive_summary(messages, 60)
+    assert "Door Dash" in summary
+    assert "Sorry" not in summary
+
+
+def test_what_happened_when_is_not_small_talk() -> None:
+    """A sentence that says when (`yesterday`, `next month`) answers a question about time: it is not held to the
+    small talk's half of a summary."""
+    told = [
+        "I went to a pottery workshop yesterday and made a little bowl.",
+        "We are going camping by the lake next month with the kids.",
+        "My brother started a woodworking course last week.",
+        "The bakery on our street closed this morning after thirty years.",
+        "I adopted two guinea pigs last weekend, they are shy.",
+        "My sister moves to the coast next year for a nursing job.",
+    ]
+    messages = [{"role": "user", "content": sentence} for sentence in told]
+    summary = extractive_summary(messages, 80)
+    assert count_text(summary) > 40

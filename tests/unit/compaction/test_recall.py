@@ -11,13 +11,13 @@ from typing import Any, cast
 import pytest
 
 from proxy.compaction import recall as recall_module
+from proxy.compaction.excerpts import excerpt, message_text
 from proxy.compaction.recall import (
+    MAX_HITS,
     MAX_PASSAGE_CHARS,
     RECALL_HEADER,
     Passage,
     Recall,
-    excerpt,
-    message_text,
     recall_message,
 )
 from proxy.history.messages import StoredMessage
@@ -188,9 +188,9 @@ async def test_a_fact_only_in_hidden_history_is_recalled(history: History, recal
     passages = await recall.passages(
         "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
     )
-    assert [p.position for p in passages] == [user_position(3)]
-    (passage,) = passages
-    assert FACT in passage.text
+    # The hit, with the hidden turns before and after it (the question it answers, the answer it got).
+    assert [p.position for p in passages] == [user_position(3) - 1, user_position(3), user_position(3) + 1]
+    [passage] = [p for p in passages if FACT in p.text]
     assert passage.message_id == path[user_position(3)].id
     assert passage.role == "user"
     assert passage.tokens == count_text(passage.text, ENCODING)
@@ -265,7 +265,8 @@ async def test_the_limit_is_respected(history: History, recall: Recall) -> None:
     path = await stored(history, messages)
     hidden = list(range(1, 55))
     everything = await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, 100_000, ENCODING)
-    assert 1 < len(everything) <= 8
+    assert 1 < len([p for p in everything if FACT in p.text]) <= MAX_HITS
+    assert len(everything) <= 3 * MAX_HITS
     for limit in (1, 20, 60, 90, 200):
         passages = await recall.passages("t", "s", path, shown(path, hidden), "", QUESTION, limit, ENCODING)
         assert sum(p.tokens for p in passages) <= limit
@@ -294,8 +295,8 @@ async def test_a_huge_tool_output_gives_a_bounded_excerpt_holding_the_match(hist
     passages = await recall.passages(
         "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 2_000, ENCODING
     )
-    assert [p.position for p in passages] == [3]
-    (passage,) = passages
+    assert [p.position for p in passages] == [2, 3, 4]  # the call, its output, the answer after it
+    passage = passages[1]
     assert FACT in passage.text
     assert len(passage.text) <= MAX_PASSAGE_CHARS + 4
     assert passage.text.startswith("… ")
@@ -331,8 +332,8 @@ async def test_a_term_only_in_tool_call_arguments_is_found(history: History, rec
     passages = await recall.passages(
         "t", "s", path, shown(path, [1, 2, 3]), "", "which `kubectl` command did you run?", 500, ENCODING
     )
-    assert [p.position for p in passages] == [2]
-    assert "kubectl rollout" in passages[0].text
+    assert [p.position for p in passages] == [1, 2, 3]
+    assert "kubectl rollout" in passages[1].text
 
 
 @pytest.mark.parametrize(("ranked_first", "candidates", "sends_ids"), [(1, 32, True), (2, 2, True), (15, 2, False)])
@@ -375,3 +376,102 @@ async def test_the_hidden_messages_best_matches_are_found_however_many_are_ranke
     assert every
     assert all(passage.position in hidden for passage in every)
     assert any("ORDER BY score" in sql and "json_each" in sql for sql in statements) == sends_ids
+
+
+# --- ordinary language ---------------------------------------------------------------------------------------------
+
+CHAT = [
+    ("Caroline", "Hey Mel! Good to see you! How have you been?"),
+    ("Melanie", "Hey Caroline! I'm swamped with the kids and work. What's up with you?"),
+    ("Caroline", "I went to a LGBTQ support group yesterday and it was so powerful."),
+    ("Melanie", "Wow, that's cool, Caroline! What happened that was so awesome?"),
+    ("Caroline", "The transgender stories were so inspiring! I was so happy and thankful for all the support."),
+    ("Melanie", "Glad you found that, Caroline. I painted a lake sunrise last year, it's special to me."),
+    ("Caroline", "That's lovely! Painting is a fun way to express yourself."),
+    ("Melanie", "Thanks, Caroline. We're thinking about going camping next month."),
+    ("Caroline", "Researching adoption agencies is my dream now, I want to build a family."),
+    ("Melanie", "Wow, that's great news! I bet you'll be an awesome mom."),
+]
+
+
+def chat(*later: str) -> list[dict[str, Any]]:
+    """A system message, the chat's turns as user (Caroline) and assistant (Melanie) messages, then `later`
+    turns about something else, alternating."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be a friendly companion"}]
+    for speaker, said in CHAT:
+        messages.append({"role": "user" if speaker == "Caroline" else "assistant", "content": f"{speaker}: {said}"})
+    for index, said in enumerate(later):
+        messages.append({"role": "assistant" if index % 2 else "user", "content": said})
+    return messages
+
+
+LATER = ("Caroline: The weather is nice today.", "Melanie: Indeed, we might go to the beach with the kids.")
+
+
+async def test_an_ordinary_question_recalls_its_hidden_turn_with_the_turns_around_it(
+    history: History, recall: Recall
+) -> None:
+    question = "When did Caroline go to the support group?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    passages = await recall.passages(
+        "t", "s", path, shown(path, hidden), visible(path, hidden), question, 500, ENCODING
+    )
+    by_position = {p.position: p.text for p in passages}
+    assert {2, 3, 4} <= set(by_position)
+    assert "LGBTQ support group yesterday" in by_position[3]
+    assert by_position[2].startswith("Melanie: Hey Caroline!")
+    assert by_position[4].startswith("Melanie: Wow, that's cool")
+    assert set(by_position) <= {2, 3, 4, 5, 6}  # another turn about the support, with its neighbours at most
+
+
+async def test_a_word_is_found_by_its_stem(history: History, recall: Recall) -> None:
+    question = "What did Melanie say about her paintings?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    passages = await recall.passages(
+        "t", "s", path, shown(path, hidden), visible(path, hidden), question, 500, ENCODING
+    )
+    texts = [p.text for p in passages]
+    assert any("I painted a lake sunrise" in t for t in texts)
+    assert any("Painting is a fun way" in t for t in texts)
+
+
+async def test_a_question_the_visible_context_covers_recalls_nothing(history: History, recall: Recall) -> None:
+    """Never a hijack: a question whose every term the context shows gets no recall, however well the hidden
+    history matches it."""
+    question = "When did Caroline go to the support group?"
+    later = ("Caroline: My group meets on Tuesdays.", "Melanie: And the support you get there?")
+    path = await stored(history, [*chat(*later), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    assert "support group" not in view.replace(question, "").lower()
+    assert await recall.passages("t", "s", path, shown(path, hidden), view, question, 500, ENCODING) == []
+
+
+async def test_a_passage_sharing_one_word_with_a_long_question_is_below_the_threshold(
+    history: History, recall: Recall
+) -> None:
+    question = "Which bakery downtown sells the sourdough bread Caroline likes with her family?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    # `family` and `Caroline` are in hidden turns, but no turn holds half of what the question asks about.
+    assert await recall.passages("t", "s", path, shown(path, hidden), view, question, 500, ENCODING) == []
+
+
+async def test_neighbours_give_way_to_the_hit_when_the_limit_is_tight(history: History, recall: Recall) -> None:
+    question = "When did Caroline go to the support group?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    whole = await recall.passages("t", "s", path, shown(path, hidden), view, question, 500, ENCODING)
+    hit = [p for p in whole if p.position == 3]
+    tight = count_message(recall_message(hit), ENCODING)
+    passages = await recall.passages("t", "s", path, shown(path, hidden), view, question, tight, ENCODING)
+    assert [p.position for p in passages] == [3]
+    # A neighbour that is shown is not repeated.
+    passages = await recall.passages(
+        "t", "s", path, shown(path, [3, 4]), visible(path, [3, 4]), question, 500, ENCODING
+    )
+    assert [p.position for p in passages] == [3, 4]
