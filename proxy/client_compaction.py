@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.compaction.client_prompts import last_user_turn
+from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_user_turn
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
 from proxy.config import TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.history.reads import HistoryReads
-from proxy.references import reference
+from proxy.references import reference, reference_in
 from proxy.tokens import content_text
 
 CANDIDATE_SESSIONS = 8
@@ -34,19 +34,26 @@ REST_TOKENS = 600
 
 
 async def summarized_session(
-    history: HistoryReads, tenant: str, conversation: str
+    history: HistoryReads, tenant: str, asked: ClientCompaction, text: str
 ) -> tuple[str, list[StoredMessage]] | None:
-    """The session a serialized summary request (`Shape.SERIALIZED`) was written from, and its path: among the
-    tenant's most recently updated sessions, the first whose path holds the last user turn the request's
-    conversation text shows. None when no stored session does: the request is then not the proxy's to answer."""
-    wanted = last_user_turn(conversation)
-    if not wanted:
-        return None
-    for session_id, head_id in await history.recent_heads(tenant, CANDIDATE_SESSIONS):
+    """The session a serialized summary request (`Shape.SERIALIZED`) was written from, and its path, among the
+    tenant's most recently updated sessions: the first whose path holds the last user turn the request's
+    conversation text shows; for one that shows none (Pi asks again with nothing new, its earlier summary in
+    `<previous-summary>`), the first holding the message a reference in `text` names, else, for a client's own
+    prompt, the most recent. None when none is found: the request is then not the proxy's to answer."""
+    wanted = last_user_turn(asked.conversation)
+    named = None if wanted else reference_in([{"role": "user", "content": text}])
+    heads = await history.recent_heads(tenant, CANDIDATE_SESSIONS)
+    for session_id, head_id in heads:
         path = await history.path_to(head_id)
-        if any(_same_turn(stored, wanted) for stored in reversed(path)):
+        if wanted and any(_same_turn(stored, wanted) for stored in reversed(path)):
             return session_id, path
-    return None
+        if named is not None and any(stored.id == named[1] for stored in path):
+            return session_id, path
+    if wanted or named is not None or asked.recognizer is UNKNOWN_CLIENT or not heads:
+        return None
+    session_id, head_id = heads[0]
+    return session_id, await history.path_to(head_id)
 
 
 def _same_turn(stored: StoredMessage, wanted: str) -> bool:

@@ -57,7 +57,7 @@ from proxy.journal.writer import Journal
 from proxy.plan import Plan
 from proxy.references import References
 from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
-from proxy.tokens import encoding_for_model
+from proxy.tokens import content_text, encoding_for_model
 from proxy.types import Chunk
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
@@ -197,7 +197,8 @@ class Pipeline:
         """A summary request of its own holding the conversation as text (Pi, OpenCode): answered, with no model
         call, for the stored session whose path holds the last user turn that text shows; None when no session
         does (the request then goes to the model like any other)."""
-        found = await summarized_session(self.history, tenant, asked.conversation)
+        prompt = content_text(conversation.messages[-1].get("content"), "\n")
+        found = await summarized_session(self.history, tenant, asked, prompt)
         if found is None:
             log.info("a %s summary request names no stored conversation: sent to the model", asked.recognizer.client)
             return None

@@ -113,3 +113,30 @@ def test_a_serialized_summary_of_a_conversation_the_proxy_never_saw_goes_to_the_
         model="fake", messages=[{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": text}]
     )
     assert len(fake.requests) == 1
+
+
+PI_UPDATE = (  # its UPDATE_SUMMARIZATION_PROMPT's opening
+    "The messages above are NEW conversation messages to incorporate into the existing summary provided in "
+    "<previous-summary> tags."
+)
+
+
+def test_pi_asking_again_with_nothing_new_is_answered_for_the_session_its_summary_names(
+    client: openai.OpenAI, proxy: ProxyServer, fake: FakeUpstream
+) -> None:
+    """Pi compacts again when the window it was told about is still full, with no turn to summarize: an empty
+    `<conversation>` and its previous summary (the proxy's, with its reference)."""
+    history = converse(client, 3)
+    first = f"<conversation>\n{serialized(history[:3], chr(10) * 2)}\n</conversation>\n\n{PI_PROMPT}"
+    summary = client.chat.completions.create(
+        model="fake", messages=[{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": first}]
+    )
+    calls = len(fake.requests)
+    previous = summary.choices[0].message.content
+    again = f"<conversation>\n\n</conversation>\n\n<previous-summary>\n{previous}\n</previous-summary>\n\n{PI_UPDATE}"
+    answer = client.chat.completions.create(
+        model="fake", messages=[{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": again}]
+    )
+    assert len(fake.requests) == calls
+    assert "ctxinf1." in (answer.choices[0].message.content or "")
+    assert len(sessions(proxy)) == 1
