@@ -29,7 +29,7 @@ from proxy.config import Config, parse_config
 from proxy.server import server_options
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 
 
