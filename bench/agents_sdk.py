@@ -3,7 +3,7 @@ session, with the SDK's compaction session as its docs show it (`OpenAIResponses
 `SQLiteSession`), in `--mode` `auto` (its default), `input` or `previous_response_id`.
 
 The SDK needs openai 3.x, which the project's LiteLLM cannot share an environment with, so it runs in a venv of its
-own (bench/harness/installs.py): one child process for the whole session reads a prompt a line from stdin, runs
+own (tests/support/client_installs.py): one child process for the whole session reads a prompt a line from stdin, runs
 `Runner.run` with a `shell` function tool, and prints the turn's outcome as a JSON line. The marathon itself (fake
 upstream, proxy in its own process, per-turn figures) is bench/harness/marathon.py's.
 
@@ -22,9 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness.installs import venv_python
 from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option
+from tests.support.client_installs import venv_python
 
 REQUIREMENT = "openai-agents==0.24.0"
 MODEL = "gpt-5.6-luna"
@@ -72,7 +72,8 @@ def marathon_agent(args: argparse.Namespace, python: Path) -> Agent:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp)
 
         def run_turn(_number: int, prompt: str) -> tuple[int, bool, str]:
-            assert child.stdin is not None and child.stdout is not None
+            assert child.stdin is not None
+            assert child.stdout is not None
             child.stdin.write(prompt.replace("\n", " ") + "\n")
             child.stdin.flush()
             line = child.stdout.readline()

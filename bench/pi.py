@@ -22,9 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import run_cli
-from bench.harness.installs import npm_bin
 from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
 from bench.harness.report import Report, add_json_option
+from tests.support.client_installs import npm_bin
 
 PACKAGE, VERSION = "@earendil-works/pi-coding-agent", "0.74.2"
 MODEL = "pi-model"
