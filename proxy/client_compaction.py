@@ -31,6 +31,9 @@ CANDIDATE_SESSIONS = 8
 """The tenant's most recent sessions a serialized summary request is looked for in."""
 REST_TOKENS = 600
 """The extractive summary of the turns no span covers yet: short, since the proxy sends the turns themselves."""
+REST_MESSAGES = 64
+"""At most the last this many of them are read for it: a client that compacts every turn (Pi told a small
+`maxTokens`) must not cost a pass over a long path each time."""
 
 
 async def summarized_session(
@@ -74,7 +77,7 @@ def summary_text(path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end
             continue
         parts.append(span.content)
         covered = span.end_depth + 1
-    rest: list[dict[str, Any]] = [stored.message for stored in path[covered:]]
+    rest: list[dict[str, Any]] = [stored.message for stored in path[max(covered, len(path) - REST_MESSAGES) :]]
     if rest:
         parts.append(extractive_summary(rest, REST_TOKENS))
     kept = (
