@@ -7,9 +7,10 @@ its own whose one user message holds the conversation written out as text (`[Use
 `<conversation>` tags, then the prompt (Pi, OpenCode); the proxy answers for the stored session that text
 comes from. A serialized request from a client not listed here is recognized by its structure alone: no tools,
 one user message with a `<conversation>` block of role-marked turns that asks for a summary — and only answered
-when the last user turn written in it is one the proxy holds (`proxy.client_compaction.summarized_session`), so a
-user's ordinary question is never taken for one. The Responses API's own compaction (`compaction_trigger`,
-`/v1/responses/compact`) is a request field, read by its door (`proxy.doors.responses.compaction`).
+when the last user turn written in it is one the proxy holds
+(`proxy.request.client_compaction.summarized_session`), so a user's ordinary question is never taken for one.
+The Responses API's own compaction (`compaction_trigger`, `/v1/responses/compact`) is a request field, read by its
+door (`proxy.doors.responses.compaction`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from proxy.canonical.types import Message
 from proxy.tokens import content_text
-from proxy.types import Message
 
 
 class Shape(Enum):

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.canonical.types import Clock
 from proxy.compaction.layout import Span
-from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
-from proxy.types import Clock
 
 _ID = operator.attrgetter("id")
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import tokens
+from proxy.canonical.types import Clock, Message
+from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import (
@@ -54,8 +56,6 @@ from proxy.history.settings import fold
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
-from proxy.types import Clock, Message
-from proxy.vocabulary import ITEMS
 
 _STORED = operator.attrgetter("stored")
 
@@ -308,7 +308,7 @@ class History(HistoryReads):
     async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:
         """Attach setting changes (a None value removes the key) to the request's conversation end: they hold
         for every request that continues from there, and for no other conversation (docs/architecture.md,
-        "Session")."""
+        "Glossary": session)."""
         tenant = reconciled.session.tenant
         message_id = reconciled.end_id
         now = self.clock()

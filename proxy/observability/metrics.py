@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.config import STRATEGY_NAMES
+from proxy.config.schema import STRATEGY_NAMES
 from proxy.cost import TokenCost
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

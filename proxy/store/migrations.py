@@ -133,7 +133,7 @@ def m003_journal(connection: Connection) -> None:
 
 
 def m004_conversations(connection: Connection) -> None:
-    """Real tools' conversations (docs/architecture.md, "Message chain" and "Session").
+    """Real tools' conversations (docs/architecture.md, "Glossary": message chain, session).
 
     - `message_variants`: the other forms a node was re-sent in (a rewritten system prompt, a history restored
       with changed whitespace); the node's `body` stays the first form.

@@ -31,7 +31,7 @@ import psycopg.errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from proxy.config import redacted_url
+from proxy.config.schema import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated

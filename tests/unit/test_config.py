@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import (
+from proxy.config.schema import (
     DEFAULT_KEEP_EVENTS_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SOCKETS_PER_KEY,

@@ -9,7 +9,7 @@ import time
 from proxy.compaction.builder import Policy
 from proxy.compaction.precompaction import Precompactions
 from proxy.compaction.spans import CompactionRequest
-from proxy.config import ContextConfig
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from tests.unit.test_span_store import conversation, request, stored_path, total

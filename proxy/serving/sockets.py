@@ -2,7 +2,7 @@
 
 uvicorn's own (websockets' sans-I/O protocol, the one `uvicorn[standard]` picks) keeps a socket for as long as its
 client answers pings, counts it toward `server.max_connections` without ever making room, and waits for ever for
-a client that reads nothing. `SocketProtocol` mixes in what every connection has (`proxy.connections`):
+a client that reads nothing. `SocketProtocol` mixes in what every connection has (`proxy.serving.connections`):
 - A socket is *idle* while the app waits for its client's next message (in WebSocket mode, the next
   `response.create`) and none has arrived; a socket answering is never idle, however long its answer takes.
   An idle socket `waiting_since`, so past `server.max_connections` a new connection closes it as it would an idle
@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from uvicorn._types import ASGIReceiveEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from proxy.connections import ClientConnection, peer
+from proxy.serving.connections import ClientConnection, peer
 
 GOING_AWAY = 1001
 """The close code of a socket the server closes (RFC 6455: "going away")."""

@@ -9,13 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.budget.budgets import Budget, Budgets
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.compactor import Compactor
-from proxy.config import Config, ModelEntry
-from proxy.conversation import Conversation
+from proxy.config.schema import Config, ModelEntry
 from proxy.errors import ContextTooLarge, NotFound
 from proxy.offload import compute
 from proxy.tokens import count_definitions, count_message, count_prompt, encoding_for_model, rough_size
-from proxy.vocabulary import SYSTEM_ROLES
 
 TOOL_CHARS = 2_000
 """About what one tool definition of an agent's holds: how the work of counting them is sized (`offload`)."""

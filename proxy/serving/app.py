@@ -23,19 +23,19 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from proxy.auth import Caller, authenticate, authenticate_admin
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.doors.body import parse_json_object, parse_off_loop, request_body
 from proxy.doors.door import Doors, DoorType, error_response
 from proxy.doors.paging import page_params
 from proxy.doors.registry import DOORS
 from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
-from proxy.heap import freeze_loaded
+from proxy.inspection.pinning import checked_ids
 from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
 from proxy.offload import Lane, json_pieces
-from proxy.pinning import checked_ids
-from proxy.services import Services, open_services
+from proxy.serving.heap import freeze_loaded
+from proxy.serving.services import Services, open_services
 from proxy.tokens import encoding_for_model, load_encoding
 from proxy.ui.routes import ui_routes
 

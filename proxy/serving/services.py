@@ -25,19 +25,19 @@ from proxy.compaction.recall import Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.history.answers import Answers
 from proxy.history.pins import Pins
 from proxy.history.store import History
-from proxy.inspection import Inspector
+from proxy.inspection.views import Inspector
 from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
 from proxy.observability.metrics import Metrics
-from proxy.pipeline import Pipeline
+from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
-from proxy.upstream.redaction import Redactor
+from proxy.upstream import credentials
 from proxy.upstream.router import UpstreamRouter
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ async def open_services(
             journal.owner = owners.id
             await recovery.recover()
         upstream = UpstreamRouter(
-            config.upstream, config.models, Redactor.from_config(config), config.request_limits.max_answer_chars
+            config.upstream, config.models, credentials.redactor(config), config.request_limits.max_answer_chars
         )
         ttl_s = config.context.correction_ttl_s
         budgets = Budgets(

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budgets
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.groups import cut_points, with_tool_groups
 from proxy.compaction.path_items import builder_item, pinned_groups
-from proxy.config import Config, ModelEntry
+from proxy.config.schema import Config, ModelEntry
 from proxy.errors import InvalidRequest, json_type
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.tokens import count_prompt
-from proxy.vocabulary import SYSTEM_ROLES
 
 MAX_PIN_IDS = 1_000
 """Message ids one pin or unpin request may name."""

@@ -3,7 +3,7 @@
 A client that compacts its own context keeps something short instead of its turns: Codex a `compaction` item,
 Claude Code and Codex's local compaction a summary message. When the proxy writes that thing, it puts in a
 reference to the stored conversation (the id of its last message), and a later request that carries it is
-expanded back to that conversation (`proxy.continuations`): the session keeps every original. A message id is a
+expanded back to that conversation (`proxy.request.continuations`): the session keeps every original. A message id is a
 content address under the tenant's root, so a changed reference names nothing, and another tenant's names
 nothing of theirs.
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.sharing import shared_prefix
+from proxy.canonical.sharing import shared_prefix
 from proxy.tokens import content_text
 
 TOKEN_PREFIX = "ctxinf1."
@@ -78,7 +78,7 @@ class _Scan:
 class References:
     """`reference_in` for a tenant's requests, each looked through only past what it shares with one of the
     tenant's scans among the last `RECENT_SCANS` (as the doors keep their last requests: the messages a scan
-    holds are theirs) as the very same message objects (`proxy.sharing`): what the shared part holds is known
+    holds are theirs) as the very same message objects (`proxy.canonical.sharing`): what the shared part holds is known
     from that scan. Process memory, correct to lose."""
 
     def __init__(self, scans: int = RECENT_SCANS) -> None:

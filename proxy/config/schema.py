@@ -16,14 +16,18 @@ from typing import Any
 
 import yaml
 
-from proxy.config_sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
-from proxy.config_sections import Section, expand, file_key, read_fields, setting
+from proxy.config.sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
+from proxy.config.sections import Section, expand, file_key, read_fields, setting
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
-UPSTREAM_APIS = ("CHAT", "RESPONSES", "MESSAGES")
-"""`models[].api`, compared without case."""
+CHAT_API = "chat"
+RESPONSES_API = "responses"
+MESSAGES_API = "messages"
+UPSTREAM_APIS = (CHAT_API, RESPONSES_API, MESSAGES_API)
+"""`models[].api` (compared without case): chat, any provider through LiteLLM, and the native APIs, each spoken by
+the one client that declares it (`proxy.upstream.natives.NATIVE_CLIENTS`, which a test holds to this list)."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
 DEFAULT_MAX_BODY_VALUES = 1_000_000
@@ -95,7 +99,7 @@ class ServerConfig:
     max_connections: int | None = setting(None, minimum=1)
     """Open client connections; a new one beyond closes the one waiting longest for a request, else the slowest
     body (below `min_body_rate`), else is served only as a health check. None: half of what the open-file limit
-    leaves (`proxy.server.default_max_connections`)."""
+    leaves (`proxy.serving.server.default_max_connections`)."""
     min_body_rate: float = setting(DEFAULT_MIN_BODY_RATE, low=0.0, high=1e12)
     """Bytes a second: a request body arriving slower (after a second) makes its connection evictable when
     `max_connections` is reached."""
@@ -145,7 +149,7 @@ class ModelEntry:
     api_key: str | None = setting(None, repr=False)
     context_window: int | None = setting(None, minimum=256)
     max_output: int | None = setting(None, minimum=1)
-    api: str = setting("chat", choices=UPSTREAM_APIS)
+    api: str = setting(CHAT_API, choices=tuple(api.upper() for api in UPSTREAM_APIS))
     """What the upstream speaks natively: `chat` (chat completions through LiteLLM, any provider: every door
     reaches it), `responses` (OpenAI's Responses API itself, for the Responses door: input items, encrypted
     reasoning and ids reach it as the client sent them) or `messages` (Anthropic's Messages API itself, for the
@@ -184,7 +188,7 @@ class ContextConfig:
     client_compaction: bool = True
     """Answer a client's own compaction request (Claude Code's /compact, Codex's local compaction) from what the
     proxy holds, with no model call, and expand its summary back to the whole conversation later; false: such a
-    request goes to the model like any other (`proxy.client_compaction`)."""
+    request goes to the model like any other (`proxy.request.client_compaction`)."""
 
 
 @dataclass(frozen=True)

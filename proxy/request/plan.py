@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.budget.budgets import Budget
+from proxy.canonical.answers import ContextReport
 from proxy.compaction.compactor import WorkingContext
 from proxy.compaction.spans import Allowance
-from proxy.config import ModelEntry
-from proxy.conversation import ContextReport
+from proxy.config.schema import ModelEntry
 from proxy.history.messages import Reconciled
+from proxy.journal.steps import DOOR_STATE
 
 
 @dataclass(frozen=True)
@@ -26,19 +27,19 @@ class Plan:
     prepared: WorkingContext
     encoding: str
     allowance: Allowance
-    wire: Mapping[str, Any]
+    door_state: Mapping[str, Any]
 
     def context(self) -> dict[str, Any]:
         """What the step records of it: the report's numbers, what its definitions cost (the session views plan
         the next request with them), the system prompts as sent, and what the client's door keeps of the request
-        (`Conversation.wire`)."""
+        (`Conversation.door_state`)."""
         context = {
             **self.report.as_json(),
             "definitions": self.budget.definitions,
             "pinned": self.reconciled.pinned_forms(),
         }
-        if self.wire:
-            context["wire"] = dict(self.wire)
+        if self.door_state:
+            context[DOOR_STATE] = dict(self.door_state)
         return context
 
     @property

@@ -1,5 +1,5 @@
 """What the inspection endpoints and the CLI show: sessions, their history, summaries, pins and compaction
-events, the journal. Pin writes are `proxy.pinning`'s; `Inspector.pin` and `unpin` find the session for them.
+events, the journal. Pin writes are `proxy.inspection.pinning`'s; `Inspector.pin` and `unpin` find the session for them.
 
 The HTTP routes and `context-proxy sessions|journal` share these views (as JSON-ready dicts), so a person
 reading the terminal and a program reading JSON see the same facts. A session's usage is what its last request
@@ -16,22 +16,22 @@ from typing import Any
 
 from proxy.budget.budgets import Budgets
 from proxy.budget.limits import ModelLimits
+from proxy.canonical.answers import usage_text
 from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import pinned_groups
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config import Config, ModelEntry
-from proxy.conversation import usage_text
+from proxy.config.schema import Config, ModelEntry
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage, StoredPath, token_counts
 from proxy.history.pins import Pins
 from proxy.history.store import History
+from proxy.inspection.pinning import Pinning, checked_ids
 from proxy.journal.costs import session_cost, with_summarizer_calls
 from proxy.journal.reader import DEFAULT_PAGE, JournalReader
 from proxy.journal.steps import StepStatus
 from proxy.offload import compute
-from proxy.pinning import Pinning, checked_ids
 from proxy.tokens import count_prompt, encoding_for_model
 
 YELLOW_AT = 70

@@ -1,7 +1,7 @@
 """The proxy's in-band vocabulary: every key it carries inside the canonical dicts, declared once.
 
-The canonical form is OpenAI's chat shape (`proxy.types`); a few things ride inside it under keys of the proxy's
-own: the parts of another API a message stands for, a native upstream's events and answers, and the origin of
+The canonical form is OpenAI's chat shape (`proxy.canonical.types`); a few things ride inside it under keys of the
+proxy's own: the parts of another API a message stands for, a native upstream's events and answers, and the origin of
 messages the proxy writes itself (so it never has to recognize them by their text). A chat upstream must never
 see them: `chat_messages` is the one place they are stripped.
 """
@@ -13,7 +13,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.types import Message
+from proxy.canonical.types import Message
 
 SYSTEM_ROLES = ("system", "developer")
 """The roles of the instructions a conversation carries: pinned context, identified by their place (`history.chain`)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.pieces import Pieces
+from proxy.canonical.pieces import Pieces
 
 JSONObject = dict[str, Any]
 Message = dict[str, Any]
@@ -54,7 +54,8 @@ class NativeRequest:
     with the same `api` is sent, with the working context put in that API's form (`proxy.upstream.router`)."""
 
     api: str
-    """`responses` or `messages`: the API, as a model entry's `api` names it."""
+    """The API (`RESPONSES_API`, `MESSAGES_API`: `proxy.config.schema.UPSTREAM_APIS`), as a model entry's `api`
+    names it and its client in `proxy.upstream.natives` declares it."""
     body: Mapping[str, Any]
     """The request's other fields, as sent."""
     headers: Mapping[str, str] = field(default_factory=dict)

@@ -1,5 +1,5 @@
 """Reading a config file's sections: `${VAR}` expansion, typed keys with their limits, and errors that name
-the key (`models[1].context_window: must be …`), so that `proxy.config` only says what the keys are.
+the key (`models[1].context_window: must be …`), so that `proxy.config.schema` only says what the keys are.
 
 A key is declared once, as a field of a config dataclass (`setting`: its default, limits, and its name in the
 file when that differs); `read_fields` reads the fields by their types, and refuses the keys no field declares.

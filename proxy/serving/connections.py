@@ -1,14 +1,14 @@
 """What every client connection shares, HTTP or upgraded to a WebSocket: a write deadline, and being evictable.
 
-The proxy serves with two of uvicorn's protocols, `proxy.server.DeadlineProtocol` (HTTP) and
-`proxy.socket_protocol.SocketProtocol` (a WebSocket, once a request upgraded); both mix `ClientConnection` in,
+The proxy serves with two of uvicorn's protocols, `proxy.serving.server.DeadlineProtocol` (HTTP) and
+`proxy.serving.sockets.SocketProtocol` (a WebSocket, once a request upgraded); both mix `ClientConnection` in,
 so that one mechanism bounds both:
 - A connection whose client takes none of its bytes for `server.write_timeout_s` (the transport's buffer full,
   writing paused) is reset. The app hears the client leave; a stream's relay journals the answer to its end.
 - `waiting_since` says since when a connection waits for its client's next request (HTTP: its headers, or an
   idle keep-alive; a socket: its next `response.create`), None while one is under way. Past
   `server.max_connections` a new connection `evict`s the one that has waited longest, whatever its kind
-  (`proxy.server.DeadlineProtocol`).
+  (`proxy.serving.server.DeadlineProtocol`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class ClientConnection(asyncio.Protocol):
     waiting_since: float | None = None
     """Since when it waits for its client's next request (None while one is under way)."""
     spare: bool = False
-    """Accepted on a spare socket while every connection was busy (`proxy.server.HEALTH_RESERVE`)."""
+    """Accepted on a spare socket while every connection was busy (`proxy.serving.server.HEALTH_RESERVE`)."""
     _write_deadline: asyncio.TimerHandle | None = None
 
     def slow_body_rate(self, now: float) -> float | None:

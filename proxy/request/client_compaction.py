@@ -5,12 +5,12 @@ and OpenCode's summary calls), answered by the proxy from what it holds, with no
 Such a request is the whole conversation followed by a prompt asking for a summary; the client then replaces its
 turns with the summary. The proxy keeps every turn and compacts by itself, so it answers the prompt at once: the
 spans it wrote for older turns and an extractive summary of the rest, and a reference to the stored conversation
-(`proxy.references`). When the client sends the summary back, the reference makes the proxy send its own working
-context of the whole conversation instead (`proxy.continuations`): one session, every original still reachable
+(`proxy.request.references`). When the client sends the summary back, the reference makes the proxy send its own working
+context of the whole conversation instead (`proxy.request.continuations`): one session, every original still reachable
 (inspection, recall, a bigger model). A client that sends its conversation serialized as text in a request of
 its own (Pi, OpenCode) is answered for the stored session that text comes from; the reference then names that
 session's head, and the turns the client keeps after its summary are found in the stored path
-(`proxy.continuations`). The switch is `context.client_compaction`.
+(`proxy.request.continuations`). The switch is `context.client_compaction`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_user_turn
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
-from proxy.config import TOOL_RESULTS
+from proxy.config.schema import TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.history.reads import HistoryReads
-from proxy.references import reference, reference_in
+from proxy.request.references import reference, reference_in
 from proxy.tokens import content_text
 
 CANDIDATE_SESSIONS = 8

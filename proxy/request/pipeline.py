@@ -4,7 +4,7 @@
     budget         an output request fitted to the model (when the client asked for its own model's); an
                    impossible max_tokens is refused before the first write
     journal        an Idempotency-Key retry is answered from the journal
-    continuation   a continued answer's conversation put before the request's own (`proxy.continuations`)
+    continuation   a continued answer's conversation put before the request's own (`proxy.request.continuations`)
     history        under the session lock: reconcile the re-sent messages, remember budget settings
     budget         the effective input budget (request, session, learned corrections)
     compaction     the working context, summarizing first when it does not fit
@@ -25,24 +25,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from proxy import continuations
 from proxy.budget.budgets import Budgets
 from proxy.budget.corrections import Refused
-from proxy.client_compaction import summarized_session, summary_text
+from proxy.canonical.answers import Answer, Compacted, Completed, StepRef, Streaming
+from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
+from proxy.canonical.types import Chunk
 from proxy.compaction.client_prompts import ClientCompaction, Shape, recognize
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
-from proxy.config import Config, ModelEntry
-from proxy.conversation import (
-    Answer,
-    Compacted,
-    Completed,
-    ContextMode,
-    ContextOptions,
-    Conversation,
-    Replayed,
-    StepRef,
-    Streaming,
-)
+from proxy.config.schema import Config, ModelEntry
 from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
@@ -51,18 +41,19 @@ from proxy.journal.assembly import Assembly, assemble
 from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.relay import StreamRelay
-from proxy.journal.replay import answer_chunks
+from proxy.journal.replay import replayed
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.plan import Plan
-from proxy.references import References
-from proxy.request_budget import count_tokens, counted, fit_output, model_entry, request_budget
+from proxy.request import continuations
+from proxy.request.budget import count_tokens, counted, fit_output, model_entry, request_budget
+from proxy.request.client_compaction import summarized_session, summary_text
+from proxy.request.plan import Plan
+from proxy.request.references import References
 from proxy.tokens import content_text, encoding_for_model
-from proxy.types import Chunk
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
-from proxy.upstream.protocol import Upstream
+from proxy.upstream.protocol import Upstream, UpstreamCall
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +62,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The stages of the request path, wired once (`proxy.services`)."""
+    """The stages of the request path, wired once (`proxy.serving.services`)."""
 
     config: Config
     history: History
@@ -81,12 +72,12 @@ class Pipeline:
     compactor: Compactor
     budgets: Budgets
     background: set[asyncio.Task[None]]
-    """Streams still being relayed: shutdown lets them seal (`proxy.services`)."""
+    """Streams still being relayed: shutdown lets them seal (`proxy.serving.services`)."""
     references: References = field(default_factory=References)
-    """Which message of a request carries a reference the proxy wrote (`proxy.continuations`)."""
+    """Which message of a request carries a reference the proxy wrote (`proxy.request.continuations`)."""
 
     async def continued(self, tenant: str, conversation: Conversation) -> tuple[Conversation, str | None]:
-        """The conversation with what it continues put in, and that answer's session (`proxy.continuations`)."""
+        """The conversation with what it continues put in, and that answer's session (`proxy.request.continuations`)."""
         return await continuations.continued(self.reader, self.history, self.references, tenant, conversation)
 
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
@@ -103,7 +94,7 @@ class Pipeline:
             replay = await self.reader.replay(tenant, key, fingerprint)
             if replay is not None:
                 record, stored = replay
-                return Replayed.of(record, answer_chunks(record, stored, conversation.stream))
+                return replayed(record, stored, conversation.stream)
         asked = self._client_compaction(conversation)
         planned = None
         if asked is not None and asked.shape is Shape.SERIALIZED:
@@ -181,7 +172,7 @@ class Pipeline:
         entry: ModelEntry,
         asked: ClientCompaction,
     ) -> tuple[Plan, Upstream]:
-        """A client's request for a summary of its conversation (`proxy.client_compaction`): the conversation
+        """A client's request for a summary of its conversation (`proxy.request.client_compaction`): the conversation
         without the request's prompt is stored, and answered by the proxy from its own spans, with no model call."""
         plan = await self._saved(tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry)
         return plan, await self._summary(tenant, plan, asked)
@@ -229,10 +220,10 @@ class Pipeline:
             reconciled = await self._remember_settings(reconciled, options)
         budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
-        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.wire)
+        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.door_state)
 
     async def count_tokens(self, conversation: Conversation) -> int:
-        """What the proxy would send for `conversation` (`request_budget.count_tokens`)."""
+        """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
         return await count_tokens(self.config, self.budgets, self.compactor, conversation)
 
     async def _interrupt(self, step_begun: asyncio.Task[Step]) -> None:
@@ -285,7 +276,7 @@ class Pipeline:
                 ),
                 options,
             )
-        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.wire)
+        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.door_state)
 
     async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
         """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a
@@ -377,13 +368,7 @@ class Pipeline:
             total_s = self.config.upstream.stream_deadline_s
             try:
                 async with asyncio.timeout(total_s) as call:
-                    return await upstream.complete(
-                        plan.entry,
-                        plan.prepared.messages,
-                        conversation.params,
-                        conversation.native,
-                        conversation.raw_messages,
-                    )
+                    return await upstream.complete(upstream_call(conversation, plan))
             except TimeoutError as exc:
                 if not call.expired():
                     raise
@@ -420,13 +405,7 @@ class Pipeline:
             deadlines = StreamDeadlines.from_config(self.config.upstream)
             try:
                 async with asyncio.timeout_at(deadlines.first_chunk) as opening:
-                    chunks = await upstream.open_stream(
-                        plan.entry,
-                        plan.prepared.messages,
-                        conversation.params,
-                        conversation.native,
-                        conversation.raw_messages,
-                    )
+                    chunks = await upstream.open_stream(upstream_call(conversation, plan))
             except TimeoutError as exc:
                 if not opening.expired():
                     raise
@@ -448,3 +427,10 @@ class Pipeline:
             write_timeout_s=self.config.server.write_timeout_s,
         )
         return Streaming(relay.events(), sent.report, StepRef(step.id, step.created_at))
+
+
+def upstream_call(conversation: Conversation, plan: Plan) -> UpstreamCall:
+    """What the upstream is given for one attempt: the plan's working context, the request as it came."""
+    return UpstreamCall(
+        plan.entry, plan.prepared.messages, conversation.params, conversation.native, conversation.raw_messages
+    )

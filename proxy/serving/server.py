@@ -4,22 +4,23 @@ uvicorn's protocols time out only an idle keep-alive connection: a client that s
 app never reads, one byte at a time holds its socket for ever, and enough of them exhaust the open-file limit.
 `DeadlineProtocol` (uvicorn's httptools protocol, which `uvicorn[standard]` installs) closes a connection whose
 request headers are not complete within `server.header_timeout_s` of its first byte (or of the connection),
-and one whose body is not complete within `server.body_timeout_s` of its headers plus a grace period. The
-chat door enforces the same body deadline itself (`proxy.doors.body.read_body`) and answers a 408 first; the
-protocol's timer is the backstop for a body nobody reads. A response whose client takes none of its bytes for
-`server.write_timeout_s` (its socket and the transport's buffer full) is dropped: the connection is aborted,
-which the app hears as the client leaving (a stream's relay journals the answer to its end); an upgraded
-WebSocket (`proxy.socket_protocol`) has the same write deadline (`proxy.connections`). The keep-alive
-timeout stays well above common clients' own (httpx, and so the OpenAI SDK, keeps an idle connection 5 s): a
-server that closes at the same moment races the client's next request on that connection, which then fails with
-a `ReadError`.
+and one whose body is not complete within `server.body_timeout_s` of its headers plus a grace period. Every
+route that reads a body (each door, the pin routes) enforces the same deadline itself (`proxy.doors.body.read_body`)
+and answers a 408 `request_timeout` first, with `Connection: close`; the protocol's timer is the backstop for a
+body nobody reads. A response whose client takes none of its bytes for `server.write_timeout_s` (its socket and
+the transport's buffer full) is dropped: the connection is aborted, which the app hears as the client leaving (a
+stream's relay journals the answer to its end); an upgraded WebSocket (`proxy.serving.sockets`) has the same write
+deadline (`proxy.serving.connections`). The keep-alive timeout stays well above common clients' own (httpx, and so
+the OpenAI SDK, keeps an idle connection 5 s): a server that closes at the same moment races the client's next
+request on that connection, which then fails with a `ReadError`.
 
 A request's line and headers together are capped at `server.max_header_bytes`: bytes are counted as they
 arrive, before httptools sees them (it gathers a header in memory piece by piece, so a 64 MB one costs its size
-several times over and stalls the loop), and the request that outgrows the cap is answered 431 in OpenAI's
-error shape (before auth: no app code runs) with `Connection: close`. The connection is then read for a short
-while with what arrives dropped, and closed: closing a socket with unread data resets it, and the client would
-lose the answer it has not read yet.
+several times over and stalls the loop), and the request that outgrows the cap is answered 431
+`request_headers_too_large` in the error shape of the door its path lies under, OpenAI's elsewhere (`refusal`;
+before auth: no app code runs), with `Connection: close`. The connection is then read for a short while with what
+arrives dropped, and closed: closing a socket with unread data resets it, and the client would lose the answer it
+has not read yet.
 
 Sockets are capped where they are accepted: past `server.max_connections` (by default about half the process's
 open-file limit, the other half left to upstream connections and the store) a new connection makes room by closing
@@ -28,9 +29,9 @@ keep-alive, or a WebSocket waiting for its next request), else the slowest whose
 `BODY_RATE_GRACE_S` or more, slower than `server.min_body_rate` bytes a second (a body the app is not reading, its
 socket paused, is not the client's fault and is kept). When nothing is evictable the new connection takes one of
 `HEALTH_RESERVE` spare sockets where only a health check (`HEALTH_PATHS`) is served, then closed; anything else is
-answered 503 `server_busy` with `Connection: close`. Slow clients thus cannot take the sockets real clients need,
-health checks are answered while every slot is full, and the process never meets its open-file limit (which `serve`
-raises to the hard limit).
+answered 503 `server_busy` (`Retry-After`, in its door's shape) with `Connection: close`. Slow clients thus cannot
+take the sockets real clients need, health checks are answered while every slot is full, and the process never
+meets its open-file limit (which `serve` raises to the hard limit).
 
 The CLI (`serve`) and the end-to-end tests' server both take their options from `server_options`.
 """
@@ -47,12 +48,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.config import ServerConfig
-from proxy.connections import ClientConnection, peer
+from proxy.config.schema import ServerConfig
 from proxy.doors.door import error_door
 from proxy.doors.registry import DOORS
 from proxy.errors import ClientError, ProxyError, openai_error
-from proxy.socket_protocol import SocketProtocol
+from proxy.serving.connections import ClientConnection, peer
+from proxy.serving.sockets import SocketProtocol
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -85,7 +86,7 @@ class ServerBusy(ProxyError):
     status, type, code = SERVER_BUSY, "server_error", "server_busy"
 
 
-class HeldBody(bytearray):
+class ChunkedBody(bytearray):
     """The body bytes a request's cycle holds until the app receives them, kept as the parser's own chunks.
 
     uvicorn's cycle appends each chunk to a bytearray and copies that into new bytes on `receive`: two copies of
@@ -278,8 +279,8 @@ class DeadlineProtocol(ClientConnection, HttpToolsProtocol):
         if self._refused:
             return
         self._body_bytes += len(body)
-        if self.cycle is not None and type(self.cycle.body) is not HeldBody:
-            self.cycle.body = HeldBody()  # the cycle's empty bytearray (again after each `receive`)
+        if self.cycle is not None and type(self.cycle.body) is not ChunkedBody:
+            self.cycle.body = ChunkedBody()  # the cycle's empty bytearray (again after each `receive`)
         super().on_body(body)
 
     def on_message_complete(self) -> None:

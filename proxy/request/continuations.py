@@ -1,5 +1,6 @@
 """A request that continues a stored answer (Responses' `previous_response_id`): the conversation up to it, from
-the history, put before the request's own messages.
+the history, put before the request's own messages. The one place continuations are resolved: from the store
+(`continued`), and on a WebSocket from what that socket answered or was warmed up with (`SocketContinuations`).
 
 The answer is a journal step; the door that answered keeps with it whether it may be read back (`StepRecord.
 readable_through`), so a response sent with `store: false` or deleted, another tenant's and an unknown id all
@@ -10,18 +11,18 @@ must still pair every tool output with a call before it, as every provider requi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.tool_pairs import unanswered_output
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history import chain
-from proxy.history.chain import unanswered_output
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
-from proxy.references import References
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.request.references import References
 
 RECENT_SESSIONS = 8
 """The tenant's most recent sessions an instructionless compaction request is compared with."""
@@ -68,7 +69,7 @@ async def _summarized(
     history: History, references: References, tenant: str, conversation: Conversation
 ) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
-    reference, `proxy.references`): the summary and the turns the client kept before it give way to the stored
+    reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
     conversation it stands for. A reference to nothing of this tenant's is left as it is."""
     found = references.find(tenant, conversation.messages)
     if found is None:
@@ -131,10 +132,37 @@ def extended(conversation: Conversation, earlier: list[Message]) -> Conversation
     orphan = unanswered_output(messages)
     if orphan is not None:
         raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
-    wire = {**conversation.wire, "input_from": conversation.instructions + len(earlier)}
-    return replace(conversation, messages=messages, wire=wire, continues=None)
+    door_state = {**conversation.door_state, "input_from": conversation.instructions + len(earlier)}
+    return replace(conversation, messages=messages, door_state=door_state, continues=None)
 
 
 def is_instructions(stored: StoredMessage) -> bool:
     """A request's `instructions` enter the conversation as a system message with no items of their own."""
     return stored.role in SYSTEM_ROLES and stored.message.get(ITEMS) == []
+
+
+@dataclass
+class SocketContinuations:
+    """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
+    a response answered on the same socket even if the client did not store it, or its latest warm-up. Only the
+    latest: a client warms a socket up just before the turn that continues it (Codex, every turn), and a
+    warm-up may hold a whole conversation, so a socket keeps one rather than every one it was sent."""
+
+    answered: set[int] = field(default_factory=set)
+    """The journal steps answered on this socket."""
+    warmed: tuple[str, Conversation] | None = None
+    """The latest warm-up: the id it answered with, and the conversation it was sent with, resolved."""
+
+    def warm(self, reference: str, conversation: Conversation) -> None:
+        self.warmed = (reference, conversation)
+
+    def resolve(self, conversation: Conversation) -> Conversation:
+        continues = conversation.continues
+        if continues is None:
+            return conversation
+        if self.warmed is not None and self.warmed[0] == continues.reference:
+            warmed = self.warmed[1]
+            return extended(conversation, warmed.messages[warmed.instructions :])
+        if continues.step_id in self.answered:
+            return replace(conversation, continues=replace(continues, same_connection=True))
+        return conversation
