@@ -1,5 +1,6 @@
-"""Who is calling: the proxy key from `Authorization: Bearer` (or, on the Messages door, Anthropic's `x-api-key`),
-reduced to an opaque tenant id.
+"""Who is calling: the proxy key, from where the caller's API sends it (`KeyPlace`: `Authorization: Bearer`,
+Anthropic's `x-api-key`, Google's `x-goog-api-key` or `?key=`; each door declares its places), reduced to an
+opaque tenant id.
 
 Sessions and journal entries are scoped by tenant, so one key never sees another's data. The tenant id is a
 hash of the key: the key itself is never stored, logged or forwarded (the upstream gets the model entry's key).
@@ -11,6 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from proxy.config.schema import AuthConfig
 from proxy.errors import AuthenticationFailed, Forbidden
@@ -22,6 +24,29 @@ OPEN_TENANT = "open"
 @dataclass(frozen=True)
 class Caller:
     tenant: str
+
+
+@dataclass(frozen=True)
+class KeyPlace:
+    """Where a client API sends its key: the bearer token, a header of its own, or a query parameter."""
+
+    source: Literal["bearer", "header", "query"]
+    name: str
+    shown: str
+    """How the place is named in the error that asks for a key."""
+
+    def key(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str:
+        if self.source == "bearer":
+            return _bearer(headers)
+        values = headers if self.source == "header" else query
+        return values.get(self.name, "").strip()
+
+
+BEARER = KeyPlace("bearer", "authorization", "an Authorization header using Bearer auth")
+X_API_KEY = KeyPlace("header", "x-api-key", "an x-api-key header")
+X_GOOG_API_KEY = KeyPlace("header", "x-goog-api-key", "an x-goog-api-key header")
+QUERY_KEY = KeyPlace("query", "key", "the key query parameter")
+NO_QUERY: Mapping[str, str] = {}
 
 
 def tenant_of(key: str) -> str:
@@ -37,22 +62,32 @@ def authenticate_admin(headers: Mapping[str, str], auth: AuthConfig) -> None:
         raise AuthenticationFailed("Incorrect admin key provided (Authorization: Bearer ADMIN_KEY).")
 
 
-def authenticate(headers: Mapping[str, str], auth: AuthConfig, *, api_key_header: bool = False) -> Caller:
-    """`api_key_header`: also take the key from `x-api-key`, as Anthropic's clients send it (the Messages door
-    only: on OpenAI's doors a key there is a client mistake, answered as a missing key)."""
+def authenticate(
+    headers: Mapping[str, str],
+    auth: AuthConfig,
+    *,
+    places: tuple[KeyPlace, ...] = (BEARER,),
+    query: Mapping[str, str] = NO_QUERY,
+) -> Caller:
+    """The key from the first of `places` that has one (a door's own: a key sent where its API does not send one
+    is a client mistake, answered as a missing key)."""
     if not auth.enabled:
         return Caller(OPEN_TENANT)
-    key = _bearer(headers)
-    if api_key_header and not key:
-        key = headers.get("x-api-key", "").strip()
+    key = next((found for found in (place.key(headers, query) for place in places) if found), "")
     if not key:
-        raise AuthenticationFailed(
-            "You didn't provide an API key. You need to provide your API key in an Authorization header "
-            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
-        )
+        raise AuthenticationFailed(_missing_key(places))
     if not _matches(key, auth.keys):
         raise AuthenticationFailed("Incorrect API key provided.")
     return Caller(tenant_of(key))
+
+
+def _missing_key(places: tuple[KeyPlace, ...]) -> str:
+    if places[0] == BEARER:
+        return (
+            "You didn't provide an API key. You need to provide your API key in an Authorization header "
+            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
+    return "You didn't provide an API key. Pass it in " + " or ".join(place.shown for place in places) + "."
 
 
 def _bearer(headers: Mapping[str, str]) -> str:

@@ -59,7 +59,15 @@ EARLY_TURN = 20
 CPU_WINDOW = 10
 """Per-turn CPU time is compared as the mean of this many turns (ending at `EARLY_TURN`, and the last ones): one
 turn's is a few tens of milliseconds, read in clock ticks."""
-COST_KEYS = ("steps", "sent_tokens", "cached_tokens", "cached_share", "requested_tokens", "summarizer_calls")
+COST_KEYS = (
+    "sessions",
+    "steps",
+    "sent_tokens",
+    "cached_tokens",
+    "cached_share",
+    "requested_tokens",
+    "summarizer_calls",
+)
 TURN_PROMPT = re.compile(r"Turn (\d+): run `([^`]+)`")
 ROW_TEXT = "turn {turn} row %g: alpha beta gamma delta epsilon zeta eta theta"
 
@@ -156,13 +164,14 @@ def add_marathon_options(parser: argparse.ArgumentParser) -> None:
 
 
 def session_cost(proxy_url: str) -> dict[str, Any]:
-    """The proxy's cost view of its largest session (the agent's; side requests may make small ones)."""
+    """The proxy's cost view of its largest session (the agent's; side requests may make small ones), and how
+    many sessions it holds."""
     sessions = httpx.get(f"{proxy_url}/sessions", params={"limit": 100}, timeout=ADMIN_TIMEOUT_S).json()["data"]
     if not sessions:
         return {}
     largest = max(sessions, key=lambda session: session["message_count"])
     view = httpx.get(f"{proxy_url}/sessions/{largest['id']}", timeout=ADMIN_TIMEOUT_S).json()
-    cost: dict[str, Any] = view.get("cost") or {}
+    cost: dict[str, Any] = {**(view.get("cost") or {}), "sessions": len(sessions)}
     return cost
 
 

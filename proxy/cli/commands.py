@@ -6,7 +6,8 @@ version, another application's database, a damaged, read-only or locked file, a 
 of a traceback. `sessions` and `journal` open the same parts the server runs
 (`proxy.serving.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
 lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
-writer, checked as `POST /sessions/{id}/pins` checks them. `corrections` lists and resets the budget corrections
+writer, checked as `POST /sessions/{id}/pins` checks them; `sessions delete` and `tenants` delete
+(`proxy.cli.lifecycle`). `corrections` lists and resets the budget corrections
 learned from upstream refusals (every tenant's: no `--key`). `migrate` applies the schema's migrations as `serve`
 does on startup (under a lock, so replicas starting together apply each once) and says which; `export` and
 `import` move a whole store between files and servers, SQLite and PostgreSQL alike (`proxy.store.transfer`).
@@ -31,6 +32,7 @@ import uvicorn
 
 from proxy import environment
 from proxy.auth import OPEN_TENANT, tenant_of
+from proxy.cli.lifecycle import add_commands as add_lifecycle_commands
 from proxy.cli.render import (
     render_corrections,
     render_events,
@@ -111,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     pin.set_defaults(run=_inspection(_sessions_pin, render_pins))
     unpin.set_defaults(run=_inspection(_sessions_unpin, render_pins))
     events.set_defaults(run=_inspection(_sessions_events, render_events))
+    add_lifecycle_commands(commands, sessions_commands, _store_options)
 
     journal = commands.add_parser("journal", help="list or show journaled responses")
     journal_commands = journal.add_subparsers(title="journal commands", required=True)

@@ -127,6 +127,16 @@ class StoreConfig:
     password, so it is never shown: `location` is)."""
     pool_size: int = setting(10, minimum=1, maximum=1000)
     """PostgreSQL connections per process for reads, and as many for the locks held across replicas."""
+    retention_days: int | None = setting(None, minimum=1, maximum=1_000_000)
+    """Sessions idle longer than this many days are deleted, with everything they stored, by a background sweep
+    (`proxy.lifecycle.retention`); None keeps every session for ever."""
+    tenant_retention_days: tuple[tuple[str, int | None], ...] = ()
+    """Per tenant (its id, `key-…`, as `context-proxy tenants list` shows it): days that replace `retention_days`
+    for its sessions (None: its sessions are kept for ever)."""
+
+    def retention_of(self, tenant: str) -> int | None:
+        """The days a tenant's idle sessions are kept."""
+        return dict(self.tenant_retention_days).get(tenant, self.retention_days)
 
     @property
     def target(self) -> Path | str:
@@ -313,7 +323,9 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
     context = replace(context, precompact_ratio=_precompact_ratio(context_section, context.trigger_ratio))
     config = Config(
         server=read_fields(ServerConfig, root.section("server")),
-        store=read_fields(StoreConfig, store, path=store_path, url=store_url),
+        store=read_fields(
+            StoreConfig, store, path=store_path, url=store_url, tenant_retention_days=_tenant_retention(store)
+        ),
         models=_models(root),
         context=context,
         journal=read_fields(JournalConfig, root.section("journal")),
@@ -365,6 +377,15 @@ def _precompact_ratio(context: Section, trigger_ratio: float) -> float | None:
     if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
         return None
     return context.number("precompact_ratio", DEFAULT_PRECOMPACT_RATIO, low=0.05, high=1.0)
+
+
+def _tenant_retention(store: Section) -> tuple[tuple[str, int | None], ...]:
+    """`store.tenant_retention_days`: a mapping of tenant ids to days (or null: kept for ever)."""
+    raw = store.data.get("tenant_retention_days") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{store.key('tenant_retention_days')}: must map tenant ids (key-…) to days")
+    days = Section(raw, store.key("tenant_retention_days"))
+    return tuple((str(tenant), days.optional_integer(str(tenant), 1, 1_000_000)) for tenant in raw)
 
 
 def _patterns(context: Section, name: str) -> tuple[re.Pattern[str], ...]:

@@ -28,7 +28,7 @@ from proxy.canonical.vocabulary import proxy_key
 from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_metadata, check_shape, part_type
 from proxy.doors.context_headers import answer_headers
-from proxy.doors.door import Door, DoorRequest
+from proxy.doors.door import Door, DoorRequest, RequestView
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
@@ -60,11 +60,11 @@ class ChatCompletions(Door[bool]):
     (what a step cost is kept in the journal); a client that did not ask does not get it."""
 
     name: ClassVar[str] = "chat"
-    path: ClassVar[str] = "/v1/chat/completions"
-    prefix: ClassVar[str] = "/v1/chat"
+    paths: ClassVar[tuple[str, ...]] = ("/v1/chat/completions",)
+    mounts: ClassVar[tuple[str, ...]] = ("/v1/chat",)
 
-    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[bool]:
-        conversation = parse_chat_request(raw, limits, self.resent.of(tenant))
+    def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[bool]:
+        conversation = parse_chat_request(request.body, limits, self.resent.of(tenant))
         options = conversation.params.get("stream_options") or {}
         asked = bool(options.get("include_usage"))
         if conversation.stream and not asked:

@@ -1,10 +1,12 @@
 """The door mechanism: how every client API is served, in one place.
 
-A *door* adapts one client API to the canonical form and back: it parses a body into a `DoorRequest`, renders an
-`Answer`, and renders an error in its API's shape. Everything else a request goes through is done once, here,
-for every door (`serve`): authenticate, read the body within its limit, parse it off the event loop, read the
-X-Context-* options and the client's own names for its conversation, name the model for the metrics, forward the
-client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
+A *door* adapts one client API to the canonical form and back: it parses the matched request (`RequestView`: path
+parameters, query, headers, body) into a `DoorRequest`, renders an `Answer`, and renders an error in its API's
+shape. It declares, as a class, its paths (Starlette patterns: Gemini's model and method are in its path), where
+its key arrives (`proxy.auth.KeyPlace`) and its mounts. Everything else a request goes through is done once,
+here, for every door (`serve`): authenticate, read the body within its limit, parse it off the event loop, read
+the X-Context-* options and the client's own names for its conversation, name the model for the metrics, forward
+the client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
 (`Door.routes`: stored responses, `count_tokens`); their handlers get the caller already authenticated.
 
 A door refuses, before anything is written, what its API refuses and the proxy can see — a number that is not
@@ -12,9 +14,10 @@ finite, a content part of a type the role does not take, a tool output that answ
 conversation goes on past unanswered (one at the very end is the client's to answer) — as a 400 in its API's shape
 naming the field. What the proxy cannot see is the upstream's to refuse.
 
-Which door's shape an error leaves in is chosen by route (`error_response`): every path under a door's `prefix`
-answers in its shape — its own failures, unknown paths and methods below it, unexpected exceptions alike — and
-every other path in OpenAI's (invariant 8).
+A door is mounted as a Starlette `Mount` with its own exception handler would be: the shape an error leaves in is
+chosen by route (`error_response`): every path under one of a door's `mounts` answers in its shape — its own
+failures, unknown paths and methods below it, unexpected exceptions alike — and every other path in OpenAI's
+(invariant 8).
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import compile_path
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from proxy.auth import Caller, authenticate
+from proxy.auth import BEARER, NO_QUERY, Caller, KeyPlace, authenticate
 from proxy.canonical.answers import Answer, Streaming
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.pieces import Received
@@ -52,6 +56,23 @@ R = TypeVar("R")
 ErrorReply = tuple[int, JSONBody, dict[str, str]]
 """Status, body and headers of an error in one API's shape."""
 Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """The matched request a door parses: its path and what its route's pattern took from it, the query, the
+    headers (lower-case names) and the body."""
+
+    body: Received | bytes
+    path: str = ""
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, connection: HTTPConnection, body: Received | bytes) -> RequestView:
+        params, query, headers = dict(connection.path_params), dict(connection.query_params), dict(connection.headers)
+        return cls(body, connection.url.path, params, query, headers)
 
 
 @dataclass(frozen=True)
@@ -80,20 +101,21 @@ class Door(Generic[R]):
 
     name: ClassVar[str]
     """The door's API, as `Conversation.door_state["door"]` and a model entry's `api` name it."""
-    path: ClassVar[str]
-    """The route its requests come to (POST)."""
-    prefix: ClassVar[str]
-    """Errors of every path under it leave in this door's shape."""
-    api_key_header: ClassVar[bool] = False
-    """The key may also come as `x-api-key` (Anthropic's clients)."""
+    paths: ClassVar[tuple[str, ...]]
+    """The routes its requests come to (POST; Starlette path patterns, whose parameters `parse` gets)."""
+    mounts: ClassVar[tuple[str, ...]]
+    """Errors of every path under one of these (or matching one, for a pattern) leave in this door's shape."""
+    keys: ClassVar[tuple[KeyPlace, ...]] = (BEARER,)
+    """Where its clients send their key, in the order looked at."""
     session_header: ClassVar[str | None] = None
     """The client's own header naming its conversation (Codex's `session-id`), used when X-Session-Id is absent."""
     native_headers: ClassVar[tuple[str, ...]] = ()
     """The client's headers of its API that a native upstream needs (`anthropic-beta`)."""
     routes: ClassVar[tuple[DoorRoute, ...]] = ()
-    """Routes of its own beside `path`, served by its methods of the same name (for an authenticated caller)."""
+    """Routes of its own beside `paths`, served by its methods of the same name (for an authenticated caller);
+    matched before them."""
     socket: ClassVar[bool] = False
-    """Its API also runs over a WebSocket on `path` (`parse_event`, `events`, `event_error`)."""
+    """Its API also runs over a WebSocket on its first path (`parse_event`, `events`, `event_error`)."""
 
     def __init__(self, config: Config, pipeline: Pipeline, lane: Lane | None = None) -> None:
         self.config = config
@@ -103,10 +125,16 @@ class Door(Generic[R]):
         self.resent = ResentLists()
         """Its last requests, so that what a client re-sends is parsed and converted once (`proxy.doors.resent`)."""
 
-    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
-        """The body as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure
+    def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
+        """The request as the canonical conversation; `InvalidRequest` naming the field for anything invalid. Pure
         but for the door's kept requests (`resent`, the tenant's): it runs off the event loop for big bodies."""
         raise NotImplementedError
+
+    @classmethod
+    def authenticate(cls, connection: HTTPConnection, config: Config) -> Caller:
+        """The caller, by the key found in the door's `keys` places."""
+        query = connection.query_params if any(place.source == "query" for place in cls.keys) else NO_QUERY
+        return authenticate(connection.headers, config.auth, places=cls.keys, query=query)
 
     def render(self, answer: Answer, request: DoorRequest[R]) -> Response:
         raise NotImplementedError
@@ -192,10 +220,12 @@ class Doors:
 
     async def serve(self, name: str, request: Request) -> Response:
         door = self.by_name[name]
-        caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
+        caller = door.authenticate(request, self.config)
         limits = self.config.request_limits
         raw = await request_body(request, self.config, earlier=door.resent.earlier(caller.tenant))
-        parsed = await parse_off_loop(raw, lambda raw: door.parse(raw, limits, caller.tenant), door.lane)
+        parsed = await parse_off_loop(
+            raw, lambda raw: door.parse(RequestView.of(request, raw), limits, caller.tenant), door.lane
+        )
         answer, parsed = await door.answer(caller, parsed, request)
         return door.render(answer, parsed)
 
@@ -207,7 +237,7 @@ class Doors:
         door = self.by_name[name]
         with ExitStack() as held:
             try:
-                caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
+                caller = door.authenticate(websocket, self.config)
                 held.enter_context(self.sockets.slot(caller.tenant, self.config.server.max_sockets_per_key))
             except ProxyError as exc:
                 status, body, headers = door.error(exc)
@@ -259,7 +289,7 @@ class Doors:
     async def call(self, name: str, handler: str, request: Request) -> Response:
         """A door's own route (`DoorRoute`), for an authenticated caller."""
         door = self.by_name[name]
-        caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
+        caller = door.authenticate(request, self.config)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
 
@@ -287,9 +317,23 @@ def _with_native_headers(conversation: Conversation, names: Sequence[str], heade
 
 
 def error_door(path: str, doors: Sequence[DoorType]) -> DoorType | None:
-    """The door whose shape errors on `path` take: the one with the longest prefix it lies under."""
-    under = [door for door in doors if path == door.prefix or path.startswith(door.prefix.rstrip("/") + "/")]
-    return max(under, key=lambda door: len(door.prefix), default=None)
+    """The door whose shape errors on `path` take: the one with the longest mount it lies under (a pattern it
+    matches is as long as the path)."""
+    best: tuple[int, DoorType | None] = (-1, None)
+    for door in doors:
+        for mount in door.mounts:
+            length = _mounted(path, mount)
+            if length > best[0]:
+                best = (length, door)
+    return best[1]
+
+
+def _mounted(path: str, mount: str) -> int:
+    if "{" in mount:
+        return len(path) if compile_path(mount)[0].match(path) else -1
+    if path == mount or path.startswith(mount.rstrip("/") + "/"):
+        return len(mount)
+    return -1
 
 
 def error_response(path: str, exc: BaseException, doors: Sequence[DoorType]) -> Response:

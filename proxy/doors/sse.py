@@ -40,8 +40,15 @@ class RelayedStream(StreamingResponse):
     client gone before or during the body — the groups are closed, which tells the relay whether its consumer
     left (`finish_on_disconnect`)."""
 
-    def __init__(self, groups: StreamGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
-        super().__init__(body, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
+    def __init__(
+        self,
+        groups: StreamGroups,
+        body: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        media_type: str = SSE_MEDIA_TYPE,
+    ) -> None:
+        """`media_type`: another framing of a live answer (Gemini's stream as one JSON array)."""
+        super().__init__(body, media_type=media_type, headers={**SSE_HEADERS, **headers})
         self._groups = groups
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -3,13 +3,15 @@
 Both carry the same fields: time, level, logger and message; a JSON record adds, as keys of their own, the
 structured fields a line was logged with (`extra={"fields": {...}}`, which the text line shows as `key=value`
 in its message) and, for uvicorn's access lines, the client, method, path and status. uvicorn's own loggers go
-through the same handler, so one process writes one format.
+through the same handler, so one process writes one format. An access line's path is logged with its query, and
+Google's clients may send their key as `?key=`: its value is masked (`MaskedQueryKeys`) before any format sees it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +20,21 @@ FIELDS_ATTRIBUTE = "fields"
 """`extra={"fields": {...}}` on a log call: structured fields, JSON keys of their own."""
 _ACCESS_ARGS = ("client", "method", "path", "http_version", "status")
 """uvicorn.access logs `'%s - "%s %s HTTP/%s" %d'` with these arguments."""
+
+
+_QUERY_KEY = re.compile(r"(?<=[?&])key=[^&#\s]*")
+MASKED_KEY = "key=***"
+
+
+class MaskedQueryKeys(logging.Filter):
+    """An access line's `?key=` (Gemini's clients may send their key there) masked: keys never reach a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
+            path = record.args[2]
+            if isinstance(path, str) and "key=" in path:
+                record.args = (*record.args[:2], _QUERY_KEY.sub(MASKED_KEY, path), *record.args[3:])
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -45,7 +62,15 @@ def log_config(log_format: str, level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"proxy": formatter},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "proxy", "stream": "ext://sys.stderr"}},
+        "filters": {"masked_keys": {"()": f"{__name__}.MaskedQueryKeys"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "proxy",
+                "filters": ["masked_keys"],
+                "stream": "ext://sys.stderr",
+            }
+        },
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {
             name: {"handlers": [], "propagate": True, "level": level.upper()}

@@ -158,6 +158,22 @@ class Metrics:
             "Sessions in the store, every tenant's (read at each scrape).",
             registry=registry,
         )
+        self.store_bytes = Gauge(
+            "context_proxy_store_bytes",
+            "The store's size on disk (SQLite: the file and its write-ahead log; PostgreSQL: its tables).",
+            registry=registry,
+        )
+        self.store_free_bytes = Gauge(
+            "context_proxy_store_free_bytes",
+            "SQLite: space free inside the file, reused by later writes (PostgreSQL: 0).",
+            registry=registry,
+        )
+        self.store_rows = Gauge(
+            "context_proxy_store_rows",
+            "Rows per table of the store (PostgreSQL: the planner's estimates); read at most once a minute.",
+            ["table"],
+            registry=registry,
+        )
 
     def model(self, name: str | None) -> str:
         return name if name in self._models else OTHER

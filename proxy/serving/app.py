@@ -3,7 +3,8 @@
 Handlers are thin: each delegates to one part and returns JSON. The routes that need a proxy key get the caller
 from one wrapper (`_authenticated`), which runs before anything else they do. Every error — ours, Starlette's
 (unknown route, wrong method) or an unexpected one — leaves in the shape of the door whose routes it falls under
-(`proxy.doors.door.error_response`): Anthropic's under `/v1/messages`, OpenAI's everywhere else.
+(`proxy.doors.door.error_response`): Anthropic's under `/v1/messages`, Google's under Gemini's paths, OpenAI's
+everywhere else.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/healthz", _health, methods=["GET"]),
         Route("/", _health, methods=["GET", "HEAD"]),
         Route("/sessions", _authenticated(_sessions), methods=["GET"]),
-        Route("/sessions/{session_id}", _authenticated(_session), methods=["GET"]),
+        Route("/sessions/{session_id}", _authenticated(_session), methods=["GET", "DELETE"]),
         Route("/sessions/{session_id}/summarize", _authenticated(_summarize), methods=["POST"]),
         Route("/sessions/{session_id}/pins", _authenticated(_pins), methods=["GET", "POST", "DELETE"]),
         Route("/sessions/{session_id}/pins/{message_id}", _authenticated(_pin), methods=["DELETE"]),
@@ -84,6 +85,8 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         Route("/journal/{step_id}", _authenticated(_journal_step), methods=["GET"]),
         Route("/admin/corrections", _corrections, methods=["GET", "DELETE"]),
         Route("/admin/corrections/{model:path}", _corrections, methods=["DELETE"]),
+        Route("/admin/tenants/{tenant}", _tenant, methods=["DELETE"]),
+        Route("/admin/retention", _retention, methods=["POST"]),
     ]
     if config.observability.metrics:
         routes.append(Route("/metrics", _metrics, methods=["GET"]))
@@ -103,15 +106,16 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
 
 
 def door_routes(doors: tuple[DoorType, ...]) -> list[BaseRoute]:
-    """Each door's main route and its own; a door's own routes come first, so that a fixed path of its own
-    (`/v1/responses/compact`) is never read as a parameter of another (`/v1/responses/{id}`)."""
+    """Each door's main routes and its own; a door's own routes come first, so that a fixed path of its own
+    (`/v1/responses/compact`, Gemini's `:countTokens`) is never read as a parameter of another
+    (`/v1/responses/{id}`, Gemini's `{model}:{method}`)."""
     routes: list[BaseRoute] = []
     for door in doors:
         for extra in door.routes:
             routes.append(Route(extra.path, _door_call(door.name, extra.handler), methods=list(extra.methods)))
-        routes.append(Route(door.path, _door_serve(door.name), methods=["POST"]))
+        routes.extend(Route(path, _door_serve(door.name), methods=["POST"]) for path in door.paths)
         if door.socket:
-            routes.append(WebSocketRoute(door.path, _door_socket(door.name)))
+            routes.append(WebSocketRoute(door.paths[0], _door_socket(door.name)))
     return routes
 
 
@@ -195,6 +199,11 @@ async def _metrics(request: Request) -> Response:
         authenticate(request.headers, services.config.auth)
     row = await services.db.fetchone("SELECT COUNT(*) FROM sessions")
     services.metrics.sessions.set(row[0] if row is not None else 0)
+    stats = await services.stats.read()
+    services.metrics.store_bytes.set(stats.bytes)
+    services.metrics.store_free_bytes.set(stats.free_bytes)
+    for table, count in stats.rows.items():
+        services.metrics.store_rows.labels(table).set(count)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
@@ -205,8 +214,13 @@ async def _sessions(request: Request, caller: Caller) -> Response:
 
 
 async def _session(request: Request, caller: Caller) -> Response:
-    """The whole session: its JSON grows with it, so it is made in pieces off the event loop (`json_pieces`)."""
+    """The whole session: its JSON grows with it, so it is made in pieces off the event loop (`json_pieces`).
+    `DELETE` removes everything it stored (`proxy.lifecycle`); another tenant's id is as unknown as any."""
     services = _services(request)
+    if request.method == "DELETE":
+        session_id = request.path_params["session_id"]
+        forgotten = await services.deletions.delete_session(caller.tenant, session_id)
+        return JSONResponse({"id": session_id, "object": "session.deleted", "deleted": True, **forgotten.as_json()})
     session = await services.inspector.session(caller.tenant, request.path_params["session_id"])
     return StreamingResponse(json_pieces(session), media_type="application/json")
 
@@ -273,6 +287,30 @@ async def _corrections(request: Request) -> Response:
     if request.method == "GET":
         return JSONResponse(services.inspector.corrections())
     return JSONResponse(await services.inspector.forget_corrections(request.path_params.get("model")))
+
+
+async def _tenant(request: Request) -> Response:
+    """Everything one tenant stored, removed: its id is what `context-proxy tenants list` shows (`key-…`), so the
+    route needs no key of that tenant, only an admin key (`auth.admin_keys`)."""
+    services = _services(request)
+    authenticate_admin(request.headers, services.config.auth)
+    tenant = request.path_params["tenant"]
+    forgotten = await services.deletions.purge_tenant(tenant)
+    return JSONResponse({"id": tenant, "object": "tenant.purged", "purged": True, **forgotten.as_json()})
+
+
+async def _retention(request: Request) -> Response:
+    """A retention sweep now, in this process (`?dry_run=true`: what it would delete); an admin key's."""
+    services = _services(request)
+    authenticate_admin(request.headers, services.config.auth)
+    if not services.retention.enabled:
+        raise InvalidRequest(
+            "No retention is configured: set store.retention_days (or store.tenant_retention_days).",
+            code="retention_off",
+        )
+    dry_run = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
+    sweep = await services.retention.sweep(dry_run=dry_run)
+    return JSONResponse(sweep.as_json(time.time()))
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

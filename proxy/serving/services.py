@@ -4,8 +4,9 @@ Both the server (for its lifetime) and the CLI (for one look-up) open the same s
 and the views they read are always wired the same way. The process environment is prepared here, before the
 first token count or LiteLLM import. A serving process registers as a journal owner and recovers the steps of
 gone owners before it accepts its first request, then heartbeats and sweeps for steps other processes abandoned
-while it runs, and writes the endings of its own steps that the store could not take once it can; a look-up
-(`recover=False`) registers nothing and recovers nothing.
+while it runs, writes the endings of its own steps that the store could not take once it can, and deletes the
+sessions idle past `store.retention_days` (`proxy.lifecycle.retention`); a look-up (`recover=False`) registers
+nothing, recovers nothing and sweeps nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from proxy.journal.owners import Owners
 from proxy.journal.reader import JournalReader
 from proxy.journal.recovery import Recovery
 from proxy.journal.writer import Journal
+from proxy.lifecycle.deletions import Deletions
+from proxy.lifecycle.retention import Retention, sweep_periodically
+from proxy.lifecycle.stats import StatsReader
 from proxy.observability.metrics import Metrics
 from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
@@ -59,6 +63,9 @@ class Services:
     pins: Pins
     events: CompactionEvents
     metrics: Metrics
+    deletions: Deletions
+    retention: Retention
+    stats: StatsReader
 
 
 @asynccontextmanager
@@ -111,7 +118,12 @@ async def open_services(
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
             maintenance.append(asyncio.create_task(_settle_unrecorded(recovery, journal), name="journal-unrecorded"))
             maintenance.append(asyncio.create_task(_refresh_periodically(budgets), name="shared-corrections"))
-        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics)
+        deletions = Deletions(db, history)
+        retention = Retention(db, deletions, config.store)
+        if owners is not None and retention.enabled:
+            maintenance.append(asyncio.create_task(sweep_periodically(retention), name="retention"))
+        stats = StatsReader(db)
+        yield Services(config, db, pipeline, inspector, upstream, pins, events, metrics, deletions, retention, stats)
     finally:
         await _finish(background, maintenance)
         if compactor is not None:

@@ -125,6 +125,9 @@ class PostgresEngine:
     def runs_inline(self, bulk: bool) -> bool:
         return False  # a commit is a round trip to the server
 
+    def reclaim(self, documents: bool) -> None:
+        """Deleted rows are dead tuples autovacuum reclaims as it does updated ones: nothing to do here."""
+
     def run_batch(self, works: Works) -> list[Outcome]:
         connection = self._begin()
         try:

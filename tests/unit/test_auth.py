@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from proxy.auth import OPEN_TENANT, Caller, authenticate, tenant_of
+from proxy.auth import BEARER, OPEN_TENANT, QUERY_KEY, X_API_KEY, X_GOOG_API_KEY, Caller, authenticate, tenant_of
 from proxy.config.schema import AuthConfig
 from proxy.errors import AuthenticationFailed, openai_error
 
@@ -133,3 +133,36 @@ def test_a_key_is_not_accepted_for_another_config() -> None:
 
 def test_non_ascii_key_is_rejected_not_crashing() -> None:
     rejected(bearer("sk-é-ключ"), supplied="sk-é-ключ")
+
+
+# --- where a door's clients send their key -------------------------------------------------------------------
+
+GOOGLE = (X_GOOG_API_KEY, QUERY_KEY, BEARER)
+
+
+def test_a_key_is_taken_only_from_the_places_its_door_declares() -> None:
+    expected = tenant_of(KEY_A)
+    assert authenticate({"x-api-key": KEY_A}, AUTH, places=(BEARER, X_API_KEY)).tenant == expected
+    assert authenticate({"x-goog-api-key": KEY_A}, AUTH, places=GOOGLE).tenant == expected
+    assert authenticate({}, AUTH, places=GOOGLE, query={"key": KEY_A}).tenant == expected
+    assert authenticate(bearer(KEY_A), AUTH, places=GOOGLE).tenant == expected
+    with pytest.raises(AuthenticationFailed):
+        authenticate({"x-goog-api-key": KEY_A}, AUTH)
+    with pytest.raises(AuthenticationFailed):
+        authenticate({"x-api-key": KEY_A}, AUTH, places=GOOGLE, query={"alt": "sse"})
+
+
+def test_the_first_declared_place_that_has_a_key_is_the_one_checked() -> None:
+    headers = {"x-goog-api-key": "sk-wrong", **bearer(KEY_A)}
+    with pytest.raises(AuthenticationFailed):
+        authenticate(headers, AUTH, places=GOOGLE)
+    assert authenticate(headers, AUTH, places=(BEARER, X_GOOG_API_KEY)).tenant == tenant_of(KEY_A)
+
+
+def test_a_missing_key_is_asked_for_where_the_door_takes_it() -> None:
+    with pytest.raises(AuthenticationFailed) as missing:
+        authenticate({}, AUTH, places=GOOGLE)
+    assert "x-goog-api-key header or the key query parameter" in str(missing.value)
+    with pytest.raises(AuthenticationFailed) as bearer_missing:
+        authenticate({}, AUTH, places=(BEARER, X_API_KEY))
+    assert "Authorization: Bearer YOUR_KEY" in str(bearer_missing.value)

@@ -23,15 +23,14 @@ from typing import ClassVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.auth import Caller
+from proxy.auth import BEARER, X_API_KEY, Caller, KeyPlace
 from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
-from proxy.canonical.pieces import Received
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
-from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply
+from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply, RequestView
 from proxy.doors.event_streams import Event, relayed, replayed
 from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_error, completed_message
@@ -43,15 +42,15 @@ BETA_HEADER = "anthropic-beta"
 
 class Messages(Door[None]):
     name: ClassVar[str] = "messages"
-    path: ClassVar[str] = "/v1/messages"
-    prefix: ClassVar[str] = "/v1/messages"
-    api_key_header: ClassVar[bool] = True
+    paths: ClassVar[tuple[str, ...]] = ("/v1/messages",)
+    mounts: ClassVar[tuple[str, ...]] = ("/v1/messages",)
+    keys: ClassVar[tuple[KeyPlace, ...]] = (BEARER, X_API_KEY)
     session_header: ClassVar[str | None] = "x-claude-code-session-id"
     native_headers: ClassVar[tuple[str, ...]] = (BETA_HEADER,)
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 
-    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[None]:
-        return DoorRequest(parse_messages_request(raw, limits, self.resent.of(tenant)), None)
+    def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[None]:
+        return DoorRequest(parse_messages_request(request.body, limits, self.resent.of(tenant)), None)
 
     def render(self, answer: Answer, request: DoorRequest[None]) -> Response:
         conversation = request.conversation

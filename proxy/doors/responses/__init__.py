@@ -25,13 +25,12 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
 from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, Streaming
-from proxy.canonical.pieces import Received
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
-from proxy.doors.door import Door, DoorRequest, DoorRoute
+from proxy.doors.door import Door, DoorRequest, DoorRoute, RequestView
 from proxy.doors.event_streams import Event, frames, relayed, relayed_events, replayed, replayed_events
 from proxy.doors.responses.compaction import compaction_item
 from proxy.doors.responses.fields import ToolNames
@@ -57,8 +56,8 @@ class Echo:
 
 class Responses(Door[Echo]):
     name: ClassVar[str] = "responses"
-    path: ClassVar[str] = "/v1/responses"
-    prefix: ClassVar[str] = "/v1/responses"
+    paths: ClassVar[tuple[str, ...]] = ("/v1/responses",)
+    mounts: ClassVar[tuple[str, ...]] = ("/v1/responses",)
     session_header: ClassVar[str | None] = "session-id"
     """Codex CLI's conversation id, stable for a whole thread."""
     socket: ClassVar[bool] = True
@@ -72,8 +71,8 @@ class Responses(Door[Echo]):
         super().__init__(config, pipeline, lane)
         self.stored = StoredResponses(pipeline.reader, pipeline.journal, pipeline.history)
 
-    def parse(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
-        return _door_request(parse_responses_request(raw, limits, self.resent.of(tenant)))
+    def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
+        return _door_request(parse_responses_request(request.body, limits, self.resent.of(tenant)))
 
     def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
         return _door_request(parse_socket_event(raw, limits))
@@ -156,7 +155,9 @@ class Responses(Door[Echo]):
         stores what is new and answers at once (`proxy.doors.responses.compaction`)."""
         limits = self.config.request_limits
         raw = await request_body(request, self.config, earlier=self.resent.earlier(caller.tenant))
-        parsed = await parse_off_loop(raw, lambda raw: self.parse(raw, limits, caller.tenant), self.lane)
+        parsed = await parse_off_loop(
+            raw, lambda raw: self.parse(RequestView.of(request, raw), limits, caller.tenant), self.lane
+        )
         conversation = replace(parsed.conversation, compaction=True, stream=False)
         answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)
         assert isinstance(answer, Compacted)
