@@ -40,6 +40,7 @@ from bench.harness.agents import (
     called_name,
 )
 from bench.harness.report import Report, columns
+from proxy.compaction.client_prompts import recognize
 from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
 from tests.support.proxy_server import ProxyProcess, make_config
 from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
@@ -338,11 +339,37 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                     )
                 added = [meter.added_per_turn(end) for end in windows]
                 marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
+                client_compaction_notes(result, fake, proxy.url, len(turns))
     finally:
         if args.keep:
             result.notes.append(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+CLIENT_COMPACTIONS = re.compile(
+    r'^context_proxy_client_compactions_total\{[^}]*kind="(\w+)"[^}]*\} (\S+)$', re.MULTILINE
+)
+
+
+def client_compaction_notes(report: Report, fake: FakeUpstream, proxy_url: str, turns: int) -> None:
+    """The client's own compaction (issue 44): its summary requests that reached the upstream (recognized as the
+    proxy recognizes them, `proxy.compaction.client_prompts`), those the proxy answered itself, and how many
+    sessions the run made (one, when the client's compactions kept it one path)."""
+    reached = sum(
+        1 for request in fake.requests if recognize(request.body.get("messages") or [], bool(request.body.get("tools")))
+    )
+    text = httpx.get(f"{proxy_url}/metrics", timeout=ADMIN_TIMEOUT_S).text
+    answered = {kind: float(value) for kind, value in CLIENT_COMPACTIONS.findall(text)}
+    sessions = httpx.get(f"{proxy_url}/sessions", params={"limit": 100}, timeout=ADMIN_TIMEOUT_S).json()["data"]
+    report.ratios["client summary calls reaching the upstream per 10 turns"] = round(10 * reached / max(turns, 1), 2)
+    report.ratios["sessions"] = len(sessions)
+    report.notes.append(
+        f"client compactions answered by the proxy: {answered or 'none'}; client summary calls that reached the "
+        f"upstream: {reached}; sessions: {len(sessions)} ("
+        + ", ".join(f"{s['message_count']} messages" for s in sessions[:5])
+        + ")"
+    )
 
 
 def cached_share(served: Sequence[Served]) -> float:

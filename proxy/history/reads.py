@@ -73,6 +73,16 @@ class HistoryReads:
         ]
         return page, has_more
 
+    async def recent_heads(self, tenant: str, limit: int) -> list[tuple[str, str]]:
+        """The tenant's `limit` most recently updated sessions with a head, as (session id, head id): where a
+        request that names no conversation of its own (a client's serialized summary request) looks for its."""
+        rows = await self._db.fetchall(
+            "SELECT id, head_id FROM sessions WHERE tenant = ? AND head_id IS NOT NULL "
+            "ORDER BY updated_at DESC, id DESC LIMIT ?",
+            (tenant, limit),
+        )
+        return [(str(row["id"]), str(row["head_id"])) for row in rows]
+
     async def path(self, tenant: str, session_id: str, encoding: str = DEFAULT_ENCODING) -> list[StoredMessage] | None:
         """The session head's path, root first; None if the tenant has no such session."""
         session = await self.session(tenant, session_id)

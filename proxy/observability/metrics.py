@@ -120,7 +120,7 @@ class Metrics:
         self.client_compactions = Counter(
             "context_proxy_client_compactions",
             "A client's own compaction requests the proxy answered with no model call: `item` (Responses'"
-            " compaction item) or `summary` (Claude Code's /compact, Codex's local compaction).",
+            " compaction item) or `summary` (a summary request: `proxy.compaction.client_prompts`).",
             ["kind"],
             registry=registry,
         )

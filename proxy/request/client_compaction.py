@@ -1,13 +1,16 @@
-"""A client's own compaction request (Claude Code's `/compact` and auto-compact, Codex's local compaction),
-answered by the proxy from what it holds, with no model call.
+"""A client's own compaction request (Claude Code's `/compact` and auto-compact, Codex's local compaction, Pi's
+and OpenCode's summary calls), answered by the proxy from what it holds, with no model call (which requests those are:
+`proxy.compaction.client_prompts`).
 
 Such a request is the whole conversation followed by a prompt asking for a summary; the client then replaces its
 turns with the summary. The proxy keeps every turn and compacts by itself, so it answers the prompt at once: the
 spans it wrote for older turns and an extractive summary of the rest, and a reference to the stored conversation
-(`proxy.request.references`). The conversation is stored without that prompt. When the client sends the summary
-back, the reference makes the proxy send its own working context of the whole conversation instead
-(`proxy.request.continuations`): one session, every original still reachable (inspection, recall, a bigger model).
-The prompts are recognized by the words each client uses; the switch is `context.client_compaction`.
+(`proxy.request.references`). When the client sends the summary back, the reference makes the proxy send its own working
+context of the whole conversation instead (`proxy.request.continuations`): one session, every original still reachable
+(inspection, recall, a bigger model). A client that sends its conversation serialized as text in a request of
+its own (Pi, OpenCode) is answered for the stored session that text comes from; the reference then names that
+session's head, and the turns the client keeps after its summary are found in the stored path
+(`proxy.request.continuations`). The switch is `context.client_compaction`.
 """
 
 from __future__ import annotations
@@ -15,37 +18,53 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.canonical.types import Message
+from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_user_turn
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
 from proxy.config.schema import TOOL_RESULTS
 from proxy.history.messages import StoredMessage
-from proxy.request.references import reference
+from proxy.history.reads import HistoryReads
+from proxy.request.references import reference, reference_in
 from proxy.tokens import content_text
 
-PROMPT_OPENINGS = (
-    "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",  # Claude Code's /compact and auto-compact
-    "You are performing a CONTEXT CHECKPOINT COMPACTION.",  # Codex's local compaction
-)
-PROMPT_PHRASES = (
-    "Your task is to create a detailed summary of the conversation so far",
-    "Your task is to create a detailed summary of the RECENT portion of the conversation",
-)
+CANDIDATE_SESSIONS = 8
+"""The tenant's most recent sessions a serialized summary request is looked for in."""
 REST_TOKENS = 600
 """The extractive summary of the turns no span covers yet: short, since the proxy sends the turns themselves."""
+REST_MESSAGES = 64
+"""At most the last this many of them are read for it: a client that compacts every turn (Pi told a small
+`maxTokens`) must not cost a pass over a long path each time."""
 
 
-def compaction_prompt(messages: Sequence[Message]) -> bool:
-    """Whether the conversation ends with a client's request to summarize it."""
-    if not messages or messages[-1].get("role") != "user":
+async def summarized_session(
+    history: HistoryReads, tenant: str, asked: ClientCompaction, text: str
+) -> tuple[str, list[StoredMessage]] | None:
+    """The session a serialized summary request (`Shape.SERIALIZED`) was written from, and its path, among the
+    tenant's most recently updated sessions: the first whose path holds the last user turn the request's
+    conversation text shows; for one that shows none (Pi asks again with nothing new, its earlier summary in
+    `<previous-summary>`), the first holding the message a reference in `text` names, else, for a client's own
+    prompt, the most recent. None when none is found: the request is then not the proxy's to answer."""
+    wanted = last_user_turn(asked.conversation)
+    named = None if wanted else reference_in([{"role": "user", "content": text}])
+    heads = await history.recent_heads(tenant, CANDIDATE_SESSIONS)
+    for session_id, head_id in heads:
+        path = await history.path_to(head_id)
+        if wanted and any(_same_turn(stored, wanted) for stored in reversed(path)):
+            return session_id, path
+        if named is not None and any(stored.id == named[1] for stored in path):
+            return session_id, path
+    if wanted or named is not None or asked.recognizer is UNKNOWN_CLIENT or not heads:
+        return None
+    session_id, head_id = heads[0]
+    return session_id, await history.path_to(head_id)
+
+
+def _same_turn(stored: StoredMessage, wanted: str) -> bool:
+    """Clients join a message's text parts with nothing (Pi) or a newline (OpenCode) when they write it out."""
+    if stored.role != "user":
         return False
-    text = content_text(messages[-1].get("content"), "\n").lstrip()
-    return text.startswith(PROMPT_OPENINGS) or any(phrase in text for phrase in PROMPT_PHRASES)
-
-
-def wants_tags(messages: Sequence[Message]) -> bool:
-    """Claude Code asks for an `<analysis>` block and then a `<summary>` block."""
-    return "<summary>" in content_text(messages[-1].get("content"), "\n")
+    content = stored.message.get("content")
+    return any(content_text(content, joiner).strip() == wanted for joiner in ("", "\n"))
 
 
 def summary_text(path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end_id: str, tagged: bool) -> str:
@@ -58,7 +77,7 @@ def summary_text(path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end
             continue
         parts.append(span.content)
         covered = span.end_depth + 1
-    rest: list[dict[str, Any]] = [stored.message for stored in path[covered:]]
+    rest: list[dict[str, Any]] = [stored.message for stored in path[max(covered, len(path) - REST_MESSAGES) :]]
     if rest:
         parts.append(extractive_summary(rest, REST_TOKENS))
     kept = (

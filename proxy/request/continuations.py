@@ -10,6 +10,7 @@ must still pair every tool output with a call before it, as every provider requi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.canonical.conversation import Conversation
@@ -17,10 +18,16 @@ from proxy.canonical.tool_pairs import unanswered_output
 from proxy.canonical.types import Message
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.errors import InvalidRequest, NotFound
+from proxy.history import chain
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
 from proxy.request.references import References
+
+RECENT_SESSIONS = 8
+"""The tenant's most recent sessions an instructionless compaction request is compared with."""
+COMPARED_MESSAGES = 4
+"""How many of its first messages must be a session's first (after the instructions)."""
 
 
 async def continued(
@@ -74,8 +81,47 @@ async def _summarized(
     own = conversation.messages
     leading = next((at for at, stored in enumerate(path) if stored.role not in SYSTEM_ROLES), len(path))
     system = [message for message in own[:index] if message.get("role") in SYSTEM_ROLES]
-    messages = [*system, *(stored.message for stored in path[leading:]), *own[index + 1 :]]
+    after = own[index + 1 :]
+    end = len(path) - kept_tail(path[leading:], after)
+    messages = [*system, *(stored.message for stored in path[leading:end]), *after]
     return replace(conversation, messages=messages)
+
+
+def kept_tail(path: Sequence[StoredMessage], after: Sequence[Message]) -> int:
+    """How many of the path's last messages the client kept after its summary, and sends again first (Pi and
+    OpenCode keep their recent turns after it): the longest end of `path` that `after` starts with."""
+    if not after or not path:
+        return 0
+    first = chain.identity(chain.normalize(after[0]))
+    for start in range(max(0, len(path) - len(after)), len(path)):
+        if chain.identity(path[start].message) != first:
+            continue
+        tail = path[start:]
+        if all(
+            chain.identity(stored.message) == chain.identity(chain.normalize(message))
+            for stored, message in zip(tail, after, strict=False)
+        ):
+            return len(tail)
+    return 0
+
+
+async def with_instructions(history: History, tenant: str, conversation: Conversation) -> Conversation:
+    """A compaction request sent without the instructions its conversation was held under (the Agents SDK's
+    compaction session in `input` mode sends the session's items alone) gets those of the tenant's most recent
+    session whose conversation it starts as, so that it is stored on that session's path, not as a new root (a
+    second session). One with instructions, or like no recent session, is left as it is."""
+    messages = conversation.messages
+    if not messages or any(message.get("role") in SYSTEM_ROLES for message in messages):
+        return conversation
+    opening = [chain.identity(chain.normalize(message)) for message in messages[:COMPARED_MESSAGES]]
+    for _session_id, head_id in await history.recent_heads(tenant, RECENT_SESSIONS):
+        path = await history.path_to(head_id)
+        leading = next((at for at, stored in enumerate(path) if stored.role not in SYSTEM_ROLES), len(path))
+        own = [chain.identity(stored.message) for stored in path[leading : leading + len(opening)]]
+        if leading and own and own == opening[: len(own)]:
+            instructions = [stored.message for stored in path[:leading]]
+            return replace(conversation, messages=[*instructions, *messages], instructions=leading)
+    return conversation
 
 
 def extended(conversation: Conversation, earlier: list[Message]) -> Conversation:

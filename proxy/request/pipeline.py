@@ -30,6 +30,7 @@ from proxy.budget.corrections import Refused
 from proxy.canonical.answers import Answer, Compacted, Completed, StepRef, Streaming
 from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
 from proxy.canonical.types import Chunk
+from proxy.compaction.client_prompts import ClientCompaction, Shape, recognize
 from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
 from proxy.config.schema import Config, ModelEntry
 from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
@@ -45,10 +46,10 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.request import continuations
 from proxy.request.budget import count_tokens, counted, fit_output, model_entry, request_budget
-from proxy.request.client_compaction import compaction_prompt, summary_text, wants_tags
+from proxy.request.client_compaction import summarized_session, summary_text
 from proxy.request.plan import Plan
 from proxy.request.references import References
-from proxy.tokens import encoding_for_model
+from proxy.tokens import content_text, encoding_for_model
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
@@ -94,15 +95,24 @@ class Pipeline:
             if replay is not None:
                 record, stored = replay
                 return replayed(record, stored, conversation.stream)
-        conversation, continued_session = await self.continued(tenant, conversation)
-        options = options.with_session(continued_session)
-        if conversation.compaction:
-            return await self._compacted(tenant, conversation, options, entry)
-        upstream = self.upstream
-        if self.config.context.client_compaction and compaction_prompt(conversation.messages):
-            plan, upstream = await self._summary_plan(tenant, conversation, options, entry)
-        else:
+        asked = self._client_compaction(conversation)
+        planned = None
+        if asked is not None and asked.shape is Shape.SERIALIZED:
+            # Answered for the stored session its text comes from; its own text is not expanded (it may quote an
+            # earlier summary's reference) nor stored (it is no turn of any conversation).
+            planned = await self._serialized_plan(tenant, conversation, options, entry, asked)
+        if planned is None:
+            conversation, continued_session = await self.continued(tenant, conversation)
+            options = options.with_session(continued_session)
+            if conversation.compaction:
+                return await self._compacted(tenant, conversation, options, entry)
+            if asked is not None and asked.shape is Shape.APPENDED:
+                planned = await self._summary_plan(tenant, conversation, options, entry, asked)
+        if planned is None:
+            upstream = self.upstream
             plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
+        else:
+            plan, upstream = planned
         step_begun = asyncio.create_task(
             self.journal.begin(
                 tenant=tenant,
@@ -139,6 +149,7 @@ class Pipeline:
         """A client's request for a compaction item (Responses): the proxy keeps every message and compacts by
         itself, so it stores what is new (no model call) and names the stored conversation, which the client
         sends back in its place."""
+        conversation = await continuations.with_instructions(self.history, tenant, conversation)
         plan = await self._saved(tenant, conversation, options, entry)
         self.journal.metrics.client_compactions.labels("item").inc()
         kept = len(plan.reconciled.path)
@@ -146,18 +157,59 @@ class Pipeline:
         report = replace(plan.report, prompt_tokens=0)
         return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
 
+    def _client_compaction(self, conversation: Conversation) -> ClientCompaction | None:
+        """The client's own compaction the request asks for (`proxy.compaction.client_prompts`), when the proxy
+        answers those (`context.client_compaction`)."""
+        if not self.config.context.client_compaction:
+            return None
+        return recognize(conversation.messages, tools=bool(conversation.params.get("tools")))
+
     async def _summary_plan(
-        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
+        self,
+        tenant: str,
+        conversation: Conversation,
+        options: ContextOptions,
+        entry: ModelEntry,
+        asked: ClientCompaction,
     ) -> tuple[Plan, Upstream]:
         """A client's request for a summary of its conversation (`proxy.request.client_compaction`): the conversation
         without the request's prompt is stored, and answered by the proxy from its own spans, with no model call."""
         plan = await self._saved(tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry)
+        return plan, await self._summary(tenant, plan, asked)
+
+    async def _serialized_plan(
+        self,
+        tenant: str,
+        conversation: Conversation,
+        options: ContextOptions,
+        entry: ModelEntry,
+        asked: ClientCompaction,
+    ) -> tuple[Plan, Upstream] | None:
+        """A summary request of its own holding the conversation as text (Pi, OpenCode): answered, with no model
+        call, for the stored session whose path holds the last user turn that text shows; None when no session
+        does (the request then goes to the model like any other)."""
+        prompt = content_text(conversation.messages[-1].get("content"), "\n")
+        found = await summarized_session(self.history, tenant, asked, prompt)
+        if found is None:
+            log.info("a %s summary request names no stored conversation: sent to the model", asked.recognizer.client)
+            return None
+        session_id, path = found
+        stored = replace(conversation, messages=[stored.message for stored in path])
+        plan = await self._saved(tenant, stored, replace(options, session_id=session_id), entry)
+        return plan, await self._summary(tenant, plan, asked)
+
+    async def _summary(self, tenant: str, plan: Plan, asked: ClientCompaction) -> Upstream:
         path = plan.reconciled.path
         spans = await self.compactor.spans_on(tenant, path)
-        text = summary_text(path, spans, plan.reconciled.end_id, wants_tags(conversation.messages))
+        text = summary_text(path, spans, plan.reconciled.end_id, asked.recognizer.tagged)
         self.journal.metrics.client_compactions.labels("summary").inc()
-        log.info("client summary request answered: session %s, %d messages kept", plan.reconciled.session.id, len(path))
-        return plan, LocalAnswer(text, plan.report.history_tokens)
+        log.info(
+            "%s summary request answered: session %s, %d messages kept",
+            asked.recognizer.client,
+            plan.reconciled.session.id,
+            len(path),
+        )
+        return LocalAnswer(text, plan.report.history_tokens)
 
     async def _saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         """The conversation stored, and the plan of a request that sends nothing upstream."""

@@ -24,6 +24,7 @@ from proxy.tokens import content_text
 TOKEN_PREFIX = "ctxinf1."
 """Marks the proxy's own references (and their format's version)."""
 _TOKEN = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]{20,200}")
+SUMMARY_ROLES = ("user", "assistant")
 RECENT_SCANS = 8
 """The last scans a request is compared with (a tenant's sessions' requests interleave, and tenants')."""
 
@@ -49,11 +50,12 @@ def referenced(token: Any) -> str | None:
 
 
 def reference_in(messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[int, str] | None:
-    """The last user message (at `start` or after) that carries a reference in its text (a client summary the
-    proxy wrote), and the stored message it names."""
+    """The last user or assistant message (at `start` or after) that carries a reference in its text (a client
+    summary the proxy wrote: OpenCode keeps it as the answer to its compaction turn), and the stored message it
+    names."""
     for index in range(len(messages) - 1, start - 1, -1):
         message = messages[index]
-        if message.get("role") != "user":
+        if message.get("role") not in SUMMARY_ROLES:
             continue
         text = content_text(message.get("content"))
         if TOKEN_PREFIX not in text:  # every request is looked through: a plain search first, no pattern
