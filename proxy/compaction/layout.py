@@ -112,7 +112,7 @@ class Policy:
         one request adds), never below `compact_to` of the free space; less `ahead_by` for a pre-compaction."""
         deepest = self.level(self.compact_to, floor)
         aim = max(deepest, self.budget - self.headroom_requests * growth) if self.headroom_requests else deepest
-        return max(self.level(MIN_COMPACT_TO, floor), min(aim, self.budget) - self.ahead_by)
+        return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, self.budget) - self.ahead_by)
 
     def summary_room(self, floor: int, compacted: int) -> float:
         """The tokens the summaries of `compacted` tokens of originals may take: `target_ratio` of them, at most

@@ -163,7 +163,10 @@ def summary_range(
 
     first = estimate or (shrinking if policy.summary_share is None else sized)
     passes: list[tuple[bool, Estimate]] = [(False, first), (True, estimate or shrinking)]
-    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered):
+    # Over the room by more than one shortest summary: a first summary of a short past is over `target_ratio`
+    # of it by its minimum size alone, and merging it again at every crossing would only rewrite the prefix.
+    slack = policy.summary_min + policy.summary_overhead
+    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered) + slack:
         passes.insert(0, (True, first))
     for hierarchical, chosen_estimate in passes:
         runs = segments if hierarchical else [run for segment in segments for run in _unsummarized_runs(segment)]
