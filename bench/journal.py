@@ -47,7 +47,7 @@ from bench.harness import servers
 from bench.harness.clients import StreamRead, round_order, stream_once
 from bench.harness.processes import process, python
 from bench.harness.report import Report, add_json_option, columns
-from proxy.config import JournalConfig
+from proxy.config.schema import JournalConfig
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.writer import Journal
@@ -238,8 +238,8 @@ def serve_proxy(config_path: str, port: int, journal_on: bool, profile: Path | N
     environment.prepare()
     import uvicorn
 
-    from proxy.app import create_app
-    from proxy.config import load_config
+    from proxy.config.schema import load_config
+    from proxy.serving.app import create_app
 
     if not journal_on:
         disable_journal()

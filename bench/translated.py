@@ -25,8 +25,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.upstream.litellm_client import LiteLLMUpstream
+from proxy.upstream.protocol import UpstreamCall
 from tests.support.fake_anthropic_upstream import FakeAnthropicUpstream
 
 KEY = "sk-ant-bench"
@@ -54,13 +55,13 @@ async def run(calls: int, count: int) -> None:
         streamed = {**params, "stream_options": {"include_usage": True}}
 
         async def translated() -> None:
-            await upstream.complete(entry, messages, params)
+            await upstream.complete(UpstreamCall(entry, messages, params))
 
         async def acompletion() -> None:
             await litellm.acompletion(model=entry.model, messages=messages, api_base=native.url, api_key=KEY, **params)
 
         async def translated_stream() -> None:
-            async for _chunk in await upstream.open_stream(entry, messages, streamed):
+            async for _chunk in await upstream.open_stream(UpstreamCall(entry, messages, streamed)):
                 pass
 
         async def acompletion_stream() -> None:

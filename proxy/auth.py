@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.config import AuthConfig
+from proxy.config.schema import AuthConfig
 from proxy.errors import AuthenticationFailed, Forbidden
 
 OPEN_TENANT = "open"

@@ -24,10 +24,10 @@ from typing import Any
 from proxy.budget.corrections import DEFAULT_TTL_S, Correction, Refused, TokenCorrections, implausible
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
 from proxy.budget.shared_corrections import SharedCorrections
-from proxy.config import ModelEntry
+from proxy.canonical.types import Clock
+from proxy.config.schema import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.history.settings import session_budget
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@
 beyond loopback unless `--host` says so explicitly, and reports a bad config (or a store written by a newer
 version, another application's database, a damaged, read-only or locked file, a directory) as one line instead
 of a traceback. `sessions` and `journal` open the same parts the server runs
-(`proxy.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
+(`proxy.serving.services`, without recovery and without registering as a journal owner) on the same SQLite file (WAL
 lets them run beside it) and print the inspection views; `sessions pin|unpin` write through the same one
-writer, checked as `POST /sessions/{id}/pins` checks them. `corrections` lists and resets the budget corrections
+writer, checked as `POST /sessions/{id}/pins` checks them; `sessions delete` and `tenants` delete
+(`proxy.cli.lifecycle`). `corrections` lists and resets the budget corrections
 learned from upstream refusals (every tenant's: no `--key`). `migrate` applies the schema's migrations as `serve`
 does on startup (under a lock, so replicas starting together apply each once) and says which; `export` and
 `import` move a whole store between files and servers, SQLite and PostgreSQL alike (`proxy.store.transfer`).
@@ -30,8 +31,8 @@ from typing import Any, Literal, TextIO
 import uvicorn
 
 from proxy import environment
-from proxy.app import create_app
 from proxy.auth import OPEN_TENANT, tenant_of
+from proxy.cli.lifecycle import add_commands as add_lifecycle_commands
 from proxy.cli.render import (
     render_corrections,
     render_events,
@@ -42,15 +43,16 @@ from proxy.cli.render import (
     render_step,
     render_steps,
 )
-from proxy.config import Config, ConfigError, load_config
+from proxy.config.schema import Config, ConfigError, load_config
 from proxy.errors import InvalidRequest, NotFound
-from proxy.heap import keep_large_buffers
-from proxy.inspection import Inspector
+from proxy.inspection.views import Inspector
 from proxy.journal.owners import LEASE_S
 from proxy.journal.steps import StepStatus
 from proxy.observability.logs import log_config
-from proxy.server import raise_file_limit, server_options
-from proxy.services import open_services
+from proxy.serving.app import create_app
+from proxy.serving.heap import keep_large_buffers
+from proxy.serving.server import raise_file_limit, server_options
+from proxy.serving.services import open_services
 from proxy.store.database import Database, StoreRefused, StoreUnavailable, check_store
 from proxy.store.transfer import TransferError, export_store, import_store
 
@@ -111,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     pin.set_defaults(run=_inspection(_sessions_pin, render_pins))
     unpin.set_defaults(run=_inspection(_sessions_unpin, render_pins))
     events.set_defaults(run=_inspection(_sessions_events, render_events))
+    add_lifecycle_commands(commands, sessions_commands, _store_options)
 
     journal = commands.add_parser("journal", help="list or show journaled responses")
     journal_commands = journal.add_subparsers(title="journal commands", required=True)

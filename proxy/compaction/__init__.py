@@ -5,5 +5,5 @@ the `strategies` in order; `summary_text`, `extractive` and `stubs` are the text
 the deterministic fallback summary, tool-output stubs and omission markers): none does I/O. `compactor` is the
 stage itself: it runs the builder, has `spans` write what it asks for (through `summarizer`, into
 `summaries`, reported as `events`), recalls archived passages (`recall`) and pre-compacts in the background.
-See docs/architecture.md, "Compaction strategies".
+Each strategy is described in `strategies`.
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from proxy.config import DEFAULT_SUMMARIZER_COOLDOWN_S, DEFAULT_SUMMARIZER_FAILURES
-from proxy.types import Clock
+from proxy.canonical.types import Clock
+from proxy.config.schema import DEFAULT_SUMMARIZER_COOLDOWN_S, DEFAULT_SUMMARIZER_FAILURES
 
 
 @dataclass

@@ -16,7 +16,7 @@ database or a model. Its rules:
    are cheaper) and atomic units of unsummarized messages (a tool group is one unit).
 4. If the result fits the `trigger_ratio` level of the free space (`Policy.level`: what the budget leaves above
    the system and pinned messages) it is the `ContextLayout`. Otherwise (a *crossing*) every span written ahead
-   joins, and `NeedsSummary` names the next span to write until the total drops to the `compact_to` level:
+   joins, and `SpanNeeded` names the next span to write until the total drops to the `compact_to` level:
    compaction happens in big steps so that the following requests are prefix-extensions of each other and
    provider prompt caches keep hitting (invariant 6).
 5. When every older message is summarized, adjacent summaries (and the messages between them) are summarized
@@ -32,7 +32,7 @@ is used at all (e.g. after a switch to a bigger model). A greedy "restore what f
 purpose: as the conversation grows it would flip restored spans back to summaries between compactions and
 break the prompt prefix on every such flip, without calling the summarizer.
 
-The caller loop is: build → on `NeedsSummary` write a summary of `parts` (span ids in `replaces` become
+The caller loop is: build → on `SpanNeeded` write a summary of `parts` (span ids in `replaces` become
 orphaned) and build again with `compacting=True`, a bounded number of rounds → `ContextLayout`.
 """
 
@@ -57,12 +57,12 @@ from proxy.compaction.layout import (
     ContextLayout,
     Item,
     Layout,
-    NeedsSummary,
     Neighbours,
     Part,
     Policy,
     RecentTooLarge,
     Span,
+    SpanNeeded,
     Stubbed,
     View,
 )
@@ -80,11 +80,11 @@ __all__ = [
     "BuildResult",
     "ContextLayout",
     "Item",
-    "NeedsSummary",
     "Part",
     "Policy",
     "RecentTooLarge",
     "Span",
+    "SpanNeeded",
     "acknowledgements",
     "build",
     "usable_spans",
@@ -101,7 +101,7 @@ def build(
 ) -> BuildResult:
     """The working context for `items`, or the span that must be written first, or why it cannot fit.
 
-    `compacting` is True on the calls that follow a `NeedsSummary` within one request (and from the start at a
+    `compacting` is True on the calls that follow a `SpanNeeded` within one request (and from the start at a
     crossing): the compaction then goes on until the total reaches the `compact_to` level (or nothing more can
     be compacted), rather than stopping as soon as it fits again, so that one compaction is one big step,
     however many rounds it takes. `cuts`: `Cuts.of(items)`, when the caller has them.

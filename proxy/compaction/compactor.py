@@ -20,10 +20,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from proxy.compaction.builder import ContextLayout, NeedsSummary, Policy, RecentTooLarge, Span, build
+from proxy.canonical.types import Clock, Message
+from proxy.canonical.vocabulary import SYSTEM_ROLES
+from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import PathReader, PathState
-from proxy.compaction.plans import Plans, planned
+from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
 from proxy.compaction.refusals import not_converging, too_large
@@ -32,14 +34,12 @@ from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.stubs import marker_message, stubbed_message
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import acknowledgement_message, summary_message
-from proxy.config import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
+from proxy.config.schema import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, token_counts
 from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
-from proxy.types import Clock, Message
-from proxy.vocabulary import SYSTEM_ROLES
 
 __all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
 
@@ -107,7 +107,7 @@ class Compactor:
         self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock, locks)
         self._paths = PathReader(config, pins)
-        self._plans = Plans()
+        self._plans = PlanCache()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
         self._acknowledgements: dict[str, int] = {}
         """Encoding → what an acknowledgement costs: every request's policy asks."""
@@ -162,7 +162,7 @@ class Compactor:
         stored = await self._in_force(request)
         known = set(stored)
         """Every span this request has planned with: one it did not is another request's, written since."""
-        asked: set[NeedsSummary] = set()
+        asked: set[SpanNeeded] = set()
         policy = self._request_policy(request)
         waited = False
         written = 0
@@ -173,7 +173,7 @@ class Compactor:
             result = await self._plans.plan(session, state, list(stored.values()), policy, compacting=written > 0)
             if isinstance(result, RecentTooLarge):
                 raise too_large(result, request)
-            if isinstance(result, NeedsSummary) and result.strategy not in WITHOUT_MODEL:
+            if isinstance(result, SpanNeeded) and result.strategy not in WITHOUT_MODEL:
                 # A crossing never waits for a model while what is written (its masks, the batches written ahead,
                 # a summary it had to write) fits the budget: the summaries that would take it deeper are written
                 # in the background and join at the next crossing. Else it waits for the session's pre-compaction
@@ -246,7 +246,7 @@ class Compactor:
             strategies=(SUMMARIZE,),
         )
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
-        if not isinstance(result, NeedsSummary):
+        if not isinstance(result, SpanNeeded):
             return None
         return await self._write(request, state, result, stored, request.allowance or self.allowance())
 
@@ -277,7 +277,7 @@ class Compactor:
         written = 0
         while written < AHEAD_ROUNDS:
             result = await planned(state, [s.span for s in stored.values()], policy, compacting=True)
-            if not isinstance(result, NeedsSummary):
+            if not isinstance(result, SpanNeeded):
                 break
             if result.strategy not in WITHOUT_MODEL and allowance.made >= allowance.calls:
                 break
@@ -290,7 +290,7 @@ class Compactor:
         self,
         request: CompactionRequest,
         state: PathState,
-        need: NeedsSummary,
+        need: SpanNeeded,
         stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         held: int = 0,
@@ -310,7 +310,7 @@ class Compactor:
 
     @staticmethod
     def _read(
-        request: CompactionRequest, state: PathState, need: NeedsSummary, stored: Mapping[int, StoredSpan]
+        request: CompactionRequest, state: PathState, need: SpanNeeded, stored: Mapping[int, StoredSpan]
     ) -> list[Message]:
         """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
         return [
@@ -392,7 +392,7 @@ def most_rounds(messages: int) -> int:
     return max(AHEAD_ROUNDS, ROUNDS_PER_MESSAGE * messages)
 
 
-def _superseded(stored: Mapping[int, StoredSpan], need: NeedsSummary, summary: StoredSpan) -> dict[int, StoredSpan]:
+def _superseded(stored: Mapping[int, StoredSpan], need: SpanNeeded, summary: StoredSpan) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
 

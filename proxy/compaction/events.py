@@ -15,11 +15,11 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
+from proxy.canonical.types import Clock
 from proxy.observability.logs import FIELDS_ATTRIBUTE
 from proxy.observability.metrics import Metrics
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from proxy.canonical.sharing import shared_prefix
 from proxy.compaction.layout import GROWTH_WINDOW, PINNED_ROLES, Item, Policy
-from proxy.sharing import shared_prefix
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 

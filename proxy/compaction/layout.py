@@ -11,9 +11,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.summary_text import DEFAULT_SUMMARY_MAX, DEFAULT_SUMMARY_MIN, DEFAULT_TARGET_RATIO, target_tokens
-from proxy.config import DEFAULT_TOOL_RESULTS_KEEP_TURNS, SUMMARIZE, TOOL_RESULTS
-from proxy.vocabulary import SYSTEM_ROLES
+from proxy.config.schema import DEFAULT_TOOL_RESULTS_KEEP_TURNS, SUMMARIZE, TOOL_RESULTS
 
 PINNED_ROLES = frozenset(SYSTEM_ROLES)
 """Roles sent verbatim where they stand; pinned by the client's own protocol, and no turn for role order."""
@@ -162,7 +162,7 @@ class ContextLayout:
 
 
 @dataclass(frozen=True)
-class NeedsSummary:
+class SpanNeeded:
     """Write a span of items [start, end) with `strategy`; it may cover existing spans, which it supersedes."""
 
     start: int
@@ -191,7 +191,7 @@ class RecentTooLarge:
     pinned_tokens: int = 0
 
 
-BuildResult = ContextLayout | NeedsSummary | RecentTooLarge
+BuildResult = ContextLayout | SpanNeeded | RecentTooLarge
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,17 @@ from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.sharing import shared_prefix
+from proxy.canonical.types import Message
 from proxy.compaction.groups import Cuts, cut_points, with_tool_groups
 from proxy.compaction.layout import Item
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import stubbed_message, tool_stubs
-from proxy.config import TOOL_RESULTS, ContextConfig
+from proxy.config.schema import TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.pins import Pins, pattern_pinned
 from proxy.offload import compute
-from proxy.sharing import shared_prefix
 from proxy.tokens import count_message, rough_size
-from proxy.types import Message
 
 ITEM_CACHE_ENTRIES = 100_000
 """Builder items remembered (~150 bytes each): a few long sessions' paths."""
@@ -82,7 +82,7 @@ class _Read:
 
 class PathReader:
     """Builder items for a request's path. A session's next request re-sends its path as the same stored
-    objects (`History` hands out its cached entries, `proxy.sharing`), so its last read is carried over for
+    objects (`History` hands out its cached entries, `proxy.canonical.sharing`), so its last read is carried over for
     that prefix, with the same pins, and only the new messages are read."""
 
     def __init__(self, config: ContextConfig, pins: Pins | None = None, max_tokens: int = READ_TOKENS) -> None:

@@ -49,7 +49,7 @@ class _Plan:
         )
 
 
-class Plans:
+class PlanCache:
     def __init__(self, sessions: int = PLAN_SESSIONS) -> None:
         self._sessions = sessions
         self._last: OrderedDict[tuple[str, str], _Plan] = OrderedDict()

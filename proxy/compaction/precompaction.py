@@ -19,12 +19,12 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
+from proxy.canonical.types import Clock
 from proxy.compaction.builder import Policy
 from proxy.compaction.spans import Allowance, CompactionRequest
-from proxy.config import ContextConfig
+from proxy.config.schema import ContextConfig
 from proxy.history.messages import StoredMessage
 from proxy.store.database import Database, lock_name
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from proxy.canonical.vocabulary import ORIGIN, Origin
 from proxy.compaction.recall_terms import Term, match_expression, term_pattern, tsquery, unseen_terms
 from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
@@ -29,7 +30,6 @@ from proxy.offload import compute
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
 from proxy.tokens import content_text, count_message, count_text, rough_size
-from proxy.vocabulary import ORIGIN, Origin
 
 log = logging.getLogger(__name__)
 

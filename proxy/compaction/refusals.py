@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.compaction.builder import NeedsSummary, RecentTooLarge
+from proxy.compaction.builder import RecentTooLarge, SpanNeeded
 from proxy.compaction.spans import CompactionRequest
 from proxy.errors import ContextTooLarge
 
@@ -19,7 +19,7 @@ NAMED_PINS = 10
 """Pinned message ids an error names before it says how many more there are."""
 
 
-def not_converging(need: NeedsSummary, request: CompactionRequest) -> ContextTooLarge:
+def not_converging(need: SpanNeeded, request: CompactionRequest) -> ContextTooLarge:
     """The builder asked again for a span this request wrote: writing it changed nothing, and would not again."""
     log.error(
         "compaction session=%s: the builder asked twice for the %s span of [%d,%d) replacing %s; giving up",

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.canonical.types import Clock
 from proxy.compaction.layout import Span
-from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
-from proxy.types import Clock
 
 _ID = operator.attrgetter("id")
 
@@ -109,9 +109,10 @@ class SpanStore:
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self._db = db
         self._clock = clock
-        self._read: OrderedDict[tuple[int, float | None, int], StoredSpan] = OrderedDict()
-        """(id, orphaned_at, held) → the span: a row never changes but for those two, and a long session's path
-        has a span per crossing, each read again by every request."""
+        self._read: OrderedDict[tuple[int, float | None, int, str, float], StoredSpan] = OrderedDict()
+        """(id, orphaned_at, held, end_id, created_at) → the span: a row never changes but for orphaned_at and held,
+        and a long session's path has a span per crossing, each read again by every request. The end and the time
+        tell a row from one written later under the id of a deleted one (SQLite reuses the largest ids)."""
         self._sessions: OrderedDict[tuple[str, str], _Read] = OrderedDict()
 
     async def on_path(self, tenant: str, path: Sequence[StoredMessage]) -> list[StoredSpan]:
@@ -130,8 +131,10 @@ class SpanStore:
         key = (tenant, session_id)
         before = self._sessions.get(key)
         # Read before the spans: a write after it shows as a later epoch at the next read.
-        row = await self._db.fetchone("SELECT epoch FROM span_epochs WHERE tenant = ?", (tenant,))
-        epoch = 0 if row is None else int(row["epoch"])
+        row = await self._db.fetchone("SELECT epoch, cleared FROM span_epochs WHERE tenant = ?", (tenant,))
+        epoch, cleared = (0, 0) if row is None else (int(row["epoch"]), int(row["cleared"]))
+        if before is not None and (before.epoch < cleared or epoch < before.epoch):
+            before = None  # spans were deleted since (`proxy.lifecycle`): none read before is carried over
         if before is None or not _extends(path, before):
             spans = in_force(self._lying_on(path, await self._ending_on(tenant, path)))
         else:
@@ -172,7 +175,7 @@ class SpanStore:
         ]
 
     def _span(self, row: Row) -> StoredSpan:
-        key = (row["id"], row["orphaned_at"], row["held"])
+        key = (row["id"], row["orphaned_at"], row["held"], row["end_id"], row["created_at"])
         span = self._read.get(key)
         if span is None:
             span = self._read[key] = _summary(row)

@@ -20,21 +20,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.canonical.types import Clock, Message
 from proxy.compaction.events import CompactionEvent, CompactionEvents, EventKind
 from proxy.compaction.extractive import fallback_summary
-from proxy.compaction.layout import NeedsSummary, Span
+from proxy.compaction.layout import Span, SpanNeeded
 from proxy.compaction.prose import date_before
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
-from proxy.config import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
 from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute
 from proxy.store.database import Database, lock_name
 from proxy.tokens import count_message, rough_size
-from proxy.types import Clock, Message
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Allowance:
         return 0.0 if self.started is None else now - self.started
 
 
-Render = Callable[[NeedsSummary, Mapping[int, StoredSpan]], list[Message]]
+Render = Callable[[SpanNeeded, Mapping[int, StoredSpan]], list[Message]]
 """The messages a span's parts stand for, as the model saw them (stubs and markers included)."""
 
 
@@ -156,7 +156,7 @@ class SpanWriter:
     async def write(
         self,
         request: CompactionRequest,
-        need: NeedsSummary,
+        need: SpanNeeded,
         stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
@@ -194,7 +194,7 @@ class SpanWriter:
     async def _write_once(
         self,
         request: CompactionRequest,
-        need: NeedsSummary,
+        need: SpanNeeded,
         stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
@@ -211,7 +211,7 @@ class SpanWriter:
             )
 
     async def _written_since(
-        self, request: CompactionRequest, need: NeedsSummary, stored: Mapping[int, StoredSpan]
+        self, request: CompactionRequest, need: SpanNeeded, stored: Mapping[int, StoredSpan]
     ) -> StoredSpan | None:
         """A span over `need`'s range that this request did not read: one in use if there is one, else one a wider
         span has orphaned since (a summary of the range all the same; the compactor then finds the wider one)."""
@@ -227,7 +227,7 @@ class SpanWriter:
     async def _new(
         self,
         request: CompactionRequest,
-        need: NeedsSummary,
+        need: SpanNeeded,
         stored: Mapping[int, StoredSpan],
         allowance: Allowance,
         render: Render,
@@ -295,7 +295,7 @@ class SpanWriter:
     async def _content(
         self,
         request: CompactionRequest,
-        need: NeedsSummary,
+        need: SpanNeeded,
         rendered: Sequence[Message],
         replaced: int,
         allowance: Allowance,
@@ -314,7 +314,7 @@ class SpanWriter:
     async def _summary(
         self,
         request: CompactionRequest,
-        need: NeedsSummary,
+        need: SpanNeeded,
         rendered: Sequence[Message],
         replaced: int,
         allowance: Allowance,

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.compaction.layout import Block, NeedsSummary, View
-from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.compaction.layout import Block, SpanNeeded, View
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 
 Estimate = Callable[[int, int, int], tuple[int, int]]
 """For a range (what it reads, what its originals cost as sent, and that of them no summary stands for yet): what
@@ -39,7 +39,7 @@ class Strategy(Protocol):
 
     def should_run(self, view: View) -> bool: ...
 
-    def compact(self, view: View) -> NeedsSummary | None: ...
+    def compact(self, view: View) -> SpanNeeded | None: ...
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,12 @@ class ToolResults:
     def should_run(self, view: View) -> bool:
         return self._saving(view, self._boundary(view)) > 0
 
-    def compact(self, view: View) -> NeedsSummary | None:
+    def compact(self, view: View) -> SpanNeeded | None:
         boundary = self._boundary(view)
         if self._saving(view, boundary) <= 0:
             return None
         replaces = tuple(sorted(span.id for span in view.spans if span.is_mask and span.end <= boundary))
-        return NeedsSummary(start=0, end=boundary, replaces=replaces, strategy=self.name)
+        return SpanNeeded(start=0, end=boundary, replaces=replaces, strategy=self.name)
 
     @staticmethod
     def _boundary(view: View) -> int:
@@ -87,7 +87,7 @@ class Summarize:
     def should_run(self, view: View) -> bool:
         return view.needed > 0
 
-    def compact(self, view: View) -> NeedsSummary | None:
+    def compact(self, view: View) -> SpanNeeded | None:
         return summary_range(view, self.name, view.cuts)
 
 
@@ -98,7 +98,7 @@ class GoalBatch:
     def should_run(self, view: View) -> bool:
         return view.needed > 0
 
-    def compact(self, view: View) -> NeedsSummary | None:
+    def compact(self, view: View) -> SpanNeeded | None:
         # A boundary falls where a user turn starts (or at the recent block): each range is whole episodes.
         turns = [
             cut and (position >= len(view.items) or position == view.recent or view.items[position].role == "user")
@@ -114,7 +114,7 @@ class SlidingWindow:
     def should_run(self, view: View) -> bool:
         return view.needed > 0
 
-    def compact(self, view: View) -> NeedsSummary | None:
+    def compact(self, view: View) -> SpanNeeded | None:
         marker = view.policy.marker_tokens
         return summary_range(view, self.name, view.cuts, estimate=lambda *_: (marker, marker), capped=False)
 
@@ -124,7 +124,7 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-def next_span(view: View) -> NeedsSummary | None:
+def next_span(view: View) -> SpanNeeded | None:
     """The first span a configured strategy names, in their order."""
     for name in view.policy.strategies:
         strategy = STRATEGIES[name]
@@ -142,7 +142,7 @@ def summary_range(
     *,
     estimate: Estimate | None = None,
     capped: bool = True,
-) -> NeedsSummary | None:
+) -> SpanNeeded | None:
     """The oldest range to replace by one message: unsummarized blocks first, then (hierarchically) spans with
     what lies between them. While the summaries take more than their room (`Policy.summary_room`), the oldest
     ones are merged first: the past is kept shorter rather than newer originals summarized. A summary is sized
@@ -239,13 +239,13 @@ def _choose_range(
     return None
 
 
-def _needs_summary(view: View, chosen: _Range, strategy: str) -> NeedsSummary:
+def _needs_summary(view: View, chosen: _Range, strategy: str) -> SpanNeeded:
     start, end = chosen.blocks[0].start, chosen.blocks[-1].end
     replaces = tuple(
         sorted(span.id for span in view.spans if not span.is_mask and start <= span.start and span.end <= end)
     )
     parts = tuple(part for block in chosen.blocks for part in block.parts())
     stubbed = frozenset(part for part in parts if isinstance(part, int) and part in view.stubbed)
-    return NeedsSummary(
+    return SpanNeeded(
         start=start, end=end, replaces=replaces, parts=parts, target=chosen.target, strategy=strategy, stubbed=stubbed
     )

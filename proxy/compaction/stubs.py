@@ -14,11 +14,11 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, ORIGIN, Origin, origin
 from proxy.compaction.summary_text import key_inputs
 from proxy.formats.responses_items import TOOL_OUTPUT_TYPES
 from proxy.tokens import content_text
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, ORIGIN, Origin, origin
 
 STUB_PREFIX = "[tool output stubbed by the proxy:"
 MARKER_PREFIX = "[Omitted from this context:"

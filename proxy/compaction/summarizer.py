@@ -20,13 +20,13 @@ from proxy.compaction.breaker import SummarizerBreaker
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.compaction.summary_text import summarizer_messages
-from proxy.config import ContextConfig, ModelEntry
+from proxy.config.schema import ContextConfig, ModelEntry
 from proxy.cost import TokenCost
 from proxy.errors import UpstreamError
 from proxy.observability.metrics import Metrics
 from proxy.offload import compute
 from proxy.tokens import rough_size
-from proxy.upstream.protocol import Upstream
+from proxy.upstream.protocol import Upstream, UpstreamCall
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Summarizer:
             prompt[0] = {"role": "system", "content": instruction.format(target=target)}
         started = time.monotonic()
         try:
-            response = await self._upstream.complete(entry, prompt, params)
+            response = await self._upstream.complete(UpstreamCall(entry, prompt, params))
             await self._account(entry.name, response, session)
             content = _answer_text(response)
             if content:

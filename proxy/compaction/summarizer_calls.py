@@ -12,10 +12,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+from proxy.canonical.types import Clock
 from proxy.cost import TokenCost
 from proxy.store.connection import Connection
 from proxy.store.database import Database
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

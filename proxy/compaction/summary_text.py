@@ -19,8 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.vocabulary import ORIGIN, Origin, origin
 from proxy.tokens import content_text, count_text
-from proxy.vocabulary import ORIGIN, Origin, origin
 
 SUMMARY_HEADER = "[Earlier conversation summary]"
 """Starts every summary message, so both the model and a re-summarization can tell summaries from turns."""

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from proxy.config import DEFAULT_MAX_BODY_VALUES, Config, RequestLimits
+from proxy.canonical.pieces import Pieces, Reading, Received
+from proxy.config.schema import DEFAULT_MAX_BODY_VALUES, Config, RequestLimits
 from proxy.doors.json_values import COUNT_PIECE_CHARS, ValueCount, count_chars
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError, RequestTimeout, json_type
 from proxy.numbers import parse_integer
 from proxy.offload import OFF_LOOP_CHARS, Lane, compute
-from proxy.pieces import Pieces, Reading, Received
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ async def read_body(
     """Read at most `max_bytes` within `timeout_s` (None: no deadline); a larger body is refused before (or as
     soon as) it is known to be too big, a slower one with a 408 that closes the connection. Each chunk is
     compared with the `earlier` bodies as it arrives: what the body repeats of one of them is not kept again
-    (`proxy.pieces`)."""
+    (`proxy.canonical.pieces`)."""
     if content_length is not None and content_length.isascii() and content_length.isdigit():
         declared = parse_integer(content_length)  # None: more bytes than any store could count
         if declared is None or declared > max_bytes:

@@ -5,7 +5,9 @@ before any state is touched, as a 400 (or 413) naming the field — and renders 
 `chat.completion`, or SSE chunks from the very JSON the journal stored, then `[DONE]`. Validation is
 deliberately limited to what OpenAI itself rejects and what the proxy relies on; every other field passes
 through untouched, because the upstream is the authority on its own parameters. Errors leave in OpenAI's shape
-(`proxy.errors.openai_error`), which is also this API's.
+(`proxy.errors.openai_error`), which is also this API's. A stream's upstream is always asked for its usage chunk
+(`stream_options.include_usage`), so that every step keeps what it cost; a client that did not ask for it does not
+get that chunk.
 """
 
 from __future__ import annotations
@@ -17,19 +19,19 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
 
-from proxy.config import RequestLimits
-from proxy.conversation import Answer, Compacted, Completed, Conversation, Replayed
+from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, StreamGroups
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import proxy_key
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_metadata, check_shape, part_type
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.doors.sse import SSE_DONE, RelayedStream, sse_data, sse_event, sse_response
 from proxy.errors import InvalidRequest, json_type, openai_error
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
-from proxy.journal.relay import JournaledGroups
-from proxy.pieces import Received
-from proxy.types import Chunk
-from proxy.vocabulary import proxy_key
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES: Mapping[str, tuple[str, ...]] = {
@@ -90,7 +92,7 @@ def _usage_only(chunk: Chunk) -> bool:
     return not chunk.get("choices") and bool(chunk.get("usage"))
 
 
-async def _stream_events(groups: JournaledGroups, usage: bool) -> AsyncIterator[bytes]:
+async def _stream_events(groups: StreamGroups, usage: bool) -> AsyncIterator[bytes]:
     try:
         async for group in groups:
             yield b"".join(sse_data(item.text) for item in group if usage or not _usage_only(item.chunk))

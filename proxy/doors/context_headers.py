@@ -1,11 +1,11 @@
 """The X-Context-* headers every door shares: the options a request sets, and the report its answer carries.
 
 Request headers (`X-Session-Id`, `X-Context-Budget`, `X-Context-Preserve-Recent`, `X-Context-Mode`,
-`Idempotency-Key`) are checked here, before anything is stored; a bad one is a 400 naming it. Response headers
-are the same on stream and non-stream answers, on every door, except `X-Context-Cached-Tokens`: the prompt tokens
-the upstream reported read from its prompt cache for this answer, known only once the answer is whole, so sent on
-non-stream answers only (a stream's headers leave before its usage; the stream's own usage event and
-`GET /sessions/{id}` carry the figure).
+`X-Context-Strategy`, `Idempotency-Key`) are checked here, before anything is stored; a bad one is a 400 naming it
+(an unknown, repeated or empty strategy too). Response headers are the same on stream and non-stream answers, on
+every door, except `X-Context-Cached-Tokens`: the prompt tokens the upstream reported read from its prompt cache for
+this answer, known only once the answer is whole, so sent on non-stream answers only (a stream's headers leave
+before its usage; the stream's own usage event and `GET /sessions/{id}` carry the figure).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from proxy.config import STRATEGY_NAMES, parse_strategies
-from proxy.conversation import Answer, Completed, ContextMode, ContextOptions, ContextReport, Replayed, usage_text
+from proxy.canonical.answers import Answer, Completed, ContextReport, Replayed, usage_text
+from proxy.canonical.conversation import ContextMode, ContextOptions
+from proxy.config.schema import STRATEGY_NAMES, parse_strategies
 from proxy.cost import TokenCost
 from proxy.errors import InvalidRequest
 from proxy.numbers import MAX_STORED_INTEGER, parse_integer

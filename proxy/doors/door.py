@@ -7,6 +7,11 @@ X-Context-* options and the client's own names for its conversation, name the mo
 client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
 (`Door.routes`: stored responses, `count_tokens`); their handlers get the caller already authenticated.
 
+A door refuses, before anything is written, what its API refuses and the proxy can see — a number that is not
+finite, a content part of a type the role does not take, a tool output that answers no call, a call the
+conversation goes on past unanswered (one at the very end is the client's to answer) — as a 400 in its API's shape
+naming the field. What the proxy cannot see is the upstream's to refuse.
+
 Which door's shape an error leaves in is chosen by route (`error_response`): every path under a door's `prefix`
 answers in its shape — its own failures, unknown paths and methods below it, unexpected exceptions alike — and
 every other path in OpenAI's (invariant 8).
@@ -27,17 +32,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import Caller, authenticate
-from proxy.config import Config, RequestLimits
-from proxy.continuations import extended
-from proxy.conversation import Answer, Conversation, Streaming
+from proxy.canonical.answers import Answer, Streaming
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
 from proxy.observability.requests import observe_model
 from proxy.offload import Lane
-from proxy.pieces import Received
-from proxy.pipeline import Pipeline
+from proxy.request.continuations import SocketContinuations
+from proxy.request.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +79,7 @@ class Door(Generic[R]):
     (built once when serving starts) parses requests and renders answers."""
 
     name: ClassVar[str]
-    """The door's API, as `Conversation.wire["door"]` and a model entry's `api` name it."""
+    """The door's API, as `Conversation.door_state["door"]` and a model entry's `api` name it."""
     path: ClassVar[str]
     """The route its requests come to (POST)."""
     prefix: ClassVar[str]
@@ -158,7 +164,7 @@ class OpenSockets:
         self._open: Counter[str] = Counter()
 
     @contextmanager
-    def held(self, tenant: str, limit: int) -> Iterator[None]:
+    def slot(self, tenant: str, limit: int) -> Iterator[None]:
         if self._open[tenant] >= limit:
             raise TooManySockets(
                 f"This key already holds {limit} WebSockets (server.max_sockets_per_key); close one, or use HTTP."
@@ -197,12 +203,12 @@ class Doors:
         """A door's API over a WebSocket: the handshake authenticated like a request and counted against the
         key's `server.max_sockets_per_key` (refused with the door's HTTP error), then one request at a time,
         each answered by its events; a failed request is an error event and the socket stays open; the client
-        closes it (or the server, idle: `proxy.socket_protocol`)."""
+        closes it (or the server, idle: `proxy.serving.sockets`)."""
         door = self.by_name[name]
         with ExitStack() as held:
             try:
                 caller = authenticate(websocket.headers, self.config.auth, api_key_header=door.api_key_header)
-                held.enter_context(self.sockets.held(caller.tenant, self.config.server.max_sockets_per_key))
+                held.enter_context(self.sockets.slot(caller.tenant, self.config.server.max_sockets_per_key))
             except ProxyError as exc:
                 status, body, headers = door.error(exc)
                 await websocket.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
@@ -211,7 +217,7 @@ class Doors:
             await self._serve_events(door, caller, websocket)
 
     async def _serve_events(self, door: Door[Any], caller: Caller, websocket: WebSocket) -> None:
-        socket = SocketState()
+        socket = SocketContinuations()
         try:
             while True:
                 raw = await _receive(websocket, self.config.request_limits.max_body_bytes)
@@ -227,7 +233,7 @@ class Doors:
             return
 
     async def _answer_event(
-        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketState
+        self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketContinuations
     ) -> None:
         limits = self.config.request_limits
         parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits), door.lane)
@@ -256,33 +262,6 @@ class Doors:
         caller = authenticate(request.headers, self.config.auth, api_key_header=door.api_key_header)
         method: Handler = getattr(door, handler)
         return await method(request, caller)
-
-
-@dataclass
-class SocketState:
-    """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
-    a response answered on the same socket even if the client did not store it, or its latest warm-up. Only the
-    latest: a client warms a socket up just before the turn that continues it (Codex, every turn), and a
-    warm-up may hold a whole conversation, so a socket keeps one rather than every one it was sent."""
-
-    answered: set[int] = field(default_factory=set)
-    """The journal steps answered on this socket."""
-    warmed: tuple[str, Conversation] | None = None
-    """The latest warm-up: the id it answered with, and the conversation it was sent with, resolved."""
-
-    def warm(self, reference: str, conversation: Conversation) -> None:
-        self.warmed = (reference, conversation)
-
-    def resolve(self, conversation: Conversation) -> Conversation:
-        continues = conversation.continues
-        if continues is None:
-            return conversation
-        if self.warmed is not None and self.warmed[0] == continues.reference:
-            warmed = self.warmed[1]
-            return extended(conversation, warmed.messages[warmed.instructions :])
-        if continues.step_id in self.answered:
-            return replace(conversation, continues=replace(continues, same_connection=True))
-        return conversation
 
 
 async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from proxy.canonical.answers import StreamGroups
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import EVENT
 from proxy.doors.sse import sse_named
-from proxy.journal.relay import JournaledGroups
-from proxy.types import Chunk
-from proxy.vocabulary import EVENT
 
 Event = dict[str, Any]
 
@@ -74,14 +74,14 @@ def _natives(renderer: ChunkRenderer, chunks: Iterable[Chunk]) -> list[Event]:
     return [renderer.native(chunk[EVENT]) for chunk in chunks if isinstance(chunk.get(EVENT), dict)]
 
 
-async def relayed(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIterator[bytes]:
+async def relayed(renderer: ChunkRenderer, groups: StreamGroups) -> AsyncIterator[bytes]:
     """A live answer's events as SSE, each group's as it becomes durable."""
     async for events in relayed_events(renderer, groups):
         if events:
             yield frames(events)
 
 
-async def relayed_events(renderer: ChunkRenderer, groups: JournaledGroups) -> AsyncIterator[list[Event]]:
+async def relayed_events(renderer: ChunkRenderer, groups: StreamGroups) -> AsyncIterator[list[Event]]:
     """A live answer's events, each group's as it becomes durable; a failure after the start ends them
     (`ChunkRenderer.fail`)."""
     native: bool | None = None

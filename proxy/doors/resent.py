@@ -3,7 +3,7 @@
 Every chat client re-sends its whole conversation on every turn, so the text of a request's message list
 (`messages`, `input`) mostly repeats that of a request a moment before. A door keeps its last requests
 (`ResentLists`): their bytes, where each element of the list ended, the parsed elements and the chat messages
-they became. Its body is read against them (`proxy.pieces`: how many bytes it shares with which); a request
+they became. Its body is read against them (`proxy.canonical.pieces`: how many bytes it shares with which); a request
 whose bytes begin as one of them does, up to the end of an element, takes those elements and their messages as
 they were; only the rest is decoded, parsed (`proxy.doors.list_scan`), checked against the limits and
 converted. Sound because equal bytes parse to equal values, the per-element limits and checks look at nothing
@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.config import RequestLimits
+from proxy.canonical.pieces import Pieces, Reading, Received
+from proxy.canonical.sharing import Resent
+from proxy.canonical.types import Message, RawList
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_messages, checked_object, decoded, json_decoder, parse_json_object
 from proxy.doors.json_values import ValueCount
 from proxy.doors.list_scan import Resume, Scanned, offsets, scan_body
 from proxy.errors import InvalidRequest, TooManyValues
-from proxy.pieces import Pieces, Reading, Received
-from proxy.sharing import Resent
-from proxy.types import Message, RawList
 
 RECENT_LISTS = 4
 """How many of a door's last requests a new one is compared with, the most recent first."""
@@ -144,7 +144,7 @@ class Listed:
     def prelude(self, value: Any, make: Callable[[Any], list[Message]]) -> list[Message]:
         """The messages a member outside the list becomes (a system prompt, instructions), those of the kept
         request this one resumed when it sent an equal value: a re-sent conversation is then the same objects
-        from its first message on (`proxy.sharing`). Called before `convert`, which keeps it."""
+        from its first message on (`proxy.canonical.sharing`). Called before `convert`, which keeps it."""
         kept = None if self._scan is None else self._scan.kept
         if kept is not None and kept.prelude is not None and kept.prelude[0] == value:
             messages = kept.prelude[1]
@@ -160,7 +160,7 @@ class Listed:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
         the limits (`check_messages`) and converted; the whole then passed to `check`. The request's messages,
         `prelude`'s (`Listed.prelude`: a system prompt, instructions) then these, become `messages`, made from the
-        kept request's as far as they are its very objects (`proxy.sharing.Resent`), and are kept, with the
+        kept request's as far as they are its very objects (`proxy.canonical.sharing.Resent`), and are kept, with the
         list, for the next request."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"

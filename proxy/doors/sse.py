@@ -1,5 +1,5 @@
-"""Server-sent events: OpenAI's framing (`data: <json>` blocks, `data: [DONE]` last), named events (Responses,
-Messages), and the responses that carry them.
+"""Server-sent events for the doors: the responses that carry them, and the framing (`proxy.formats.sse`, where the
+upstream clients' decoder lives beside it), which the doors take from here.
 
 A failure after the first byte is an event of the door's API (on chat, `data: {"error": ...}`, which the OpenAI
 SDK raises as `APIError`): the status line is gone by then.
@@ -7,33 +7,27 @@ SDK raises as `APIError`): the status line is gone by then.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.journal.relay import JournaledGroups
+from proxy.canonical.answers import StreamGroups
+from proxy.formats.sse import SSE_DONE, sse_data, sse_event, sse_named
 
-SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_MEDIA_TYPE = "text/event-stream"
 
-
-def sse_event(payload: Mapping[str, Any]) -> bytes:
-    return sse_data(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
-
-
-def sse_data(text: str) -> bytes:
-    """One event from JSON text already encoded (the journal's stored copy of a chunk)."""
-    return b"data: " + text.encode("utf-8") + b"\n\n"
-
-
-def sse_named(kind: str, payload: Mapping[str, Any]) -> bytes:
-    """An event with its type on an `event:` line, as the Responses API frames its stream."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"event: " + kind.encode() + b"\ndata: " + data.encode("utf-8") + b"\n\n"
+__all__ = [
+    "SSE_DONE",
+    "SSE_HEADERS",
+    "SSE_MEDIA_TYPE",
+    "RelayedStream",
+    "sse_data",
+    "sse_event",
+    "sse_named",
+    "sse_response",
+]
 
 
 def sse_response(events: AsyncIterator[bytes], headers: Mapping[str, str]) -> StreamingResponse:
@@ -46,7 +40,7 @@ class RelayedStream(StreamingResponse):
     client gone before or during the body — the groups are closed, which tells the relay whether its consumer
     left (`finish_on_disconnect`)."""
 
-    def __init__(self, groups: JournaledGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(self, groups: StreamGroups, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
         super().__init__(body, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
         self._groups = groups
 

@@ -16,9 +16,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from proxy.canonical.types import Message, assistant_turn
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES, Origin, origin
 from proxy.tokens import content_text
-from proxy.types import Message, assistant_turn
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES, Origin, origin
 
 Block = dict[str, Any]
 

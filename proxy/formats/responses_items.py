@@ -14,8 +14,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.types import Message, assistant_turn
-from proxy.vocabulary import ITEMS
+from proxy.canonical.types import Message, assistant_turn
+from proxy.canonical.vocabulary import ITEMS
 
 CUSTOM_INPUT = "input"
 """The one parameter of the chat function a custom tool becomes: its calls carry {"input": ...}."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from proxy.canonical.types import Message
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
 from proxy.history.queries import insert_tokens
@@ -22,7 +23,6 @@ from proxy.history.store import History
 from proxy.offload import Lane, usable_cpus
 from proxy.store.connection import Connection
 from proxy.tokens import rough_size
-from proxy.types import Message
 
 log = logging.getLogger(__name__)
 

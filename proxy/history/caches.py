@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.canonical.sharing import shared_prefix
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.history import chain
 from proxy.history.messages import PathTotals, StoredMessage, StoredPath, system_messages
-from proxy.sharing import shared_prefix
-from proxy.types import Message
-from proxy.vocabulary import SYSTEM_ROLES
 
 RECENT_PATH_BYTES = 64 * 1024 * 1024
 """About how much memory the recent-path cache holds in all; the least recent sessions' paths go first."""
@@ -108,7 +108,7 @@ class RecentPaths:
     and the longest match wins.
 
     Each path also holds the messages of the request that stored it: the ones the next request re-sends as the
-    very same objects (`proxy.sharing`) match without a comparison.
+    very same objects (`proxy.canonical.sharing`) match without a comparison.
     """
 
     def __init__(self, max_bytes: int = RECENT_PATH_BYTES) -> None:

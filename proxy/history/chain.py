@@ -5,7 +5,7 @@ fields (`"refusal": null`, `"annotations": []`, `"audio": null`, ...). For a re-
 rows already stored, every message is first reduced to its normal form — role, content, name, tool calls,
 tool_call_id, and the items of another wire format it stands for — which is what is stored. Its id hashes its
 parent's id and its *identity*, the part of the normal form that says which message it is (docs/architecture.md,
-"Message chain"):
+"Glossary"):
 
 - a system (or developer) message is identified by its role at its position, not its text: agents rewrite
   their system prompt every turn (a clock, the working directory, a repo map), and the conversation after it
@@ -27,8 +27,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 
 if TYPE_CHECKING:
     from proxy.history.messages import StoredMessage
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 ROOT_PARENT_PREFIX = "tenant:"
 SESSION_ID_PREFIX = "s-"
 SESSION_ID_HEX_CHARS = 24
-MAX_SHOWN_IDS = 10
-MAX_SHOWN_ID_CHARS = 64
-"""An error lists at most this many call ids, each cut to this many characters."""
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _TOOL_CALL_TRANSIENT_KEYS = frozenset({"index"})
@@ -216,75 +213,3 @@ def derived_session_id(tenant: str, anchor_id: str) -> str:
     as every chat of one tool does) differ there.
     """
     return SESSION_ID_PREFIX + _digest(f"{tenant}\n{anchor_id}")[:SESSION_ID_HEX_CHARS]
-
-
-def unanswered_output(messages: Sequence[Mapping[str, Any]], start: int = 0) -> str | None:
-    """The id of the first tool output that answers no call made before it (every provider refuses one).
-
-    `start`: how many leading messages are known to pass, being those a list that passed began with. Only the
-    outputs after them are checked; one whose call is not among the new messages is looked for backwards."""
-    called: set[str] = set()
-    for index in range(start, len(messages)):
-        message = messages[index]
-        if message["role"] == "tool":
-            call_id = message["tool_call_id"]
-            if call_id not in called and not _called_before(messages, start, call_id):
-                return str(call_id)
-            continue
-        calls = message.get("tool_calls")
-        if calls:
-            called.update(call["id"] for call in calls)
-    return None
-
-
-def _called_before(messages: Sequence[Mapping[str, Any]], end: int, call_id: Any) -> bool:
-    for index in range(end - 1, -1, -1):
-        calls = messages[index].get("tool_calls")
-        if calls and any(call["id"] == call_id for call in calls):
-            return True
-    return False
-
-
-def unanswered_calls(
-    messages: Sequence[Mapping[str, Any]], *, adjacent: bool = True, start: int = 0
-) -> tuple[int, list[str]] | None:
-    """The first assistant message (its index) with tool calls left unanswered though a message other than a
-    tool output follows it, and those calls' ids: every provider refuses one. `adjacent`: each call must be
-    answered by the tool messages right after its message (chat, Anthropic); else anywhere after it (Responses
-    items). Calls with nothing but tool outputs after them are not refused: the rest are the client's next
-    request.
-
-    `start` (with `adjacent`): how many leading messages a list that passed began with. The calls before the
-    last of them that is not a tool output were answered there, as here."""
-    last_other = next((index for index in range(len(messages) - 1, -1, -1) if messages[index]["role"] != "tool"), -1)
-    answered_at = (
-        {}
-        if adjacent
-        else {message["tool_call_id"]: index for index, message in enumerate(messages) if message["role"] == "tool"}
-    )
-    first = start - 1 if adjacent and start else 0
-    while first > 0 and messages[first]["role"] == "tool":
-        first -= 1
-    for index in range(first, last_other):
-        message = messages[index]
-        calls = message.get("tool_calls") if message["role"] == "assistant" else None
-        if not calls:
-            continue
-        answered: set[str] = set()
-        if adjacent:
-            after = index + 1
-            while messages[after]["role"] == "tool":
-                answered.add(messages[after]["tool_call_id"])
-                after += 1
-        else:
-            answered = {call["id"] for call in calls if answered_at.get(call["id"], -1) > index}
-        waiting = [str(call["id"]) for call in calls if call["id"] not in answered]
-        if waiting:
-            return index, waiting
-    return None
-
-
-def shown_ids(ids: Sequence[str]) -> str:
-    """Call ids as an error lists them: the first few, each cut short (a client's ids may be any length)."""
-    shown = ", ".join(call_id[:MAX_SHOWN_ID_CHARS] for call_id in ids[:MAX_SHOWN_IDS])
-    return shown + (f" (and {len(ids) - MAX_SHOWN_IDS} more)" if len(ids) > MAX_SHOWN_IDS else "")

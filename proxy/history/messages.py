@@ -9,10 +9,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.sharing import Lineage
+from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.history import chain
-from proxy.sharing import Lineage
 from proxy.tokens import count_prompt
-from proxy.vocabulary import SYSTEM_ROLES
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class StoredMessage:
     """0 for the root."""
     role: str
     message: dict[str, Any]
-    """The normalized message: what gets sent upstream."""
+    """The normalized message: what gets sent upstream. Shared with later requests (a session's cached path hands
+    the same objects out again), so nothing changes it in place."""
     tokens: int
     """The token count for the encoding asked for."""
     created_at: float
@@ -94,7 +95,7 @@ class StoredPath(tuple[StoredMessage, ...]):
 
     @functools.cached_property
     def lineage(self) -> Lineage:
-        """The paths it was made from, and how much of each it holds (`proxy.sharing.shared_prefix`)."""
+        """The paths it was made from, and how much of each it holds (`proxy.canonical.sharing.shared_prefix`)."""
         return Lineage()
 
     @functools.cached_property

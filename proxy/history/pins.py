@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from proxy.canonical.types import Clock
 from proxy.store.connection import Connection
 from proxy.store.database import Database
 from proxy.tokens import content_text
-from proxy.types import Clock
 
 
 class Pins:

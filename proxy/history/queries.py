@@ -21,6 +21,9 @@ LEFT JOIN context_settings AS c ON c.tenant = ? AND c.message_id = m.id
 WHERE m.id IN (SELECT value FROM json_each(?))
 """
 
+BUILT_ON_SQL = "SELECT 1 FROM messages WHERE id = ?"
+"""The deepest stored message a request builds on, still there (a deletion removes a node's descendants with it)."""
+
 PATH_SQL = """
 WITH RECURSIVE path(id, parent_id, depth, role, body, created_at) AS (
     SELECT id, parent_id, depth, role, body, created_at FROM messages WHERE id = ?

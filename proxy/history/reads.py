@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from proxy.canonical.types import Message
 from proxy.history import chain
 from proxy.history.messages import Session, SessionInfo, StoredMessage
 from proxy.history.queries import (
@@ -26,7 +27,6 @@ from proxy.offload import compute
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database, id_array
 from proxy.tokens import DEFAULT_ENCODING
-from proxy.types import Message
 
 TokenCounter = Callable[[Mapping[str, Any], str], int]
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import tokens
-from proxy.errors import InvalidRequest
+from proxy.canonical.types import Clock, Message
+from proxy.canonical.vocabulary import ITEMS
+from proxy.errors import Conflict, InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import (
     ENTRY_OVERHEAD,
@@ -43,6 +45,7 @@ from proxy.history.caches import (
 )
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
+    BUILT_ON_SQL,
     KNOWN_SQL,
     UPSERT_SESSION_SQL,
     insert_tokens,
@@ -54,8 +57,6 @@ from proxy.history.settings import fold
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
-from proxy.types import Clock, Message
-from proxy.vocabulary import ITEMS
 
 _STORED = operator.attrgetter("stored")
 
@@ -262,7 +263,11 @@ class History(HistoryReads):
         now = self.clock()
         session_row = (tenant, session_id, located.entries[-1].stored.id, model, located.anchor_id, now, now)
 
+        built_on = located.entries[located.stored_before - 1].stored.id if located.stored_before else None
+
         def write(connection: Connection) -> Session:
+            if built_on is not None and connection.execute(BUILT_ON_SQL, (built_on,)).fetchone() is None:
+                raise SessionDeleted()
             variants = located.variants
             new_tokens = located.new_tokens
             if located.new_messages:
@@ -288,11 +293,15 @@ class History(HistoryReads):
             return session_from_row(row)
 
         # A job of one statement needs no savepoint: SQLite rolls a failing statement back by itself.
-        atomic = bool(located.new_messages or located.new_tokens or located.variants)
+        atomic = bool(located.new_messages or located.new_tokens or located.variants or built_on)
         # Many rows or long bodies go to the writer thread, not inline on the event loop (`Database.write`).
         written = sum(len(row[4]) for row in located.new_messages) + sum(len(row[2]) for row in located.variants)
         bulk = len(located.new_messages) + len(located.variants) > BULK_ROWS or written > OFF_LOOP_CHARS
-        session = await self._db.write(write, atomic=atomic, bulk=bulk)
+        try:
+            session = await self._db.write(write, atomic=atomic, bulk=bulk)
+        except SessionDeleted:
+            self.recent.forget_tenant(tenant)  # what this process remembers of the tenant's paths may be gone too
+            raise
         # Only what is committed enters the cache: a cached node is one the next request may build on.
         path = self.recent.put(
             (tenant, session_id, located.encoding),
@@ -308,7 +317,7 @@ class History(HistoryReads):
     async def attach_settings(self, reconciled: Reconciled, changes: Mapping[str, Any]) -> Reconciled:
         """Attach setting changes (a None value removes the key) to the request's conversation end: they hold
         for every request that continues from there, and for no other conversation (docs/architecture.md,
-        "Session")."""
+        "Glossary": session)."""
         tenant = reconciled.session.tenant
         message_id = reconciled.end_id
         now = self.clock()
@@ -349,6 +358,19 @@ class History(HistoryReads):
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
+
+
+class SessionDeleted(Conflict):
+    """The stored messages a request was located on were deleted before it was saved (`proxy.lifecycle`, maybe by
+    another replica): the request is refused whole, and its client's next one is stored anew."""
+
+    code = "session_deleted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The session this request continues was deleted while the request was on its way; nothing of it was "
+            "stored. Send it again to start a new session."
+        )
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.types import Chunk, Message
-from proxy.vocabulary import ANSWER
+from proxy.canonical.types import Chunk, Message
+from proxy.canonical.vocabulary import ANSWER
 
 PIECES_PER_BLOCK = 512
 """Stream deltas are a few characters each, and a Python string costs ~50 bytes beside its text: pieces are joined

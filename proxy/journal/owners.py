@@ -18,9 +18,9 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from proxy.canonical.types import Clock
 from proxy.store.connection import Connection, Row
 from proxy.store.database import Database
-from proxy.types import Clock
 
 log = logging.getLogger(__name__)
 

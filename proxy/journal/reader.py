@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.cost import TokenCost
 from proxy.journal.costs import StepCost
 from proxy.journal.keys import check_key
@@ -28,7 +29,6 @@ from proxy.journal.steps import (
 from proxy.offload import compute
 from proxy.store.connection import Row
 from proxy.store.database import Database
-from proxy.types import Chunk
 
 DEFAULT_PAGE = 50
 

@@ -34,14 +34,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
-from proxy.config import DEFAULT_WRITE_TIMEOUT_S
+from proxy.canonical.answers import Journaled
+from proxy.canonical.types import Chunk
+from proxy.config.schema import DEFAULT_WRITE_TIMEOUT_S
 from proxy.errors import AnswerTooLarge, ClientTooSlow, StepKept, StorageFull, StoreUnavailable, error_fields
 from proxy.journal.assembly import answer_chars
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines
 
 log = logging.getLogger(__name__)
@@ -57,14 +57,6 @@ MAX_PENDING_CHUNKS = 2 * MAX_GROUP_CHUNKS
 MAX_BACKLOG_CHARS = 256 * 1024
 """JSON characters of durable groups waiting for the client; past this the pump waits for it (at most the write
 timeout, then drops it). Bounds a stalled client's memory: its groups' chunks cost a few times their JSON."""
-
-
-@dataclass(frozen=True)
-class Journaled:
-    """A chunk that is durable, with the JSON text the journal stored for it."""
-
-    chunk: Chunk
-    text: str
 
 
 class _Done:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.canonical.answers import ContextReport, Replayed, StepRef
+from proxy.canonical.types import Chunk
 from proxy.journal.steps import StepRecord
-from proxy.types import Chunk
 
 REPLAY_ID_PREFIX = "chatcmpl-journal-"
 
@@ -54,7 +55,13 @@ def chunks_from_record(record: StepRecord) -> list[Chunk]:
     return chunks
 
 
-def answer_chunks(record: StepRecord, stored: list[Chunk], stream: bool) -> list[Chunk]:
+def replayed(record: StepRecord, stored: list[Chunk], stream: bool) -> Replayed:
+    """An Idempotency-Key retry's answer: the step's chunks of the kind `stream` asks for, and the report it sent."""
+    report = ContextReport.from_json(record.session_id or "", record.context)
+    return Replayed(_answer_chunks(record, stored, stream), report, StepRef(record.id, record.created_at))
+
+
+def _answer_chunks(record: StepRecord, stored: list[Chunk], stream: bool) -> list[Chunk]:
     """What a replay sends: the stored chunks when they are of the kind asked for, else rebuilt ones.
 
     For `stream=False` the list holds one chat.completion.

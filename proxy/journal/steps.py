@@ -8,7 +8,7 @@ Storage model (`journal_steps`, `journal_events` in `proxy.store.migrations`): o
                     └─────────▶ interrupt ▶ interrupted    cancelled on purpose; partial answer kept
     (crash) open ── recover ──▶ complete | failed | interrupted
 
-Events are the upstream's chunks in the canonical form (`proxy.types.Chunk`), whatever wire format the client
+Events are the upstream's chunks in the canonical form (`proxy.canonical.types.Chunk`), whatever wire format the client
 spoke, so replay and recovery never depend on a client's format.
 """
 
@@ -21,11 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.journal.assembly import Assembly, assemble
 from proxy.store.connection import Row
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING
-from proxy.types import Chunk
 
 
 class StepStatus(enum.StrEnum):
@@ -60,6 +60,9 @@ StoredEvent = tuple[int, str, str]
 """(seq, type, content) of one stored event."""
 
 JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
+DOOR_STATE = "wire"
+"""The key of a step's `context` under which its door's state is kept (`Conversation.door_state`): stores
+written before the rename hold it there, so the stored name stays."""
 
 
 def event_type(chunk: Chunk) -> EventType:
@@ -181,17 +184,17 @@ class StepRecord:
     parent_message_id: str | None = None
     """Where the step's answer joins (or would have joined) the conversation: the end of its request."""
 
-    def wire(self) -> dict[str, Any]:
-        """What the step's door kept of its request (`Conversation.wire`)."""
-        wire = (self.context or {}).get("wire")
-        return wire if isinstance(wire, dict) else {}
+    def door_state(self) -> dict[str, Any]:
+        """What the step's door kept of its request (`Conversation.door_state`)."""
+        state = (self.context or {}).get(DOOR_STATE)
+        return state if isinstance(state, dict) else {}
 
     def readable_through(self, door: str, *, unstored: bool = False) -> bool:
         """Whether the door that answered serves the step back by id: not another door's, not one the client
         deleted, and not one it asked not to store (`store: false`) unless `unstored` ones may be read."""
-        wire = self.wire()
-        stored = unstored or bool(wire.get("store", True))
-        return wire.get("door") == door and stored and not wire.get("deleted")
+        state = self.door_state()
+        stored = unstored or bool(state.get("store", True))
+        return state.get("door") == door and stored and not state.get("deleted")
 
     def as_json(self) -> dict[str, Any]:
         """The item shape of `GET /journal`."""

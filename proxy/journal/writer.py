@@ -17,13 +17,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.config import JournalConfig
+from proxy.canonical.types import Chunk, Clock
+from proxy.config.schema import JournalConfig
 from proxy.errors import Conflict, StoreUnavailable, error_fields
 from proxy.history.answers import Answers, PendingAnswer
 from proxy.history.messages import StoredMessage
 from proxy.journal.assembly import assemble
 from proxy.journal.keys import KEY_DONE, KEY_PARAM, check_key
 from proxy.journal.steps import (
+    DOOR_STATE,
     ENDED,
     JSON_ENCODER,
     PRUNABLE,
@@ -39,7 +41,6 @@ from proxy.observability.metrics import Metrics
 from proxy.offload import OFF_LOOP_CHARS
 from proxy.store.connection import Connection
 from proxy.store.database import Database
-from proxy.types import Chunk, Clock
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ class Journal:
         await self._db.write(write, atomic=False)
 
     async def annotate(self, tenant: str, step_id: int, changes: Mapping[str, Any]) -> bool:
-        """Merge `changes` into what the step's door keeps of it (`context.wire`, see `Conversation.wire`);
+        """Merge `changes` into what the step's door keeps of it (`Conversation.door_state`, under `DOOR_STATE`);
         False if the tenant has no such step."""
 
         def write(connection: Connection) -> bool:
@@ -206,7 +207,7 @@ class Journal:
             if row is None:
                 return False
             context = json.loads(row[0]) if row[0] else {}
-            context["wire"] = {**(context.get("wire") or {}), **changes}
+            context[DOOR_STATE] = {**(context.get(DOOR_STATE) or {}), **changes}
             connection.execute("UPDATE journal_steps SET context = ? WHERE id = ?", (dumps(context), step_id))
             return True
 

@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.config import STRATEGY_NAMES
+from proxy.config.schema import STRATEGY_NAMES
 from proxy.cost import TokenCost
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -156,6 +156,22 @@ class Metrics:
         self.sessions = Gauge(
             "context_proxy_sessions",
             "Sessions in the store, every tenant's (read at each scrape).",
+            registry=registry,
+        )
+        self.store_bytes = Gauge(
+            "context_proxy_store_bytes",
+            "The store's size on disk (SQLite: the file and its write-ahead log; PostgreSQL: its tables).",
+            registry=registry,
+        )
+        self.store_free_bytes = Gauge(
+            "context_proxy_store_free_bytes",
+            "SQLite: space free inside the file, reused by later writes (PostgreSQL: 0).",
+            registry=registry,
+        )
+        self.store_rows = Gauge(
+            "context_proxy_store_rows",
+            "Rows per table of the store (PostgreSQL: the planner's estimates); read at most once a minute.",
+            ["table"],
             registry=registry,
         )
 

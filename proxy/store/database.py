@@ -128,6 +128,12 @@ class Database:
         """Why the store cannot be reached now (PostgreSQL down); None when it can."""
         return self.engine.unreachable()
 
+    async def reclaim(self, *, documents: bool = False) -> None:
+        """Give back the space a deletion freed (`Engine.reclaim`; `documents`: it deleted full-text index entries),
+        on the writer between two groups, never on the event loop; returns once done."""
+        self.engine.reclaim(documents)
+        await self.write(lambda connection: None, bulk=True)
+
     def lock(self, name: str) -> AbstractAsyncContextManager[None]:
         """Held by one process at a time among all that share the store (on SQLite, one process is all)."""
         return self.engine.lock(name)

@@ -31,7 +31,7 @@ import psycopg.errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from proxy.config import redacted_url
+from proxy.config.schema import redacted_url
 from proxy.errors import StorageFull
 from proxy.store.connection import Row
 from proxy.store.dialect import Translated
@@ -124,6 +124,9 @@ class PostgresEngine:
 
     def runs_inline(self, bulk: bool) -> bool:
         return False  # a commit is a round trip to the server
+
+    def reclaim(self, documents: bool) -> None:
+        """Deleted rows are dead tuples autovacuum reclaims as it does updated ones: nothing to do here."""
 
     def run_batch(self, works: Works) -> list[Outcome]:
         connection = self._begin()

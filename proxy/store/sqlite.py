@@ -72,6 +72,10 @@ class SqliteEngine:
         """Small groups may commit on the event loop: `synchronous=NORMAL`, whose commits do not sync."""
         self._commits = 0
         """Since the last checkpoint."""
+        self._reclaim = False
+        """A deletion committed: the next group gives the space back first (`reclaim`)."""
+        self._documents = False
+        """It deleted documents of the full-text index: the index is rewritten without them."""
 
     @classmethod
     async def open(cls, path: Path, synchronous: str, executor: ThreadPoolExecutor) -> SqliteEngine:
@@ -92,14 +96,36 @@ class SqliteEngine:
         return cls(path, writer, reader, inline=synchronous.upper() != "FULL")
 
     def runs_inline(self, bulk: bool) -> bool:
-        return self.inline and not bulk and self._commits < CHECKPOINT_EVERY
+        return self.inline and not bulk and self._commits < CHECKPOINT_EVERY and not self._reclaim
 
     def run_batch(self, works: Works) -> list[Outcome]:
-        if self._commits >= CHECKPOINT_EVERY:  # on the writer thread (`runs_inline`)
+        if self._reclaim:  # on the writer thread (`runs_inline`)
+            self._give_back()
+        elif self._commits >= CHECKPOINT_EVERY:
             self._checkpoint()
         outcomes = _run_batch(self.writer, works)
         self._commits += 1
         return outcomes
+
+    def reclaim(self, documents: bool) -> None:
+        self._reclaim = True
+        self._documents = self._documents or documents
+
+    def _give_back(self) -> None:
+        """Between two groups, on the writer thread: FTS5's index rewritten without the documents it was told to
+        forget (they stay in its segments until a merge; the rewrite holds the writer for as long as the index
+        takes to write), free pages returned to the file system (a store created with incremental auto-vacuum; an
+        older one reuses them), and the write-ahead log checkpointed and truncated, so no copy of a deleted page is
+        left in it. `secure_delete` zeroed the deleted content in the pages."""
+        documents, self._reclaim, self._documents = self._documents, False, False
+        self._commits = 0
+        try:
+            if documents:
+                self.writer.execute("INSERT INTO recall_index (recall_index) VALUES ('optimize')")
+            self.writer.execute("PRAGMA incremental_vacuum").fetchall()
+            self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            log.warning("giving the store's space back after a deletion failed (a later deletion retries): %s", exc)
 
     def _checkpoint(self) -> None:
         """Between two groups, so that it completes (no write goes on meanwhile) and the next commit starts the log
@@ -197,8 +223,13 @@ def _open_writer(path: Path, synchronous: str) -> sqlite3.Connection:
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         connection.row_factory = sqlite3.Row
+        if connection.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0:
+            # A new file: free pages can go back to the file system after a deletion (`SqliteEngine.reclaim`). It
+            # must be chosen before the first table; an older store keeps reusing its free pages instead.
+            connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
         for pragma in _pragmas(synchronous):
             connection.execute(pragma)
+        connection.execute("PRAGMA secure_delete=ON")  # deleted content is zeroed, not left in free space
         connection.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         migrate(connection)
     except BaseException:

@@ -14,7 +14,7 @@ from proxy.auth import authenticate
 from proxy.doors.paging import page_params
 from proxy.errors import InvalidRequest
 from proxy.numbers import parse_integer
-from proxy.services import Services
+from proxy.serving.services import Services
 from proxy.ui.views import Dashboard
 
 STATIC = Path(__file__).parent / "static"

@@ -19,7 +19,7 @@ from proxy.compaction.events import CompactionEvents
 from proxy.compaction.span_store import StoredSpan
 from proxy.errors import NotFound
 from proxy.history.messages import StoredMessage
-from proxy.inspection import Inspector, SessionState
+from proxy.inspection.views import Inspector, SessionState
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import StepStatus
 from proxy.tokens import content_text

@@ -10,17 +10,16 @@ echo.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE
+from proxy.config.schema import MESSAGES_API, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import ANSWER, EVENT, RESPONSE
 
 ANTHROPIC_BASE = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -28,6 +27,8 @@ FINISH_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "l
 
 
 class AnthropicClient(NativeClient):
+    api = MESSAGES_API
+    key_variables = ("ANTHROPIC_API_KEY",)
     ending_events = frozenset({"message_stop"})
 
     def url(self, entry: ModelEntry) -> str:
@@ -38,7 +39,7 @@ class AnthropicClient(NativeClient):
         """The API's own headers: its version, the model entry's key, and the client's betas (`anthropic-beta`),
         which the fields it sent may need (`context_management`, interleaved thinking)."""
         headers = {"anthropic-version": ANTHROPIC_VERSION, **request.headers}
-        key = entry.api_key or os.environ.get("ANTHROPIC_API_KEY")
+        key = self.key(entry)
         if key:
             headers["x-api-key"] = key
         return headers

@@ -8,18 +8,22 @@ a call that fails for want of them. It only warns: LiteLLM can find credentials 
 workload identity), so a model is never refused for this.
 
 The same variables, when they are set, hold secrets the proxy sends upstream without its config naming them:
-`environment_keys` reads their values once at startup, for the `Redactor` (`proxy.upstream.redaction`), so a
-provider that echoes the key it refused does not carry it to a client, a log line or the journal.
+`redactor` reads their values once at startup, for the `Redactor` (`proxy.upstream.redaction`), so a provider
+that echoes the key it refused does not carry it to a client, a log line or the journal. A native client's own
+variables are its declaration (`proxy.upstream.natives`), not a second table here.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from proxy import environment
-from proxy.config import ModelEntry
+from proxy.config.schema import Config, ModelEntry
+from proxy.upstream.natives import native_client
+from proxy.upstream.redaction import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +45,22 @@ KEY_VARIABLES: dict[str, tuple[str, ...]] = {
 }
 """The variables LiteLLM (1.106) reads a provider's key from, where they are more than `<PROVIDER>_API_KEY`."""
 
-NATIVE_KEY_VARIABLES: dict[str, tuple[str, ...]] = {
-    "responses": ("OPENAI_API_KEY",),
-    "messages": ("ANTHROPIC_API_KEY",),
-}
-"""What the proxy's own clients of a native API (`models[].api`) read when the entry has no `api_key`."""
-
 
 def key_variables(entry: ModelEntry, provider: str | None) -> tuple[str, ...]:
-    """The environment variables a call to `entry` may take its key from (with no `api_key` in the entry)."""
+    """The environment variables a call to `entry` may take its key from (with no `api_key` in the entry): its
+    provider's, as LiteLLM reads them, and those the proxy's own client of its native API (`models[].api`) reads."""
     names = KEY_VARIABLES.get(provider, (f"{provider.upper()}_API_KEY",)) if provider else ()
-    return names + NATIVE_KEY_VARIABLES.get(entry.api, ())
+    native = native_client(entry.api)
+    return names + (native.key_variables if native is not None else ())
+
+
+def redactor(config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
+    """The `Redactor` of a config: its secrets, and the provider keys its models read from `environ` (the
+    process's, now)."""
+    found = {entry.api_key for entry in config.models if entry.api_key} | set(config.auth.keys)
+    found |= set(config.auth.admin_keys)
+    found |= set(environment_keys(config.models, os.environ if environ is None else environ))
+    return Redactor.of(found)
 
 
 def environment_keys(models: Iterable[ModelEntry], environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from proxy.config import UpstreamConfig
+from proxy.config.schema import UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.failures import TIMEOUT
 

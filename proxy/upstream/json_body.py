@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from proxy.sharing import shared_suffix
-from proxy.types import Message, RawList
+from proxy.canonical.sharing import shared_suffix
+from proxy.canonical.types import Message, RawList
 
 MESSAGES = "messages"
 

@@ -35,17 +35,18 @@ from typing import Any
 import httpx
 
 from proxy import environment
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError
-from proxy.types import Chunk, Message, RawList
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.credentials import missing_keys, missing_keys_text, warn_missing_keys
 from proxy.upstream.failures import malformed_answer, upstream_error
 from proxy.upstream.openai_chat import INCOMPLETE_MESSAGE, ChatTarget, OpenAIChat
+from proxy.upstream.protocol import UpstreamCall
 from proxy.upstream.provider_chat import ProviderChat, ProviderTarget, detached
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import chat_messages
 
 log = logging.getLogger(__name__)
 
@@ -102,35 +103,33 @@ class LiteLLMUpstream:
         for entry in self._models:
             warn_missing_keys(entry, self.route(entry).missing_keys)
 
-    async def complete(
-        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
-    ) -> Chunk:
-        """A non-stream chat completion as OpenAI's JSON object (`raw`: as `Upstream.complete`'s)."""
+    async def complete(self, call: UpstreamCall) -> Chunk:
+        """A non-stream chat completion as OpenAI's JSON object (`call.native` is not looked at: this is chat)."""
+        entry = call.entry
         route = self.route(entry)
         target = route.direct
         try:
             if target is not None:
-                return await self._direct.complete(target, messages, params, raw)
+                return await self._direct.complete(target, call)
             if route.translated is not None:
-                return openai_json(await self._translated.complete(route.translated, messages, params))
-            response = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=False))
+                return openai_json(await self._translated.complete(route.translated, call))
+            response = await self._litellm.acompletion(**self._kwargs(call, stream=False))
         except Exception as exc:
             raise self._error(entry, exc) from exc
         return openai_json(response.model_dump(exclude_none=True))
 
-    async def open_stream(
-        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
-    ) -> AsyncIterator[Chunk]:
+    async def open_stream(self, call: UpstreamCall) -> AsyncIterator[Chunk]:
         """Start a stream; errors the upstream reports before its first byte are raised here, as a status."""
+        entry = call.entry
         route = self.route(entry)
         target = route.direct
         try:
             if target is not None:
-                return self._converted(entry, await self._direct.open_stream(target, messages, params, raw))
+                return self._converted(entry, await self._direct.open_stream(target, call))
             if route.translated is not None:
-                translated = await self._translated.open_stream(route.translated, messages, params)
+                translated = await self._translated.open_stream(route.translated, call)
                 return self._converted(entry, _chunks(translated))
-            wrapper = await self._litellm.acompletion(**self._kwargs(entry, messages, params, stream=True))
+            wrapper = await self._litellm.acompletion(**self._kwargs(call, stream=True))
         except Exception as exc:
             raise self._error(entry, exc) from exc
         return self._converted(entry, _chunks(_dumped(wrapper)))
@@ -187,12 +186,11 @@ class LiteLLMUpstream:
         hint = missing_keys_text(entry, names) if names else None
         return upstream_error(exc, mid_stream, model=entry.name, missing_keys=hint, redactor=self._redactor)
 
-    def _kwargs(
-        self, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any], stream: bool
-    ) -> dict[str, Any]:
+    def _kwargs(self, call: UpstreamCall, stream: bool) -> dict[str, Any]:
+        entry, params = call.entry, call.params
         kwargs: dict[str, Any] = {
             "model": entry.model,
-            "messages": detached(chat_messages(messages)),
+            "messages": detached(chat_messages(call.messages)),
             "timeout": self._config.timeout_s,
             "num_retries": self._config.num_retries,
             "max_retries": 0,

@@ -4,11 +4,11 @@ door like any other (a client's compaction request, answered from the proxy's ow
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
-from proxy.config import ModelEntry
-from proxy.types import Chunk, Message, NativeRequest, RawList
+from proxy.canonical.types import Chunk
+from proxy.config.schema import ModelEntry
+from proxy.upstream.protocol import UpstreamCall
 
 LOCAL_ID_PREFIX = "chatcmpl-proxy-"
 
@@ -21,32 +21,18 @@ class LocalAnswer:
         self._prompt_tokens = prompt_tokens
         self._created = int(time.time())
 
-    async def complete(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> Chunk:
+    async def complete(self, call: UpstreamCall) -> Chunk:
         return {
             "id": f"{LOCAL_ID_PREFIX}{self._created}",
             "object": "chat.completion",
             "created": self._created,
-            "model": entry.name,
+            "model": call.entry.name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": self._text}, "finish_reason": "stop"}],
             "usage": self._usage(),
         }
 
-    async def open_stream(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> AsyncIterator[Chunk]:
-        return self._chunks(entry)
+    async def open_stream(self, call: UpstreamCall) -> AsyncIterator[Chunk]:
+        return self._chunks(call.entry)
 
     async def _chunks(self, entry: ModelEntry) -> AsyncIterator[Chunk]:
         common = {"id": f"{LOCAL_ID_PREFIX}{self._created}", "object": "chat.completion.chunk", "model": entry.name}

@@ -15,17 +15,20 @@ the URL, headers and body of its API, and converts its answers (`completion`, `c
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import httpx
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.formats.sse import DONE, sse_events
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import ERROR_READ_BYTES, SHAPE_ERRORS, UpstreamRefusal, upstream_error
+from proxy.upstream.protocol import UpstreamCall
 from proxy.upstream.redaction import NO_SECRETS, Redactor
 
 
@@ -36,6 +39,13 @@ class EventConverter(Protocol):
 
 
 class NativeClient:
+    """`proxy.upstream.protocol.Upstream` for the models that speak one native API (a subclass each)."""
+
+    api: ClassVar[str]
+    """The API it speaks, as a model entry's `api` and a `NativeRequest` name it (`proxy.config.schema`)."""
+    key_variables: ClassVar[tuple[str, ...]]
+    """The environment variables its key is read from when the model entry has no `api_key`, first set first
+    (the credentials check and the redactor read the same: `proxy.upstream.credentials`)."""
     ending_events: frozenset[str] = frozenset()
     """Events after which the stream is over (the rest of the connection is not waited for)."""
 
@@ -49,6 +59,10 @@ class NativeClient:
 
     def url(self, entry: ModelEntry) -> str:
         raise NotImplementedError
+
+    def key(self, entry: ModelEntry) -> str | None:
+        """The model entry's key, or the environment's."""
+        return entry.api_key or next((os.environ[name] for name in self.key_variables if os.environ.get(name)), None)
 
     def headers(self, entry: ModelEntry, request: NativeRequest) -> dict[str, str]:
         raise NotImplementedError
@@ -79,19 +93,22 @@ class NativeClient:
             await self._http.aclose()
             self._http = None
 
-    def _request(
-        self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool
-    ) -> httpx.Request:
-        body = self.body(entry, request, context, stream)
-        return self._client().build_request("POST", self.url(entry), json=body, headers=self.headers(entry, request))
+    def _request(self, call: UpstreamCall, stream: bool) -> httpx.Request:
+        request = call.native
+        if request is None or request.api != self.api:
+            raise ValueError(f"the {self.api} client was called without a request in its API")
+        body = self.body(call.entry, request, call.messages, stream)
+        headers = self.headers(call.entry, request)
+        return self._client().build_request("POST", self.url(call.entry), json=body, headers=headers)
 
-    async def create(self, entry: ModelEntry, request: NativeRequest, context: list[Message]) -> Chunk:
+    async def complete(self, call: UpstreamCall) -> Chunk:
         """A non-stream call: the canonical chat.completion, the upstream's answer whole inside it.
 
         An error is read only up to `ERROR_READ_BYTES`, and an event stream is refused before its body is read.
         """
+        entry = call.entry
         try:
-            answer = await self._client().send(self._request(entry, request, context, False), stream=True)
+            answer = await self._client().send(self._request(call, False), stream=True)
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         try:
@@ -108,12 +125,11 @@ class NativeClient:
         finally:
             await answer.aclose()
 
-    async def open_stream(
-        self, entry: ModelEntry, request: NativeRequest, context: list[Message]
-    ) -> AsyncIterator[Chunk]:
+    async def open_stream(self, call: UpstreamCall) -> AsyncIterator[Chunk]:
         """Start a stream; a refusal before its first byte is raised here, with the upstream's status."""
+        entry = call.entry
         try:
-            answer = await self._client().send(self._request(entry, request, context, True), stream=True)
+            answer = await self._client().send(self._request(call, True), stream=True)
         except httpx.HTTPError as exc:
             raise self._error(entry, exc) from exc
         if answer.status_code >= 400:
@@ -129,7 +145,12 @@ class NativeClient:
     async def _chunks(self, entry: ModelEntry, answer: httpx.Response) -> AsyncIterator[Chunk]:
         converter = self.converter()
         try:
-            async for event in sse_events(answer):
+            async for sse in sse_events(answer.aiter_lines()):
+                if sse.data == DONE:
+                    return
+                event = sse.json()
+                if not isinstance(event, dict):
+                    continue
                 yield converter.chunk(event)
                 if event.get("type") in self.ending_events:
                     return
@@ -160,23 +181,3 @@ def model_id(entry: ModelEntry, provider: str) -> str:
     """The model as its provider names it: the LiteLLM model string without its `provider/` prefix."""
     prefix = provider + "/"
     return entry.model[len(prefix) :] if entry.model.startswith(prefix) else entry.model
-
-
-async def sse_events(answer: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON of each SSE event (its `data:` lines); the `event:` line repeats the JSON's own `type`."""
-    data: list[str] = []
-    async for line in answer.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            text = "\n".join(data)
-            data = []
-            if text == "[DONE]":
-                return
-            event = json.loads(text)
-            if isinstance(event, dict):
-                yield event
-    if data and data != ["[DONE]"]:
-        event = json.loads("\n".join(data))
-        if isinstance(event, dict):
-            yield event

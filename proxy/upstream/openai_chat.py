@@ -25,16 +25,18 @@ from typing import Any
 
 import httpx
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.errors import AnswerTooLarge, UpstreamError
-from proxy.types import Chunk, Message, RawList
+from proxy.formats.sse import DONE, SSEEvent, sse_events
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
 from proxy.upstream.connection_retry import upstream_transport
 from proxy.upstream.failures import SHAPE_ERRORS, UpstreamRefusal, malformed_answer
 from proxy.upstream.json_body import client_run, json_body
 from proxy.upstream.native_client import error_text
+from proxy.upstream.protocol import UpstreamCall
 from proxy.upstream.redaction import CUT_MARK
-from proxy.vocabulary import chat_messages
 
 OPENAI_BASE = "https://api.openai.com/v1"
 BASE_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
@@ -44,7 +46,6 @@ RETRIED_STATUSES = frozenset({408, 409, 429})
 ERROR_KEPT_CHARS = 8 * 1024
 """The most of an error body kept (then marked as cut): the step stores the error whole, its JSON around the
 message, within `redaction.MAX_TEXT_CHARS`."""
-DONE = "[DONE]"
 INCOMPLETE_MESSAGE = "The upstream stream ended before it was complete (no [DONE], malformed or truncated events)."
 NO_CHUNK_MESSAGE = "The upstream's stream held no chat completion chunk (its lines are not JSON)."
 DRAIN_AFTER_DONE_S = 0.05
@@ -99,10 +100,8 @@ class OpenAIChat:
         self._headers: dict[tuple[str, tuple[tuple[str, str], ...]], httpx.Headers] = {}
         """Each target's request headers, the client's defaults merged with its own once."""
 
-    async def complete(
-        self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
-    ) -> Chunk:
-        answer = await self._send(target, messages, params, raw, stream=False)
+    async def complete(self, target: ChatTarget, call: UpstreamCall) -> Chunk:
+        answer = await self._send(target, call, stream=False)
         try:
             if answer.headers.get("content-type", "").startswith(EVENT_STREAM):
                 raise malformed_answer()
@@ -114,10 +113,8 @@ class OpenAIChat:
             raise malformed_answer()
         return completion
 
-    async def open_stream(
-        self, target: ChatTarget, messages: list[Message], params: Mapping[str, Any], raw: RawList | None = None
-    ) -> AsyncIterator[Chunk]:
-        return _chunks(await self._send(target, messages, params, raw, stream=True))
+    async def open_stream(self, target: ChatTarget, call: UpstreamCall) -> AsyncIterator[Chunk]:
+        return _chunks(await self._send(target, call, stream=True))
 
     async def aclose(self) -> None:
         pools = list(self._pools.values())
@@ -126,21 +123,15 @@ class OpenAIChat:
             if pool.loop is asyncio.get_running_loop():
                 await pool.client.aclose()
 
-    async def _send(
-        self,
-        target: ChatTarget,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        raw: RawList | None,
-        stream: bool,
-    ) -> httpx.Response:
-        fields = {**params, "model": target.model, "stream": stream}
+    async def _send(self, target: ChatTarget, call: UpstreamCall, stream: bool) -> httpx.Response:
+        fields = {**call.params, "model": target.model, "stream": stream}
         if not stream:
             fields.pop("stream_options", None)
         pool = self._pool(target.url)
         # The client's own run keeps its place and objects when the proxy's keys are stripped before it.
-        run = client_run(messages, raw)
-        body = json_body(fields, chat_messages(messages, run), raw, run)
+        raw = call.raw
+        run = client_run(call.messages, raw)
+        body = json_body(fields, chat_messages(call.messages, run), raw, run)
         return await self._post(pool, self._request_headers(pool, target), body)
 
     async def post(self, url: str, headers: Mapping[str, str], content: bytes) -> httpx.Response:
@@ -213,9 +204,10 @@ async def _chunks(answer: httpx.Response) -> AsyncIterator[Chunk]:
     relayed. An `error` event mid-stream is the upstream's refusal, with the status it names or 502."""
     finished = False
     relayed = False
-    events = _events(answer)
+    events = sse_events(answer.aiter_lines())
     try:
-        async for data in events:
+        async for event in events:
+            data = event.data
             if data == DONE:
                 finished = True
                 await _drain(events)
@@ -244,7 +236,7 @@ async def _chunks(answer: httpx.Response) -> AsyncIterator[Chunk]:
         )
 
 
-async def _drain(events: AsyncIterator[str]) -> None:
+async def _drain(events: AsyncIterator[SSEEvent]) -> None:
     """Read the stream's end after `[DONE]` (the chunked body's last chunk), so its connection goes back to the
     pool: a response closed before its end closes the connection, and the next stream would pay for a new one
     before its first chunk. Nothing read here is relayed or stored; an upstream that sends more than a few events
@@ -256,16 +248,3 @@ async def _drain(events: AsyncIterator[str]) -> None:
                 await anext(events)
     except (StopAsyncIteration, TimeoutError, httpx.HTTPError, AnswerTooLarge):
         pass
-
-
-async def _events(answer: httpx.Response) -> AsyncIterator[str]:
-    """The data of each SSE event (its `data:` lines joined)."""
-    data: list[str] = []
-    async for line in answer.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            yield "\n".join(data)
-            data = []
-    if data:
-        yield "\n".join(data)

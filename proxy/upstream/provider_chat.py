@@ -24,12 +24,13 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.config import ModelEntry
-from proxy.types import Chunk, Message
+from proxy.canonical.types import Chunk, Message
+from proxy.canonical.vocabulary import chat_messages
+from proxy.config.schema import ModelEntry
 from proxy.upstream.bounded_bodies import EVENT_STREAM
 from proxy.upstream.failures import malformed_answer
 from proxy.upstream.openai_chat import OpenAIChat
-from proxy.vocabulary import chat_messages
+from proxy.upstream.protocol import UpstreamCall
 
 ANTHROPIC_BASE = "https://api.anthropic.com/v1/messages"
 ANTHROPIC_PATH = "/v1/messages"
@@ -90,9 +91,9 @@ class ProviderChat:
         self._litellm = litellm
         self._http = http
 
-    async def complete(self, target: ProviderTarget, messages: list[Message], params: Mapping[str, Any]) -> Chunk:
-        call = self._render(target, messages, params, stream=False)
-        answer = await self._http.post(target.url, call.headers, orjson.dumps(call.data))
+    async def complete(self, target: ProviderTarget, call: UpstreamCall) -> Chunk:
+        rendered = self._render(target, call, stream=False)
+        answer = await self._http.post(target.url, rendered.headers, orjson.dumps(rendered.data))
         try:
             if answer.headers.get("content-type", "").startswith(EVENT_STREAM):
                 raise malformed_answer()
@@ -104,45 +105,41 @@ class ProviderChat:
             answer,
             self._litellm.ModelResponse(),
             _Unlogged(),
-            call.data,
-            call.messages,
-            call.optional,
-            call.litellm_params,
+            rendered.data,
+            rendered.messages,
+            rendered.optional,
+            rendered.litellm_params,
             None,
             api_key=target.api_key,
         )
         completion: Chunk = response.model_dump(exclude_none=True)
         return completion
 
-    async def open_stream(
-        self, target: ProviderTarget, messages: list[Message], params: Mapping[str, Any]
-    ) -> AsyncIterator[Chunk]:
+    async def open_stream(self, target: ProviderTarget, call: UpstreamCall) -> AsyncIterator[Chunk]:
         """A stream's chunks as LiteLLM's provider iterator translates the provider's events, shaped as
         `litellm.acompletion`'s stream wrapper gives them (`_stream_chunks`); returns once the upstream has
         accepted the call."""
-        call = self._render(target, messages, params, stream=True)
-        answer = await self._http.post(target.url, call.headers, orjson.dumps(call.data))
+        rendered = self._render(target, call, stream=True)
+        answer = await self._http.post(target.url, rendered.headers, orjson.dumps(rendered.data))
         if not answer.headers.get("content-type", "").startswith(EVENT_STREAM):
             await answer.aclose()
             raise malformed_answer("A stream was asked for and the upstream answered otherwise.")
         events = self._litellm.llms.anthropic.chat.handler.ModelResponseIterator(
             streaming_response=answer.aiter_lines(),
             sync_stream=False,
-            json_mode=call.optional.get("json_mode"),
-            speed=call.optional.get("speed"),
-            tool_name_reverse_map=call.litellm_params.get(TOOL_NAMES_KEY),
+            json_mode=rendered.optional.get("json_mode"),
+            speed=rendered.optional.get("speed"),
+            tool_name_reverse_map=rendered.litellm_params.get(TOOL_NAMES_KEY),
         )
-        options = params.get("stream_options")
+        options = call.params.get("stream_options")
         usage = isinstance(options, Mapping) and options.get("include_usage") is True
         return _stream_chunks(answer, events, self._litellm.ModelResponseStream, target.model, usage)
 
-    def _render(
-        self, target: ProviderTarget, messages: list[Message], params: Mapping[str, Any], stream: bool
-    ) -> _Call:
+    def _render(self, target: ProviderTarget, call: UpstreamCall, stream: bool) -> _Rendered:
         """The provider's request for the call, as LiteLLM's handler renders it."""
         config = target.config
-        sent = detached(chat_messages(messages))
-        asked = {name: value for name, value in params.items() if name not in _STREAM_FIELDS}
+        sent = detached(chat_messages(call.messages))
+        asked = {name: value for name, value in call.params.items() if name not in _STREAM_FIELDS}
         if stream:
             asked["stream"] = True
         optional = config.map_openai_params(asked, {}, target.model, drop_params=False)
@@ -153,11 +150,11 @@ class ProviderChat:
         data = config.transform_request(target.model, sent, optional, litellm_params, headers)
         if stream:
             data["stream"] = True
-        return _Call(sent, optional, litellm_params, {**target.agent, **headers}, data)
+        return _Rendered(sent, optional, litellm_params, {**target.agent, **headers}, data)
 
 
 @dataclass(frozen=True)
-class _Call:
+class _Rendered:
     messages: list[Message]
     optional: dict[str, Any]
     litellm_params: dict[str, Any]

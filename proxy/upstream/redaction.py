@@ -3,9 +3,9 @@
 Providers echo what they refused: a 401 may quote the `Authorization` header, part of the key, or a request
 the proxy built with the operator's key in it. `Redactor` replaces every secret the configuration holds (each
 model's `api_key`, the proxy's client keys), the provider keys that models without an `api_key` take from the
-environment (`OPENAI_API_KEY` and the like, `proxy.upstream.credentials`, read once when it is built) and anything
-shaped like a key (`sk-…`, `Bearer …`,
-`x-api-key: …`, a long run of letters and digits) with `[redacted]`. A token after `Bearer` or `api-key:`
+environment (`OPENAI_API_KEY` and the like: `proxy.upstream.credentials.redactor` builds it, reading them once)
+and anything shaped like a key (`sk-…`, `Bearer …`, `x-api-key: …`, a long run of letters and digits) with
+`[redacted]`. A token after `Bearer` or `api-key:`
 must hold a digit, so a provider's own help text (`Authorization: Bearer YOUR_KEY`) reads unchanged. It is
 built once from the frozen config and applied once, where a foreign exception becomes an `UpstreamError`
 (`proxy.upstream.failures`).
@@ -17,13 +17,9 @@ long text is searched, a little past the cut, so a secret that straddles the cut
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from proxy.config import Config
-from proxy.upstream.credentials import environment_keys
 
 REDACTED = "[redacted]"
 MAX_TEXT_CHARS = 64 * 1024
@@ -56,12 +52,10 @@ class Redactor:
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
-    def from_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
-        """The config's secrets and the provider keys its models read from `environ` (the process's, now)."""
-        found = {entry.api_key for entry in config.models if entry.api_key} | set(config.auth.keys)
-        found |= set(config.auth.admin_keys)
-        found |= set(environment_keys(config.models, os.environ if environ is None else environ))
-        usable = (secret for secret in found if len(secret) >= MIN_SECRET_CHARS)
+    def of(cls, secrets: Iterable[str]) -> Redactor:
+        """For these secrets (a config's: `proxy.upstream.credentials.redactor`), longest first; those too short
+        to search for left out."""
+        usable = {secret for secret in secrets if len(secret) >= MIN_SECRET_CHARS}
         return cls(tuple(sorted(usable, key=len, reverse=True)))
 
     def redact(self, text: str, limit: int = MAX_TEXT_CHARS) -> str:

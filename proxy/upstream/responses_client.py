@@ -9,17 +9,16 @@ reasoning and ids: what the client will echo next turn.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
+from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
+from proxy.config.schema import RESPONSES_API, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, input_items, qualified_name
-from proxy.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.upstream.native_client import NativeClient, model_id
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
 
 OPENAI_BASE = "https://api.openai.com/v1"
 ENDING_EVENTS = frozenset({"response.completed", "response.incomplete"})
@@ -28,13 +27,15 @@ _LENGTH_REASONS = frozenset({"max_output_tokens"})
 
 
 class ResponsesClient(NativeClient):
+    api = RESPONSES_API
+    key_variables = ("OPENAI_API_KEY",)
     ending_events = ENDING_EVENTS
 
     def url(self, entry: ModelEntry) -> str:
         return (entry.api_base or OPENAI_BASE).rstrip("/") + "/responses"
 
     def headers(self, entry: ModelEntry, request: NativeRequest) -> dict[str, str]:
-        key = entry.api_key or os.environ.get("OPENAI_API_KEY")
+        key = self.key(entry)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def body(self, entry: ModelEntry, request: NativeRequest, context: list[Message], stream: bool) -> JSONObject:

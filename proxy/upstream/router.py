@@ -1,7 +1,7 @@
 """The `Upstream` the proxy runs with: each call routed to the client that speaks to its model.
 
 A request in the client's own API (`NativeRequest`: Responses, Messages) goes to a model configured with the same
-`api` in that API, through its client (`ResponsesClient`, `AnthropicClient`), which puts the working context in
+`api` in that API, through its client (one per API, `proxy.upstream.natives`), which puts the working context in
 that API's form; every other call goes as chat completions through LiteLLM (`LiteLLMUpstream`). The pipeline
 never builds a provider's body: it hands over the working context and the request as it came.
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy.config import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
-from proxy.types import Chunk, Message, NativeRequest, RawList
-from proxy.upstream.anthropic_client import AnthropicClient
+from proxy.canonical.types import Chunk
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.native_client import NativeClient
+from proxy.upstream.natives import NATIVE_CLIENTS
+from proxy.upstream.protocol import Upstream, UpstreamCall
 from proxy.upstream.redaction import NO_SECRETS, Redactor
-from proxy.upstream.responses_client import ResponsesClient
 
 
 class UpstreamRouter:
@@ -30,36 +30,15 @@ class UpstreamRouter:
     ) -> None:
         self.chat = LiteLLMUpstream(config, models, redactor, max_answer_chars)
         self._natives: dict[str, NativeClient] = {
-            "responses": ResponsesClient(config, redactor, max_answer_chars),
-            "messages": AnthropicClient(config, redactor, max_answer_chars),
+            client.api: client(config, redactor, max_answer_chars) for client in NATIVE_CLIENTS
         }
         """By the API a model entry's `api` names."""
 
-    async def complete(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> Chunk:
-        client = self._native(entry, native)
-        if client is None or native is None:
-            return await self.chat.complete(entry, messages, params, raw)
-        return await client.create(entry, native, messages)
+    async def complete(self, call: UpstreamCall) -> Chunk:
+        return await self._client(call).complete(call)
 
-    async def open_stream(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> AsyncIterator[Chunk]:
-        client = self._native(entry, native)
-        if client is None or native is None:
-            return await self.chat.open_stream(entry, messages, params, raw)
-        return await client.open_stream(entry, native, messages)
+    async def open_stream(self, call: UpstreamCall) -> AsyncIterator[Chunk]:
+        return await self._client(call).open_stream(call)
 
     def model_info(self, model: str) -> Mapping[str, Any] | None:
         return self.chat.model_info(model)
@@ -72,8 +51,9 @@ class UpstreamRouter:
             await client.aclose()
         await self.chat.aclose()
 
-    def _native(self, entry: ModelEntry, native: NativeRequest | None) -> NativeClient | None:
-        """The client of the request's own API, when its model speaks it (`models[].api`)."""
-        if native is None or entry.api != native.api:
-            return None
-        return self._natives.get(native.api)
+    def _client(self, call: UpstreamCall) -> Upstream:
+        """The client of the request's own API when its model speaks it (`models[].api`), else chat."""
+        native = call.native
+        if native is None or call.entry.api != native.api:
+            return self.chat
+        return self._natives.get(native.api, self.chat)

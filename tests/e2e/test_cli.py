@@ -24,8 +24,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.cli.commands import EXIT_CONFIG, EXIT_STORE, main
 from proxy.observability.logs import TEXT_FORMAT
-from proxy.server import DeadlineProtocol
-from proxy.socket_protocol import SocketProtocol
+from proxy.serving.server import DeadlineProtocol
+from proxy.serving.sockets import SocketProtocol
 from proxy.store.migrations import MIGRATIONS
 from tests.conftest import ServeProxy
 from tests.support.fake_upstream import FakeUpstream

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.compaction.stubs import STUB_PREFIX
 from proxy.compaction.summary_text import ACKNOWLEDGEMENT
-from proxy.config import DEFAULT_HEADROOM_REQUESTS
+from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS
 from proxy.tokens import count_message
 from tests.conftest import ServeProxy
 from tests.support.fake_upstream import FakeUpstream, Reply

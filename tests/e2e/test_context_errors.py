@@ -19,11 +19,12 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import ContextOverflow, UpstreamError
 from proxy.upstream.context_window import context_overflow, reported_counts
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.litellm_client import LiteLLMUpstream
+from proxy.upstream.protocol import UpstreamCall
 from tests.conftest import ServeProxy
 from tests.support.context_dialects import DIALECTS, OLLAMA_MESSAGE, llama_cpp
 from tests.support.fake_upstream import FakeUpstream, Fault, error_body
@@ -381,9 +382,9 @@ async def test_a_refusal_in_each_dialect_crosses_the_litellm_boundary_marked(
     with pytest.raises(UpstreamError) as caught:
         try:
             if stream:
-                await upstream.open_stream(entry, messages, {"stream": True})
+                await upstream.open_stream(UpstreamCall(entry, messages, {"stream": True}))
             else:
-                await upstream.complete(entry, messages, {})
+                await upstream.complete(UpstreamCall(entry, messages, {}))
         finally:
             await upstream.aclose()
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from proxy.cli.commands import EXIT_CONFIG, main
-from proxy.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_STREAM_DEADLINE_S, load_config
+from proxy.config.schema import DEFAULT_MAX_BODY_BYTES, DEFAULT_STREAM_DEADLINE_S, load_config
 from tests.e2e.test_cli import UvicornCalls, uvicorn_run
 
 __all__ = ["uvicorn_run"]  # the fixture, shared with test_cli

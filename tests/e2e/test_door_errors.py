@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.pipeline import Pipeline
+from proxy.request.pipeline import Pipeline
 from tests.conftest import ServeProxy
 from tests.support.proxy_server import ProxyServer
 

@@ -60,7 +60,9 @@ def test_exceptions_and_access_lines_become_fields() -> None:
     try:
         raise ValueError("boom")
     except ValueError:
-        failing = logging.LogRecord("proxy.app", logging.ERROR, __file__, 1, "failed on %s", ("/x",), sys.exc_info())
+        failing = logging.LogRecord(
+            "proxy.serving.app", logging.ERROR, __file__, 1, "failed on %s", ("/x",), sys.exc_info()
+        )
     entry = json.loads(JsonFormatter().format(failing))
     assert entry["message"] == "failed on /x"
     assert "ValueError: boom" in entry["exception"]
@@ -107,4 +109,4 @@ def test_a_served_proxy_writes_json_lines_only(tmp_path: Path, fake: FakeUpstrea
     assert [e["event"] for e in events] == ["start", "complete"]
     assert events[1]["session"] == "logged"
     assert events[1]["message"].startswith("compaction event=complete session=logged strategy=summarize")
-    assert any(e["logger"] == "proxy.app" and e["message"].startswith("serving models") for e in entries)
+    assert any(e["logger"] == "proxy.serving.app" and e["message"].startswith("serving models") for e in entries)

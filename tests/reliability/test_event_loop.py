@@ -22,8 +22,8 @@ import openai
 import pytest
 
 from proxy import tokens
+from proxy.canonical.pieces import Received
 from proxy.doors import chat as chat_door
-from proxy.pieces import Received
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error, read_only, row_counts, sse_events, step_statuses
 from tests.support.fake_upstream import FakeUpstream, Fault, Reply

@@ -1,6 +1,6 @@
 """Huge request headers: refused with a 431 as soon as they outgrow `server.max_header_bytes`, before auth.
 
-Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.server`) with raw sockets:
+Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.serving.server`) with raw sockets:
 1. A 64 MB header without a key is answered 431 (OpenAI's error shape, `Connection: close`) within a fraction of
    a second, and the process's memory does not grow by anything near the header's size.
 2. While eight clients keep sending such headers, `/healthz` keeps answering.
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from proxy.config import DEFAULT_MAX_HEADER_BYTES
+from proxy.config.schema import DEFAULT_MAX_HEADER_BYTES
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error
 from tests.support.proxy_server import HOST, ProxyServer

@@ -1,7 +1,7 @@
 """Slow bodies do not deny service: while trickling bodies fill every slot (`server.max_connections`), health
 checks and fast clients are still served.
 
-Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.server`) with raw sockets, the
+Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.serving.server`) with raw sockets, the
 attack scaled down by a small `max_connections` (the attack run outside used 1,100 connections):
 1. Bodies trickling a byte at a time, as many as the cap: after the rate grace each /healthz and a fast chat
    request is served at once, each evicting one of the slowest bodies (before: closed at accept, no /healthz
@@ -22,7 +22,7 @@ from contextlib import ExitStack, suppress
 import httpx
 import pytest
 
-from proxy.server import BODY_RATE_GRACE_S
+from proxy.serving.server import BODY_RATE_GRACE_S
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error
 from tests.reliability.test_slow_clients import connection, is_closed, read_until_closed, split_response

@@ -1,6 +1,6 @@
 """Slow and vanishing clients: no connection is held for ever, and none costs another client its answer.
 
-Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.server`) with raw sockets:
+Each test drives the real server (uvicorn on 127.0.0.1, the protocol of `proxy.serving.server`) with raw sockets:
 1. Request headers sent a byte at a time are cut off at `server.header_timeout_s`, as is a connection that
    never sends anything.
 2. A request body that does not arrive within `server.body_timeout_s` is answered with an OpenAI-shaped 408
@@ -27,8 +27,8 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from proxy.config import ServerConfig
-from proxy.server import RESERVED_FILES, default_max_connections, server_options
+from proxy.config.schema import ServerConfig
+from proxy.serving.server import RESERVED_FILES, default_max_connections, server_options
 from tests.conftest import ServeProxy
 from tests.reliability.support import assert_openai_error
 from tests.support.proxy_server import HOST, ProxyServer
@@ -134,7 +134,7 @@ def test_a_slow_body_is_answered_408_and_the_connection_closed(strict: ProxyServ
 def test_a_slow_body_nobody_reads_is_closed_too(serve_proxy: ServeProxy) -> None:
     """/healthz answers at once without reading the body; the rest of it must not keep the connection."""
     proxy = serve_proxy(server={"body_timeout_s": 0.2})
-    deadline_s = 0.2 + 5.0 + SLACK_S  # body_timeout_s + the protocol's grace (proxy.server.BODY_GRACE_S)
+    deadline_s = 0.2 + 5.0 + SLACK_S  # body_timeout_s + the protocol's grace (proxy.serving.server.BODY_GRACE_S)
     with connection(proxy) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nContent-Length: 1000\r\n\r\n")
         started = time.monotonic()

@@ -24,12 +24,14 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from proxy.app import create_app
-from proxy.config import Config, parse_config
-from proxy.server import server_options
+from proxy.config.schema import Config, parse_config
+from proxy.serving.app import create_app
+from proxy.serving.server import server_options
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0
+"""A `serve` process imports LiteLLM and migrates its store before it answers: a few seconds alone, past 30 s on
+a shared machine under load. A bound on a failure, not a speed target."""
 STOP_TIMEOUT_S = 15.0
 
 

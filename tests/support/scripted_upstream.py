@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from proxy.config import ModelEntry
+from proxy.canonical.types import Chunk, Message, NativeRequest
+from proxy.config.schema import ModelEntry
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
-from proxy.types import Chunk, Message, NativeRequest, RawList
+from proxy.upstream.protocol import UpstreamCall
 
 CallKind = Literal["complete", "stream"]
 
@@ -32,6 +33,7 @@ class Call:
     entry: ModelEntry
     messages: list[Message]
     params: dict[str, Any]
+    native: NativeRequest | None = None
 
 
 @dataclass
@@ -88,42 +90,32 @@ class ScriptedUpstream:
         """Scripts not yet taken by a call."""
         return len(self._scripts)
 
-    async def complete(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> Chunk:
-        script = await self._take("complete", entry, messages, params)
+    async def complete(self, call: UpstreamCall) -> Chunk:
+        script = await self._take("complete", call)
         assert script.completion is not None
         return copy.deepcopy(script.completion)
 
-    async def open_stream(
-        self,
-        entry: ModelEntry,
-        messages: list[Message],
-        params: Mapping[str, Any],
-        native: NativeRequest | None = None,
-        raw: RawList | None = None,
-    ) -> AsyncIterator[Chunk]:
-        script = await self._take("stream", entry, messages, params)
+    async def open_stream(self, call: UpstreamCall) -> AsyncIterator[Chunk]:
+        script = await self._take("stream", call)
         return self._chunks(script)
 
     def _queue(self, script: Script) -> Script:
         self._scripts.append(script)
         return script
 
-    async def _take(
-        self, kind: CallKind, entry: ModelEntry, messages: list[Message], params: Mapping[str, Any]
-    ) -> Script:
-        call = Call(kind, entry, copy.deepcopy(messages), copy.deepcopy(dict(params)))
+    async def _take(self, kind: CallKind, upstream_call: UpstreamCall) -> Script:
+        call = Call(
+            kind,
+            upstream_call.entry,
+            copy.deepcopy(upstream_call.messages),
+            copy.deepcopy(dict(upstream_call.params)),
+            upstream_call.native,
+        )
         self.calls.append(call)
         if self.on_call is not None:
             self.on_call(call)
         if not self._scripts:
-            raise AssertionError(f"unexpected {kind} call to {entry.name}: nothing is scripted")
+            raise AssertionError(f"unexpected {kind} call to {call.entry.name}: nothing is scripted")
         script = self._scripts.popleft()
         if script.kind is not None and script.kind != kind:
             raise AssertionError(f"a {kind} call took a script for a {script.kind} call")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.canonical.vocabulary import ITEMS, Origin
 from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
 from proxy.history import chain
-from proxy.vocabulary import ITEMS, Origin
 
 THINKING: dict[str, Any] = {"type": "thinking", "thinking": "Check the weather tool.", "signature": "sig-abc"}
 TEXT: dict[str, Any] = {"type": "text", "text": "Let me look."}

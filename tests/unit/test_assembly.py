@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.journal.assembly import PIECES_PER_BLOCK, Assembly, assemble
-from proxy.types import Chunk
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
 

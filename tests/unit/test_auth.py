@@ -8,7 +8,7 @@ import re
 import pytest
 
 from proxy.auth import OPEN_TENANT, Caller, authenticate, tenant_of
-from proxy.config import AuthConfig
+from proxy.config.schema import AuthConfig
 from proxy.errors import AuthenticationFailed, openai_error
 
 KEY_A = "sk-proxy-alpha-0123456789"

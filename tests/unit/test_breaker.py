@@ -11,7 +11,7 @@ from proxy.compaction.breaker import SummarizerBreaker
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
-from proxy.config import ContextConfig
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from tests.support.scripted_upstream import ScriptedUpstream, completion, server_error

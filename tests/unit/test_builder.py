@@ -10,21 +10,21 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from proxy.canonical.sharing import shared_prefix
 from proxy.compaction.builder import (
     BuildResult,
     ContextLayout,
     Item,
-    NeedsSummary,
     Policy,
     RecentTooLarge,
     Span,
+    SpanNeeded,
     Stubbed,
     build,
     usable_spans,
 )
 from proxy.compaction.groups import Cuts, cut_points, recent_block, recent_start, with_tool_groups
-from proxy.config import SUMMARIZE, TOOL_RESULTS
-from proxy.sharing import shared_prefix
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 PRIMING = REPLY_PRIMING_TOKENS
@@ -58,7 +58,7 @@ def input_tokens(items: Sequence[Item], parts: Sequence[int | Span]) -> int:
 
 
 class Loop:
-    """The caller loop: build, write an (estimated) summary on NeedsSummary, build again."""
+    """The caller loop: build, write an (estimated) summary on SpanNeeded, build again."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -70,7 +70,7 @@ class Loop:
     def run(self, items: Sequence[Item], rounds: int = 50) -> BuildResult:
         for round_ in range(rounds):
             result = build(items, self.spans, self.policy, compacting=round_ > 0)
-            if not isinstance(result, NeedsSummary):
+            if not isinstance(result, SpanNeeded):
                 return result
             check_needs_summary(items, self.spans, self.policy, result)
             tokens = self.policy.estimated_summary(input_tokens(items, result.parts))
@@ -99,7 +99,7 @@ def tool_pairs(items: Sequence[Item]) -> list[tuple[int, int]]:
     return pairs
 
 
-def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Policy, need: NeedsSummary) -> None:
+def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Policy, need: SpanNeeded) -> None:
     recent, _ = pinned_and_recent(items, policy)
     assert 0 <= need.start < need.end <= recent
     assert all(items[i].role != "system" for i in range(need.start, need.end))
@@ -173,7 +173,7 @@ def test_an_agent_turn_keeps_its_instruction_verbatim_while_the_turn_fits() -> N
     policy = Policy(budget=1000, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
     assert recent_block(items, policy, Cuts.of(items)) == 2  # the turn's user message
     result = build(items, [], policy)
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end) == (0, 2)  # the earlier turn is summarized, the instruction is not
     crowded = Policy(budget=600, preserve_recent=4, trigger_ratio=1.0, compact_to=0.55)
     assert recent_block(items, crowded, Cuts.of(items)) == len(items) - 4  # too big: the last N
@@ -233,7 +233,7 @@ def test_needs_summary_for_the_oldest_range_just_long_enough_to_reach_compact_to
     items = chat(20)  # 10 + 4000 tokens
     policy = Policy(budget=3_000)
     result = build(items, [], policy)
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert result.start == 1
     assert result.replaces == ()
     total = sum(item.tokens for item in items) + PRIMING
@@ -298,14 +298,14 @@ def test_range_never_splits_a_tool_group() -> None:
     ]
     items += [assistant(), user(), assistant(), user()]
     result = build(items, [], Policy(budget=2_000))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end) == (1, 6)
 
 
 def test_range_never_crosses_a_system_message() -> None:
     items = [system(), *chat(3, head=())[:-1], system(), *chat(10, head=())]
     result = build(items, [], Policy(budget=1_500))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end) == (1, 6)
 
 
@@ -313,7 +313,7 @@ def test_whole_unsummarized_range_first_then_hierarchy() -> None:
     items = [*chat(12, tokens=300), user(100)]
     policy = Policy(budget=2_000, preserve_recent=1)
     first = build(items, [], policy)
-    assert isinstance(first, NeedsSummary)
+    assert isinstance(first, SpanNeeded)
     assert (first.start, first.end) == (1, 25)
     loop = Loop(policy)
     loop.run(items)
@@ -325,7 +325,7 @@ def test_hierarchical_summary_replaces_adjacent_spans() -> None:
     spans = [Span(7, 1, 25, 2_000), Span(8, 25, 49, 2_000), Span(9, 49, 73, 2_000), Span(10, 73, 97, 2_000)]
     policy = Policy(budget=11_000, compact_to=0.8)
     result = build(items, spans, policy)
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end, result.replaces) == (1, 49, (7, 8))
     assert result.parts == (spans[0], spans[1])
     assert result.target == policy.summary_target(4_000)
@@ -335,7 +335,7 @@ def test_a_run_too_small_to_summarize_alone_is_merged_with_the_span_after_it() -
     items = [system(), user(60), *chat(10, tokens=1_000, head=())]
     spans = [Span(3, 2, 18, 2_000)]
     result = build(items, spans, Policy(budget=5_000, preserve_recent=4))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end, result.replaces) == (1, 18, (3,))
     assert result.parts == (1, spans[0])
 
@@ -345,12 +345,12 @@ def test_a_compaction_goes_on_to_compact_to_through_hierarchy() -> None:
     spans = [Span(1, 1, 21, 500), Span(2, 21, 41, 500)]
     policy = Policy(budget=3_000)
     first = build(items, spans, policy)
-    assert isinstance(first, NeedsSummary)
+    assert isinstance(first, SpanNeeded)
     assert (first.start, first.end, first.replaces) == (41, 57, ())
     spans.append(Span(3, 41, 57, policy.estimated_summary(1_600)))
     assert isinstance(build(items, spans, policy), ContextLayout)  # fits again: a new request stops here
     second = build(items, spans, policy, compacting=True)  # but this compaction is not done yet
-    assert isinstance(second, NeedsSummary)
+    assert isinstance(second, SpanNeeded)
     assert (second.start, second.end, second.replaces) == (1, 41, (1, 2))
 
 
@@ -367,14 +367,14 @@ def test_single_summary_plus_recent_too_large() -> None:
 def test_max_summary_input_bounds_each_range() -> None:
     items = chat(20)
     result = build(items, [], Policy(budget=1_500, max_summary_input=1_000))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end) == (1, 11)
 
 
 def test_a_run_whose_summary_would_not_be_smaller_is_left_alone() -> None:
     items = [system(), user(30), system(), *chat(10, head=())]
     result = build(items, [], Policy(budget=1_500))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert result.start == 3
 
 
@@ -384,7 +384,7 @@ def test_a_run_whose_summary_would_not_be_smaller_is_left_alone() -> None:
 def test_trigger_ratio_compacts_before_the_budget_is_reached() -> None:
     items = chat(10)
     assert isinstance(build(items, [], Policy(budget=2_500)), ContextLayout)
-    assert isinstance(build(items, [], Policy(budget=2_500, trigger_ratio=0.8)), NeedsSummary)
+    assert isinstance(build(items, [], Policy(budget=2_500, trigger_ratio=0.8)), SpanNeeded)
 
 
 def test_over_trigger_but_within_budget_and_nothing_to_summarize_is_a_context() -> None:
@@ -433,7 +433,7 @@ def test_spans_overlapping_recent_system_or_a_tool_group_are_ignored() -> None:
     items = [system(), user(), assistant(10, ("a",)), tool("a"), assistant(), system(), *chat(5, head=())]
     stale = [Span(1, 1, 15, 50), Span(2, 1, 7, 50), Span(3, 1, 3, 50), Span(4, 3, 5, 50)]
     result = build(items, stale, Policy(budget=1_400, trigger_ratio=0.9, compact_to=0.5))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert (result.start, result.end, result.replaces) == (1, 5, (3, 4))
     assert result.parts == (1, 2, 3, 4)
 

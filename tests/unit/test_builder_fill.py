@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from proxy.compaction.builder import ContextLayout, Item, NeedsSummary, Policy, Span, build
+from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeeded, build
 from proxy.compaction.groups import Cuts, request_growth
-from proxy.config import DEFAULT_HEADROOM_REQUESTS, DEFAULT_SUMMARY_SHARE
+from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS, DEFAULT_SUMMARY_SHARE
 from proxy.tokens import REPLY_PRIMING_TOKENS
 from tests.unit.test_builder import check_context
 
@@ -51,7 +51,7 @@ class Session:
                 self.crossings += written
                 check_context(self.items, self.policy, result)
                 return result
-            assert isinstance(result, NeedsSummary), result
+            assert isinstance(result, SpanNeeded), result
             self.spans = [span for span in self.spans if span.id not in result.replaces]
             tokens = result.target + self.policy.summary_overhead
             self.spans.append(Span(self.next_id, result.start, result.end, tokens))

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
@@ -183,61 +181,3 @@ def test_the_conversation_ends_before_trailing_system_messages() -> None:
     assert chain.conversation_end(path("system", "user", "assistant", "user", "system")) == 3
     assert chain.conversation_end(path("system", "user")) == 1
     assert chain.conversation_end(path("system", "developer")) == 1
-
-
-def _call(*ids: str) -> dict[str, Any]:
-    return {"role": "assistant", "tool_calls": [{"id": call_id, "function": {"name": "f"}} for call_id in ids]}
-
-
-def _output(call_id: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": "r"}
-
-
-USER_TURN = {"role": "user", "content": "u"}
-
-
-@pytest.mark.parametrize(
-    ("messages", "adjacent", "expected"),
-    [
-        ([USER_TURN, _call("a"), _output("a"), USER_TURN], True, None),
-        ([USER_TURN, _call("a", "b"), _output("b"), USER_TURN], True, (1, ["a"])),
-        ([USER_TURN, _call("a"), USER_TURN, _output("a")], True, (1, ["a"])),
-        ([USER_TURN, _call("a"), USER_TURN, _output("a")], False, None),
-        ([USER_TURN, _call("a"), USER_TURN], False, (1, ["a"])),
-        ([USER_TURN, _call("a")], True, None),
-        ([USER_TURN, _call("a", "b"), _output("a")], True, None),
-        ([USER_TURN, _call("a"), _output("a"), _call("b"), {"role": "system", "content": "s"}], True, (3, ["b"])),
-    ],
-)
-def test_unanswered_calls_are_those_the_conversation_goes_on_past(
-    messages: list[dict[str, Any]], adjacent: bool, expected: tuple[int, list[str]] | None
-) -> None:
-    assert chain.unanswered_calls(messages, adjacent=adjacent) == expected
-
-
-_PAIR_MESSAGES = st.one_of(
-    st.just(USER_TURN),
-    st.lists(st.sampled_from("abc"), min_size=1, max_size=2, unique=True).map(lambda ids: _call(*ids)),
-    st.sampled_from("abcd").map(_output),
-)
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(_PAIR_MESSAGES, max_size=9), st.lists(_PAIR_MESSAGES, max_size=9), st.data())
-def test_the_pair_checks_after_a_checked_prefix_find_what_a_whole_check_finds(
-    before: list[dict[str, Any]], after: list[dict[str, Any]], data: st.DataObject
-) -> None:
-    """A request that begins with part of a list that passed both checks is checked only past it (`start`),
-    with the same outcome as a check of the whole."""
-    assume(chain.unanswered_output(before) is None and chain.unanswered_calls(before) is None)
-    start = data.draw(st.integers(0, len(before)))
-    messages = [*before[:start], *after]
-    assert chain.unanswered_output(messages, start) == chain.unanswered_output(messages)
-    assert chain.unanswered_calls(messages, start=start) == chain.unanswered_calls(messages)
-
-
-def test_shown_ids_are_few_and_short() -> None:
-    assert chain.shown_ids(["a", "b"]) == "a, b"
-    shown = chain.shown_ids(["x" * 100] * 12)
-    assert shown.endswith(" (and 2 more)")
-    assert shown.count("x" * chain.MAX_SHOWN_ID_CHARS + ",") == chain.MAX_SHOWN_IDS - 1

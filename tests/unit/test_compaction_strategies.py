@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
+from proxy.canonical.vocabulary import ITEMS
 from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import RECALL_HEADER, Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
-from proxy.config import ContextConfig, ModelEntry
+from proxy.config.schema import ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
-from proxy.vocabulary import ITEMS
 from tests.unit.test_span_store import TENANT, FakeSummarizer, conversation, request, stored_path, text, total
 
 

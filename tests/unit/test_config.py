@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import (
+from proxy.config.schema import (
     DEFAULT_KEEP_EVENTS_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SOCKETS_PER_KEY,
@@ -252,6 +252,8 @@ def test_example_config_loads_without_provider_keys() -> None:
     assert config.upstream == parse({}).upstream
     assert config.journal == parse({}).journal
     assert config.auth.enabled is False
+    assert config.store.retention_days is None
+    assert config.store.tenant_retention_days == ()
 
 
 def test_example_config_takes_the_key_from_the_environment() -> None:
@@ -266,6 +268,9 @@ def test_example_config_takes_the_key_from_the_environment() -> None:
         ({"server": {"hots": "x"}}, "server.hots", "unknown key"),
         ({"context": {"preserve": 3}}, "context.preserve", "unknown key"),
         ({"journal": {"keep_events_s": 3}}, "journal.keep_events_s", "unknown key"),
+        ({"store": {"retention_days": 0}}, "store.retention_days", "at least 1"),
+        ({"store": {"tenant_retention_days": ["key-a"]}}, "store.tenant_retention_days", "map tenant ids"),
+        ({"store": {"tenant_retention_days": {"key-a": "soon"}}}, "store.tenant_retention_days.key-a", "whole number"),
         ({"models": [{**MODEL, "apikey": "k"}]}, "models[0].apikey", "unknown key"),
         ({"server": {"port": "eighty"}}, "server.port", "whole number"),
         ({"server": {"port": 1.5}}, "server.port", "whole number"),

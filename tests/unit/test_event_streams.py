@@ -10,14 +10,15 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from proxy.canonical.answers import Journaled
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import EVENT
 from proxy.doors.event_streams import ChunkRenderer, Event, frames, relayed, replayed
 from proxy.doors.messages.output import MessageEvents, MessageShape
 from proxy.doors.responses.fields import ToolNames
 from proxy.doors.responses.output import EventStream, ResponseShape
 from proxy.errors import UpstreamError
-from proxy.journal.relay import DONE, Backlog, Journaled, JournaledGroups
-from proxy.types import Chunk
-from proxy.vocabulary import EVENT
+from proxy.journal.relay import DONE, Backlog, JournaledGroups
 
 STEP = 0x10
 

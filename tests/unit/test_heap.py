@@ -1,4 +1,4 @@
-"""`proxy.heap`: a growing conversation's bodies come from memory already mapped, not from pages faulted in anew
+"""`proxy.serving.heap`: a growing conversation's bodies come from memory already mapped, not from pages faulted in anew
 for each request. Counted in page faults (deterministic), in a child process: the setting is process-wide."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 BODIES = """
 import json, resource, sys
-from proxy.heap import keep_large_buffers
+from proxy.serving.heap import keep_large_buffers
 set_up = keep_large_buffers() if sys.argv[1] == "kept" else None
 kept, faults = [], []
 for turn in range(20):  # a body a little bigger each turn; the last few are held, as the re-sent lists hold them
@@ -43,8 +43,8 @@ SERVING = """
 import asyncio, gc, json, sys, tempfile
 from pathlib import Path
 from proxy import tokens
-from proxy.app import create_app
-from proxy.config import parse_config
+from proxy.serving.app import create_app
+from proxy.config.schema import parse_config
 
 async def started(serving: bool) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as folder:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from proxy.canonical.types import Message
 from proxy.history.answers import Answers
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.store.database import Database
-from proxy.types import Message
 from tests.unit.test_history_store import ENCODING, MODEL, conversation, count
 
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from proxy import tokens
+from proxy.canonical.sharing import LINEAGE_DEPTH, known_shared, shared_prefix
+from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history.caches import CachedMessage, RecentPaths
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
-from proxy.sharing import LINEAGE_DEPTH, known_shared, shared_prefix
 from proxy.store.database import Database
-from proxy.vocabulary import ITEMS
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"

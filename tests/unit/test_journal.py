@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from proxy.config import JournalConfig
+from proxy.canonical.types import Chunk
+from proxy.config.schema import JournalConfig
 from proxy.errors import Conflict, StoreUnavailable
 from proxy.history.answers import Answers
 from proxy.history.store import History
@@ -22,7 +23,6 @@ from proxy.journal.replay import chunks_from_record, completion_from_record
 from proxy.journal.steps import Step, event_type
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
-from proxy.types import Chunk
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"

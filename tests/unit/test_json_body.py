@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
+from proxy.canonical.types import RawList
+from proxy.config.schema import RequestLimits
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.resent import ResentLists
-from proxy.types import RawList
 from proxy.upstream.json_body import client_run, json_body
 
 FIELDS = {"model": "m", "stream": True, "temperature": 0.5}

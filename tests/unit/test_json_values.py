@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import c_parse_ok, parse_json_object
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.json_values import COUNT_PIECE_CHARS, ValueCount, count_chars, values_bound

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
-from proxy.doors.messages.input import chat_messages, parse_messages_request, result_text
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.vocabulary import ITEMS, chat_messages
+from proxy.config.schema import RequestLimits
+from proxy.doors.messages.input import input_messages, parse_messages_request, result_text
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.anthropic_blocks import anthropic_request
-from proxy.vocabulary import ITEMS
-from proxy.vocabulary import chat_messages as for_chat
 
 LIMITS = RequestLimits()
 
@@ -100,7 +99,7 @@ def test_a_claude_code_request_s_fields() -> None:
     assert conversation.max_output == 32000
     assert conversation.max_output_param == "max_tokens"
     assert conversation.fit_output is True  # Claude Code asks for its Claude model's limit
-    assert conversation.wire == {"door": "messages"}
+    assert conversation.door_state == {"door": "messages"}
     assert conversation.continues is None
     assert conversation.params == {
         "max_tokens": 32000,
@@ -125,25 +124,25 @@ def test_a_claude_code_request_s_fields() -> None:
 
 
 def test_a_chat_upstream_sees_no_thinking() -> None:
-    sent = for_chat(parse(CLAUDE_CODE).messages)
+    sent = chat_messages(parse(CLAUDE_CODE).messages)
     assert "thinking" not in json.dumps(sent)
     assert "signature" not in json.dumps(sent)
 
 
 def test_a_string_and_text_blocks_are_the_same_message() -> None:
-    as_string, as_blocks = chat_messages(
+    as_string, as_blocks = input_messages(
         [
             {"role": "user", "content": "line one\nline two"},
             {"role": "user", "content": [{"type": "text", "text": "line one"}, {"type": "text", "text": "line two"}]},
         ]
     )
     assert as_string == {"role": "user", "content": "line one\nline two"}
-    assert for_chat([as_blocks]) == [as_string]
+    assert chat_messages([as_blocks]) == [as_string]
 
 
 def test_several_tool_results_are_tool_messages_in_order_before_the_user_s_text() -> None:
     uses = [{**USE, "id": "toolu_a"}, {**USE, "id": "toolu_b"}]
-    messages = chat_messages(
+    messages = input_messages(
         [
             {"role": "user", "content": "go"},
             {"role": "assistant", "content": uses},
@@ -186,7 +185,7 @@ def test_result_text(block: dict[str, Any], text: str) -> None:
 
 
 def test_images_and_documents_become_chat_parts() -> None:
-    [message] = chat_messages(
+    [message] = input_messages(
         [
             {
                 "role": "user",

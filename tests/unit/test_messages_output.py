@@ -12,6 +12,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from proxy.canonical.types import Chunk
 from proxy.doors.event_streams import Event
 from proxy.doors.messages.output import (
     MessageEvents,
@@ -31,7 +32,6 @@ from proxy.errors import (
     StoreUnavailable,
     UpstreamError,
 )
-from proxy.types import Chunk
 
 SHAPE = MessageShape(step_id=0x1F, model="claude-sonnet-4-5", prompt_tokens=900)
 EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from proxy.config import JournalConfig
+from proxy.config.schema import JournalConfig
 from proxy.journal.owners import Owner, Owners, local_host
 from proxy.journal.recovery import Recovery, RecoveryReport
 from proxy.journal.writer import Journal
-from proxy.services import _sweep_periodically
+from proxy.serving.services import _sweep_periodically
 from tests.unit.test_journal import Store, stream, text
 
 LEASE_S = 5.0

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from proxy.pieces import MAX_PIECES, Pieces, Reading, Received
+from proxy.canonical.pieces import MAX_PIECES, Pieces, Reading, Received
 
 
 def read(data: bytes, earlier: list[Pieces], rng: random.Random) -> Received:

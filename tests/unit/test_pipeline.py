@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
+from proxy.canonical.answers import Answer, Completed, Replayed, Streaming
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.types import Chunk
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER
-from proxy.config import Config, JournalConfig, UpstreamConfig, parse_config
-from proxy.conversation import Answer, Completed, Conversation, Replayed, Streaming
+from proxy.config.schema import Config, JournalConfig, UpstreamConfig, parse_config
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.context_headers import context_options
 from proxy.doors.resent import ResentLists
@@ -43,10 +45,9 @@ from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
-from proxy.pipeline import Pipeline
+from proxy.request.pipeline import Pipeline
 from proxy.store.database import Database
 from proxy.tokens import encoding_for_model
-from proxy.types import Chunk
 from proxy.upstream.protocol import Upstream
 from tests.support.raw_store import committed_rows
 from tests.support.scripted_upstream import (
@@ -384,8 +385,7 @@ async def test_a_keyed_retry_is_replayed_without_the_upstream(rig: Rig, first_st
     answer = await rig.answer(request(stream=retry_stream), headers)
     assert isinstance(answer, Replayed)
     assert len(rig.upstream.calls) == 1
-    assert answer.record.id == step_id
-    assert answer.record.content == "Hello world"
+    assert answer.step.id == step_id
     if retry_stream:
         assert all(c["object"] == "chat.completion.chunk" for c in answer.chunks)
         assert assemble(answer.chunks).content == "Hello world"

@@ -1,4 +1,4 @@
-"""The per-session plan memo (`Plans`): over random sessions asked random sequences of questions, what it returns
+"""The per-session plan memo (`PlanCache`): over random sessions asked random sequences of questions, what it returns
 is what `build` computes from scratch, and it answers from memory only for the very same question; a long path's
 plan is built in a worker thread."""
 
@@ -18,9 +18,9 @@ from proxy.compaction.builder import BuildResult, Policy, build
 from proxy.compaction.groups import Cuts
 from proxy.compaction.layout import Item
 from proxy.compaction.path_items import PathState
-from proxy.compaction.plans import OFF_LOOP_ITEMS, Plans
+from proxy.compaction.plans import OFF_LOOP_ITEMS, PlanCache
 from proxy.compaction.span_store import StoredSpan
-from proxy.config import SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS
 
 SESSION = ("t", "s")
 
@@ -48,8 +48,8 @@ def stored_span(rng: random.Random, identity: int, count: int) -> StoredSpan:
     )  # fmt: skip
 
 
-def ask(plans: Plans, *args: Any, **kwargs: Any) -> BuildResult:
-    """`Plans.plan` from a test that runs no loop (paths shorter than `OFF_LOOP_ITEMS`: no thread)."""
+def ask(plans: PlanCache, *args: Any, **kwargs: Any) -> BuildResult:
+    """`PlanCache.plan` from a test that runs no loop (paths shorter than `OFF_LOOP_ITEMS`: no thread)."""
     return asyncio.run(plans.plan(*args, **kwargs))
 
 
@@ -57,7 +57,7 @@ def ask(plans: Plans, *args: Any, **kwargs: Any) -> BuildResult:
 @settings(max_examples=150, deadline=None)
 def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: int, questions: int) -> None:
     rng = random.Random(seed)
-    plans = Plans()
+    plans = PlanCache()
     items = session_items(rng, messages)
     spans: list[StoredSpan] = []
     policy = Policy(budget=rng.randint(200, 6000), strategies=(TOOL_RESULTS, SUMMARIZE))
@@ -82,7 +82,7 @@ def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: i
 
 def test_only_the_same_question_is_answered_from_memory() -> None:
     rng = random.Random(7)
-    plans = Plans(sessions=1)
+    plans = PlanCache(sessions=1)
     items = session_items(rng, 40)
     policy = Policy(budget=800)
     state = PathState(items, {}, Cuts.of(items))
@@ -115,7 +115,7 @@ async def test_a_long_path_is_planned_in_a_worker_thread_and_remembered(
     state = PathState(items, {}, Cuts.of(items))
     spans = [stored_span(rng, 1, messages)]
     policy = Policy(budget=2_000, strategies=(TOOL_RESULTS, SUMMARIZE))
-    plans = Plans()
+    plans = PlanCache()
 
     planned = await plans.plan(SESSION, state, spans, policy, compacting=True)
 

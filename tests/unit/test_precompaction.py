@@ -12,7 +12,7 @@ from proxy.compaction.builder import Policy
 from proxy.compaction.layout import MIN_COMPACT_TO
 from proxy.compaction.precompaction import Precompactions, ahead_policy
 from proxy.compaction.spans import CompactionRequest
-from proxy.config import ContextConfig
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from tests.unit.test_span_store import conversation, request, stored_path, total

@@ -13,7 +13,7 @@ from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.prose import date_in_force, date_stamp, information, speaker
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summary_text import summary_message
-from proxy.config import ContextConfig
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import count_text

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from proxy import environment
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
+from proxy.upstream.protocol import UpstreamCall
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream
 from tests.unit.test_upstream import WEATHER_TOOL
 
@@ -100,7 +101,7 @@ async def test_a_text_answer_is_the_one_acompletion_gives(
 ) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     params = {"max_tokens": 64, "temperature": 0.2}
-    ours = await upstream.complete(entry, messages, params)
+    ours = await upstream.complete(UpstreamCall(entry, messages, params))
     assert native.requests[-1].headers["user-agent"].startswith("litellm/")
     theirs = await through_acompletion(entry, messages, params)
     assert ours["choices"][0]["message"]["content"] == "echo: hello there"
@@ -115,7 +116,7 @@ async def test_tool_calls_arrive_as_acompletion_gives_them(
     native.responder = lambda body: AnthropicReply(tool_uses=[("get_weather", {"city": "Paris"})])
     messages = [{"role": "user", "content": "weather in Paris?"}]
     params = {"max_tokens": 64, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
-    ours = await upstream.complete(entry, messages, params)
+    ours = await upstream.complete(UpstreamCall(entry, messages, params))
     theirs = await through_acompletion(entry, messages, params)
     choice = ours["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -128,8 +129,8 @@ async def test_cached_tokens_are_counted_as_acompletion_counts_them(
     native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream
 ) -> None:
     messages: list[dict[str, Any]] = [CACHED_SYSTEM, {"role": "user", "content": "hello"}]
-    written = await upstream.complete(entry, messages, {"max_tokens": 64})
-    read = await upstream.complete(entry, messages, {"max_tokens": 64})
+    written = await upstream.complete(UpstreamCall(entry, messages, {"max_tokens": 64}))
+    read = await upstream.complete(UpstreamCall(entry, messages, {"max_tokens": 64}))
     theirs = await through_acompletion(entry, messages, {"max_tokens": 64})
     assert written["usage"]["cache_creation_input_tokens"] > 0
     assert read["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
@@ -143,9 +144,9 @@ async def test_a_refusal_keeps_its_status_and_never_shows_the_key(
     native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream, status: int, stream: bool
 ) -> None:
     native.fail_next(status, {"type": "error", "error": {"type": "api_error", "message": f"bad key {KEY} here"}})
-    call = upstream.open_stream if stream else upstream.complete
+    send = upstream.open_stream if stream else upstream.complete
     with pytest.raises(UpstreamError) as raised:
-        await call(entry, [{"role": "user", "content": "hi"}], {"max_tokens": 64})
+        await send(UpstreamCall(entry, [{"role": "user", "content": "hi"}], {"max_tokens": 64}))
     assert raised.value.status == status
     assert KEY not in str(raised.value)
     assert KEY not in repr(vars(raised.value))
@@ -202,7 +203,7 @@ async def test_a_stream_arrives_as_acompletion_relays_it(
         native.responder = lambda body: reply
     if usage:
         params = {**params, "stream_options": {"include_usage": True}}
-    ours = [chunk async for chunk in await upstream.open_stream(entry, messages, params)]
+    ours = [chunk async for chunk in await upstream.open_stream(UpstreamCall(entry, messages, params))]
     theirs = await stream_through_acompletion(entry, messages, params)
     assert comparable_chunks(ours) == comparable_chunks(theirs)
     assert native.requests[0].body == native.requests[1].body
@@ -215,8 +216,8 @@ async def test_a_streams_cached_tokens_are_counted_as_acompletion_counts_them(
 ) -> None:
     messages: list[dict[str, Any]] = [CACHED_SYSTEM, {"role": "user", "content": "hello"}]
     params = {"max_tokens": 64, "stream_options": {"include_usage": True}}
-    await upstream.complete(entry, messages, {"max_tokens": 64})  # writes the cache
-    ours = [chunk async for chunk in await upstream.open_stream(entry, messages, params)]
+    await upstream.complete(UpstreamCall(entry, messages, {"max_tokens": 64}))  # writes the cache
+    ours = [chunk async for chunk in await upstream.open_stream(UpstreamCall(entry, messages, params))]
     theirs = await stream_through_acompletion(entry, messages, params)
     assert ours[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert comparable_chunks(ours) == comparable_chunks(theirs)
@@ -226,7 +227,7 @@ async def test_an_error_event_mid_stream_is_the_upstreams_refusal(
     native: FakeAnthropicUpstream, entry: ModelEntry, upstream: LiteLLMUpstream
 ) -> None:
     native.error_mid_stream_after = 3
-    chunks = await upstream.open_stream(entry, [{"role": "user", "content": "hi"}], {"max_tokens": 64})
+    chunks = await upstream.open_stream(UpstreamCall(entry, [{"role": "user", "content": "hi"}], {"max_tokens": 64}))
     with pytest.raises(UpstreamError) as raised:
         async for _chunk in chunks:
             pass

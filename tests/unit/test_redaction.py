@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import AuthConfig, Config, ModelEntry
+from proxy.config.schema import AuthConfig, Config, ModelEntry
+from proxy.upstream import credentials
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS, REDACTED, Redactor
 
@@ -25,7 +26,7 @@ CONFIG = Config(
     ],
 )
 def test_secrets_and_key_shapes_are_redacted(text: str, gone: tuple[str, ...]) -> None:
-    redacted = Redactor.from_config(CONFIG).redact(text)
+    redacted = credentials.redactor(CONFIG).redact(text)
     assert REDACTED in redacted
     for secret in gone:
         assert secret not in redacted
@@ -33,14 +34,14 @@ def test_secrets_and_key_shapes_are_redacted(text: str, gone: tuple[str, ...]) -
 
 def test_ordinary_error_text_is_kept() -> None:
     text = "This model's maximum context length is 8192 tokens (gpt-4o-mini, chatcmpl-123); a b c."
-    assert Redactor.from_config(CONFIG).redact(text) == text
+    assert credentials.redactor(CONFIG).redact(text) == text
 
 
 def test_the_boundary_redacts_message_and_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG")
     error = upstream_error(
         RuntimeError('Exception - {"error": {"message": "bad key upstream-key-1234", "type": "auth"}}'),
-        redactor=Redactor.from_config(CONFIG),
+        redactor=credentials.redactor(CONFIG),
     )
     assert error.message == f"bad key {REDACTED}"
     assert "upstream-key-1234" not in caplog.text
@@ -64,13 +65,13 @@ def test_provider_keys_read_from_the_environment_are_redacted() -> None:
         "GROQ_API_KEY": "groq-env-3",
         "MISTRAL_API_KEY": "mistral-env-4",
     }
-    redactor = Redactor.from_config(Config(models=models), environ=environ)
+    redactor = credentials.redactor(Config(models=models), environ=environ)
     text = "echoed openai-env-1, anthropic-env-2 and groq-env-3; mistral-env-4 is no model's"
     assert redactor.redact(text) == f"echoed {REDACTED}, {REDACTED} and {REDACTED}; mistral-env-4 is no model's"
 
 
 def test_an_entry_with_its_own_key_reads_none_from_the_environment() -> None:
-    redactor = Redactor.from_config(CONFIG, environ={"OPENAI_API_KEY": "openai-env-1"})
+    redactor = credentials.redactor(CONFIG, environ={"OPENAI_API_KEY": "openai-env-1"})
     assert redactor.redact("openai-env-1") == "openai-env-1"
 
 

@@ -1,5 +1,5 @@
 """References the proxy writes into a client's summary, and finding the last one in a request
-(`proxy.references`): carried over a tenant's requests, the same as looking through each whole."""
+(`proxy.request.references`): carried over a tenant's requests, the same as looking through each whole."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.references import RECENT_SCANS, References, reference, reference_in, referenced
+from proxy.request.references import RECENT_SCANS, References, reference, reference_in, referenced
 
 IDS = [f"{n:064x}" for n in range(1, 6)]
 

@@ -14,17 +14,19 @@ from typing import Any
 
 import pytest
 
-from proxy.config import JournalConfig, ModelEntry
+from proxy.canonical.answers import Journaled
+from proxy.canonical.types import Chunk
+from proxy.config.schema import JournalConfig, ModelEntry
 from proxy.errors import ClientTooSlow, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.reader import JournalReader
-from proxy.journal.relay import MAX_BACKLOG_CHARS, MAX_GROUP_CHUNKS, MAX_PENDING_CHUNKS, Journaled, StreamRelay
+from proxy.journal.relay import MAX_BACKLOG_CHARS, MAX_GROUP_CHUNKS, MAX_PENDING_CHUNKS, StreamRelay
 from proxy.journal.steps import Step, StepStatus
 from proxy.journal.writer import Journal
 from proxy.store.database import Database
-from proxy.types import Chunk
 from proxy.upstream.deadlines import StreamDeadlines
+from proxy.upstream.protocol import UpstreamCall
 from tests.support.raw_store import committed_rows
 from tests.support.scripted_upstream import Script, ScriptedUpstream, chunk, server_error
 
@@ -95,7 +97,7 @@ class Rig:
         deadlines: StreamDeadlines | None = None,
         write_timeout_s: float = WAIT_S,
     ) -> StreamRelay:
-        chunks = await self.upstream.open_stream(ENTRY, MESSAGES, {"stream": True})
+        chunks = await self.upstream.open_stream(UpstreamCall(ENTRY, MESSAGES, {"stream": True}))
         return StreamRelay(
             self.journal,
             step,

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
+from proxy.canonical.sharing import Resent, known_shared, shared_prefix
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_json_object
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import Conversion, ResentLists
 from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
-from proxy.sharing import Resent, known_shared, shared_prefix
 from tests.unit.test_sharing import naive
 
 LIMITS = RequestLimits()
@@ -126,7 +126,7 @@ def test_the_messages_door_reuses_each_converted_message() -> None:
 def test_an_equal_system_prompt_is_the_same_message_and_a_changed_one_a_new_one(system_first: bool) -> None:
     """Claude Code sends `system` after `messages`, so it is parsed anew every time: an equal one still
     becomes the kept request's very message (`Listed.prelude`), and the conversation is the same objects from
-    its first message (`proxy.sharing`)."""
+    its first message (`proxy.canonical.sharing`)."""
 
     def body(system: Any, count: int) -> bytes:
         messages = [{"role": "user", "content": f"question {index}"} for index in range(count)]

@@ -23,12 +23,12 @@ from openai.types.responses.response_input_param import ResponseInputParam
 from openai.types.responses.response_output_item import ResponseOutputItem
 from typing_extensions import is_typeddict
 
-from proxy.config import RequestLimits
+from proxy.canonical.vocabulary import ITEMS, chat_messages
+from proxy.config.schema import RequestLimits
 from proxy.doors.responses.compaction import COMPACTION, TRIGGER, compaction_item
 from proxy.doors.responses.input import ResponsesRequest, parse_responses_request
 from proxy.errors import InvalidRequest
 from proxy.formats.responses_items import input_items, is_output
-from proxy.vocabulary import ITEMS, chat_messages
 
 LIMITS = RequestLimits()
 TEXT = "c1"

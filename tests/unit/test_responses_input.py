@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from proxy.config import RequestLimits
-from proxy.conversation import Continuation
+from proxy.canonical.conversation import Continuation
+from proxy.canonical.vocabulary import ITEMS, chat_messages
+from proxy.config.schema import RequestLimits
 from proxy.doors.responses.input import ResponsesRequest, echoed, parse_responses_request
 from proxy.doors.responses.items import input_messages
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.responses_items import input_items
-from proxy.vocabulary import ITEMS, chat_messages
 
 LIMITS = RequestLimits()
 
@@ -143,7 +143,7 @@ def test_a_codex_request_s_delivery_session_and_native_fields() -> None:
     assert conversation.model == "gpt-5-codex"
     assert conversation.stream is True
     assert conversation.instructions == 1
-    assert conversation.wire == {
+    assert conversation.door_state == {
         "door": "responses",
         "store": False,
         "request": echoed(CODEX_BODY),
@@ -255,7 +255,7 @@ def test_a_string_input_is_one_user_message() -> None:
     ]
     assert parsed.conversation.instructions == 1
     assert parsed.conversation.stream is False
-    assert parsed.conversation.wire["store"] is True
+    assert parsed.conversation.door_state["store"] is True
     assert parsed.session_key is None
 
 
@@ -266,7 +266,7 @@ def test_no_instructions_count_none(instructions: str | None) -> None:
         body["instructions"] = instructions
     conversation = parse(body).conversation
     assert conversation.instructions == 0
-    assert conversation.wire["input_from"] == 0
+    assert conversation.door_state["input_from"] == 0
     assert conversation.messages == [{"role": "user", "content": "hi"}]
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, Origin
 from proxy.formats.responses_items import (
     assistant_message,
     input_items,
@@ -17,8 +19,6 @@ from proxy.formats.responses_items import (
     output_text,
     qualified_name,
 )
-from proxy.types import Message
-from proxy.vocabulary import ITEMS, Origin
 
 REASONING: dict[str, Any] = {
     "id": "rs_1",

@@ -13,6 +13,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from proxy.canonical.types import Chunk
 from proxy.doors.event_streams import Event
 from proxy.doors.responses.fields import ToolNames
 from proxy.doors.responses.output import (
@@ -27,7 +28,6 @@ from proxy.doors.responses.output import (
     status_of,
 )
 from proxy.errors import UpstreamError
-from proxy.types import Chunk
 
 STEP = 0x2A
 TOOLS = ToolNames(

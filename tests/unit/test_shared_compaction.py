@@ -18,11 +18,11 @@ import pytest
 from proxy.budget.budgets import Budgets
 from proxy.compaction import compactor as compactor_module
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.layout import NeedsSummary
+from proxy.compaction.layout import SpanNeeded
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.summarizer import Summarizer
-from proxy.config import SUMMARIZE, ContextConfig, ModelEntry
+from proxy.config.schema import SUMMARIZE, ContextConfig, ModelEntry
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
@@ -166,7 +166,7 @@ async def test_a_span_a_wider_one_orphaned_is_found_written_not_written_again(db
 
     found = await writer.write(
         continued(path, "b"),
-        NeedsSummary(start, end, parts=tuple(range(start, end))),
+        SpanNeeded(start, end, parts=tuple(range(start, end))),
         {},
         Allowance(2, 60.0),
         lambda need, stored: [dict(path[part].message) for part in range(need.start, need.end)],

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sharing import LINEAGE_DEPTH, Lineage, Resent, known_shared, shared_prefix, shared_suffix
+from proxy.canonical.sharing import LINEAGE_DEPTH, Lineage, Resent, known_shared, shared_prefix, shared_suffix
 
 
 def naive(new: Sequence[object], old: Sequence[object]) -> int:

@@ -13,16 +13,16 @@ from proxy.compaction import builder, strategies
 from proxy.compaction.builder import (
     ContextLayout,
     Item,
-    NeedsSummary,
     Policy,
     RecentTooLarge,
     Span,
+    SpanNeeded,
     build,
 )
 from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import Block, BuildResult, View
 from proxy.compaction.strategies import ToolResults
-from proxy.config import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
 from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
 STUB = 30
@@ -60,12 +60,12 @@ class Loop:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.spans: list[Span] = []
-        self.written: list[NeedsSummary] = []
+        self.written: list[SpanNeeded] = []
 
     def run(self, items: Sequence[Item], rounds: int = 60) -> BuildResult:
         for round_ in range(rounds):
             result = build(items, self.spans, self.policy, compacting=round_ > 0)
-            if not isinstance(result, NeedsSummary):
+            if not isinstance(result, SpanNeeded):
                 return result
             self.written.append(result)
             if result.strategy == TOOL_RESULTS:
@@ -133,7 +133,7 @@ def test_tool_results_runs_first_and_masks_every_output_older_than_the_last_turn
     items = agent(6)
     policy = Policy(budget=12_000, strategies=(TOOL_RESULTS, SUMMARIZE), keep_turns=2)
     result = build(items, [], policy)
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert result.strategy == TOOL_RESULTS
     assistants = [p for p, item in enumerate(items) if item.role == "assistant"]
     boundary = min(recent_block(items, policy, Cuts.of(items)), assistants[-2])
@@ -182,7 +182,7 @@ def test_outputs_of_pinned_and_recent_messages_are_never_stubbed() -> None:
 def test_without_tool_outputs_tool_results_names_nothing_and_the_next_strategy_runs() -> None:
     items = [system(), *[m for _ in range(30) for m in (user(200), assistant(200))]]
     result = build(items, [], Policy(budget=6_000, strategies=(TOOL_RESULTS, SUMMARIZE)))
-    assert isinstance(result, NeedsSummary)
+    assert isinstance(result, SpanNeeded)
     assert result.strategy == SUMMARIZE
 
 
@@ -194,8 +194,8 @@ def test_sliding_window_takes_just_the_oldest_turns_a_marker_saves() -> None:
     budget = 10_000
     window = build(items, [], Policy(budget=budget, strategies=(SLIDING_WINDOW,)))
     summary = build(items, [], Policy(budget=budget, strategies=(SUMMARIZE,)))
-    assert isinstance(window, NeedsSummary)
-    assert isinstance(summary, NeedsSummary)
+    assert isinstance(window, SpanNeeded)
+    assert isinstance(summary, SpanNeeded)
     assert window.strategy == SLIDING_WINDOW
     assert window.start == 1
     assert window.end < summary.end  # a marker costs less than a summary: fewer turns reach the target
@@ -349,7 +349,7 @@ def test_property_what_tool_results_would_save_is_what_walking_the_path_gives(
     their bounds: the same as walking every position, in every view a compaction passes through."""
     views: list[View] = []
 
-    def recorded(view: View) -> NeedsSummary | None:
+    def recorded(view: View) -> SpanNeeded | None:
         views.append(view)
         return strategies.next_span(view)
 

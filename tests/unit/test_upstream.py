@@ -12,10 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import ModelEntry, UpstreamConfig
+from proxy.config.schema import ModelEntry, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError, openai_error
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.litellm_client import LiteLLMUpstream
+from proxy.upstream.protocol import UpstreamCall
 from tests.support.fake_upstream import FakeUpstream, Fault, Reply, default_error_body, error_body
 from tests.support.proxy_server import free_port
 
@@ -69,7 +70,7 @@ def text_of(chunks: list[dict[str, Any]]) -> str:
 
 
 async def test_complete_returns_openai_json(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
-    response = await upstream.complete(entry, MESSAGES, {})
+    response = await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
 
     assert response["object"] == "chat.completion"
     assert response["id"] == "chatcmpl-fake-1"
@@ -91,7 +92,7 @@ async def test_complete_returns_openai_json(upstream: Upstream, entry: ModelEntr
 
 
 async def test_stream_yields_the_upstream_chunks(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+    chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
 
     assert text_of(chunks) == "echo: hello there"
     assert {c["id"] for c in chunks} == {"chatcmpl-fake-1"}
@@ -106,7 +107,7 @@ async def test_stream_usage_chunk_keeps_empty_choices(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     params = {"stream": True, "stream_options": {"include_usage": True}}
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, params))
+    chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, params)))
 
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"]["prompt_tokens"] == fake.count_tokens(MESSAGES)
@@ -118,7 +119,9 @@ async def test_streamed_tool_calls_arrive_in_fragments(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     fake.responder = lambda body: Reply(tool_calls=[TOOL_CALL])
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True, "tools": [WEATHER_TOOL]}))
+    chunks = await collect(
+        await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True, "tools": [WEATHER_TOOL]}))
+    )
 
     calls = [call for c in chunks if c["choices"] for call in c["choices"][0]["delta"].get("tool_calls") or []]
     assert calls[0]["id"] == "call_1"
@@ -171,7 +174,7 @@ async def test_every_client_parameter_arrives_unchanged(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     sent = copy.deepcopy(CLIENT_PARAMS)
-    await upstream.complete(entry, MESSAGES, sent)
+    await upstream.complete(UpstreamCall(entry, MESSAGES, sent))
 
     received = fake.requests[-1].body
     assert sent == CLIENT_PARAMS, "the proxy must not mutate the client's parameters"
@@ -185,7 +188,7 @@ async def test_every_client_parameter_arrives_unchanged_when_streaming(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     params = {**CLIENT_PARAMS, "n": 1, "stream": True, "stream_options": {"include_usage": True}}
-    await collect(await upstream.open_stream(entry, MESSAGES, params))
+    await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, params)))
 
     received = fake.requests[-1].body
     assert {key: received.get(key) for key in params} == params
@@ -223,7 +226,7 @@ async def test_closing_closes_the_clients_litellm_cached_for_this_event_loop(fak
     (A `hosted_vllm/` model goes through `acompletion`; an `openai/` one is posted straight.)"""
     entry = ModelEntry("fake", "hosted_vllm/fake-model", fake.url, UPSTREAM_KEY, 8192, 1024)
     upstream = LiteLLMUpstream(UpstreamConfig(timeout_s=10), (entry,))
-    await upstream.complete(entry, [{"role": "user", "content": "hi"}], {})
+    await upstream.complete(UpstreamCall(entry, [{"role": "user", "content": "hi"}], {}))
     cache = upstream._litellm.in_memory_llm_clients_cache.cache_dict
     suffix = f"-{id(asyncio.get_running_loop())}"
     mine = [client for key, client in cache.items() if key.endswith(suffix)]
@@ -252,7 +255,7 @@ async def test_litellm_gets_messages_of_its_own_to_change(fake: FakeUpstream) ->
     upstream._litellm = SimpleNamespace(**{**vars(upstream._litellm), "acompletion": rewriting})
     messages = [{"role": "user", "content": "hi"}]
     try:
-        await upstream.complete(entry, messages, {})
+        await upstream.complete(UpstreamCall(entry, messages, {}))
     finally:
         await upstream.aclose()
     assert messages == [{"role": "user", "content": "hi"}]
@@ -272,9 +275,9 @@ async def test_messages_arrive_unchanged(
 ) -> None:
     sent = copy.deepcopy(RICH_MESSAGES)
     if stream:
-        await collect(await upstream.open_stream(entry, sent, {"stream": True}))
+        await collect(await upstream.open_stream(UpstreamCall(entry, sent, {"stream": True})))
     else:
-        await upstream.complete(entry, sent, {})
+        await upstream.complete(UpstreamCall(entry, sent, {}))
 
     assert sent == RICH_MESSAGES
     assert without_null_content(fake.requests[-1].body["messages"]) == without_null_content(RICH_MESSAGES)
@@ -282,7 +285,7 @@ async def test_messages_arrive_unchanged(
 
 async def test_developer_message_arrives_unchanged(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     messages = [{"role": "developer", "content": "Prefer metric units.", "name": "ops"}, MESSAGES[1]]
-    await upstream.complete(entry, messages, {})
+    await upstream.complete(UpstreamCall(entry, messages, {}))
     assert fake.requests[-1].body["messages"] == messages
 
 
@@ -314,9 +317,9 @@ async def test_upstream_error_statuses_are_kept(
     fake.fail_next(Fault(status=status))
     with pytest.raises(UpstreamError) as caught:
         if stream:
-            await upstream.open_stream(entry, MESSAGES, {"stream": True})
+            await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True}))
         else:
-            await upstream.complete(entry, MESSAGES, {})
+            await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
 
     error = caught.value
     expected = error_body_of(status)
@@ -335,9 +338,9 @@ async def test_num_retries_retries_a_refusal_worth_retrying(
         fake.fail_next(Fault(status=status))
         if attempts == 1:
             with pytest.raises(UpstreamError):
-                await upstream.complete(entry, MESSAGES, {})
+                await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
         else:
-            response = await upstream.complete(entry, MESSAGES, {})
+            response = await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
             assert response["choices"][0]["message"]["content"] == "echo: hello there"
         assert len(fake.requests) == attempts
     finally:
@@ -353,7 +356,7 @@ async def test_param_of_an_upstream_400_is_kept(upstream: Upstream, entry: Model
     body = error_body("Invalid value for 'temperature'.", "invalid_request_error", "temperature", "invalid_value")
     fake.fail_next(Fault(status=400, body=body))
     with pytest.raises(UpstreamError) as caught:
-        await upstream.complete(entry, MESSAGES, {"temperature": 0.1})
+        await upstream.complete(UpstreamCall(entry, MESSAGES, {"temperature": 0.1}))
     assert openai_error(caught.value) == (400, body, {})
 
 
@@ -363,9 +366,9 @@ async def test_context_length_exceeded_is_kept(upstream: Upstream, entry: ModelE
     for attempt in ("complete", "stream"):
         with pytest.raises(UpstreamError) as caught:
             if attempt == "stream":
-                await upstream.open_stream(entry, messages, {"stream": True})
+                await upstream.open_stream(UpstreamCall(entry, messages, {"stream": True}))
             else:
-                await upstream.complete(entry, messages, {})
+                await upstream.complete(UpstreamCall(entry, messages, {}))
         error = caught.value
         assert (error.status, error.type, error.code, error.param) == (
             400,
@@ -381,9 +384,9 @@ async def test_retry_after_is_kept(upstream: Upstream, entry: ModelEntry, fake: 
     fake.fail_next(Fault(status=429, headers={"Retry-After": "17"}))
     with pytest.raises(UpstreamError) as caught:
         if stream:
-            await upstream.open_stream(entry, MESSAGES, {"stream": True})
+            await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True}))
         else:
-            await upstream.complete(entry, MESSAGES, {})
+            await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
     status, body, headers = openai_error(caught.value)
     assert status == 429
     assert body["error"]["code"] == "rate_limit_exceeded"
@@ -397,9 +400,9 @@ async def test_unreachable_upstream_is_502() -> None:
         for attempt in ("complete", "stream"):
             with pytest.raises(UpstreamError) as caught:
                 if attempt == "stream":
-                    await upstream.open_stream(entry, MESSAGES, {"stream": True})
+                    await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True}))
                 else:
-                    await upstream.complete(entry, MESSAGES, {})
+                    await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
             error = caught.value
             assert (error.status, error.type, error.code) == (502, "upstream_error", "upstream_unreachable")
             assert UPSTREAM_KEY not in error.message
@@ -416,9 +419,9 @@ async def test_slow_upstream_is_504(entry: ModelEntry, fake: FakeUpstream, strea
     with pytest.raises(UpstreamError) as caught:
         try:
             if stream:
-                await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+                await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
             else:
-                await upstream.complete(entry, MESSAGES, {})
+                await upstream.complete(UpstreamCall(entry, MESSAGES, {}))
         finally:
             await upstream.aclose()
     assert time.monotonic() - started < delay_s - 0.2
@@ -442,7 +445,7 @@ async def test_stream_dropped_mid_way_raises_while_iterating(
 ) -> None:
     fake.fail_next(Fault(drop_after_chunks=2))
     stream = await upstream.open_stream(
-        entry, [{"role": "user", "content": "one two three four five"}], {"stream": True}
+        UpstreamCall(entry, [{"role": "user", "content": "one two three four five"}], {"stream": True})
     )
     received, error = await drain_until_error(stream)
     assert len(received) == 2
@@ -454,7 +457,7 @@ async def test_chunks_received_before_a_drop_survive_a_late_reader(
     upstream: Upstream, entry: ModelEntry, fake: FakeUpstream
 ) -> None:
     fake.fail_next(Fault(drop_after_chunks=2))
-    stream = await upstream.open_stream(entry, MESSAGES, {"stream": True})
+    stream = await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True}))
     await asyncio.sleep(0.1)  # the relay starts reading only after the journal step has begun
     received, _error = await drain_until_error(stream)
     assert len(received) == 2
@@ -463,7 +466,7 @@ async def test_chunks_received_before_a_drop_survive_a_late_reader(
 async def test_malformed_stream_event_is_incomplete(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     fake.fail_next(Fault(malformed_after_chunks=3))
     stream = await upstream.open_stream(
-        entry, [{"role": "user", "content": "one two three four five"}], {"stream": True}
+        UpstreamCall(entry, [{"role": "user", "content": "one two three four five"}], {"stream": True})
     )
     received, error = await drain_until_error(stream)
     assert len(received) == 3
@@ -475,7 +478,7 @@ async def test_stream_cut_after_the_last_chunk_without_done_is_still_complete_wh
 ) -> None:
     # All chunks (including finish_reason) arrived; only [DONE] is missing: the answer is whole.
     fake.fail_next(Fault(malformed_after_chunks=100))
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+    chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
     assert text_of(chunks) == "echo: hello there"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
@@ -484,7 +487,7 @@ async def test_streams_in_a_row_share_one_connection(upstream: Upstream, entry: 
     """The end of a stream is read after `[DONE]`, so its connection is kept for the next call (a new one would
     cost the next stream's first chunk a connect)."""
     for _ in range(3):
-        chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+        chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
         assert text_of(chunks) == "echo: hello there"
     assert len({request.peer for request in fake.requests}) == 1
 
@@ -494,7 +497,7 @@ async def test_what_follows_done_is_neither_relayed_nor_waited_for(
 ) -> None:
     trailing = 'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}\n\n'
     fake.fail_next(Fault(after_done=trailing * 100))
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+    chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
     assert text_of(chunks) == "echo: hello there"
     assert {c["id"] for c in chunks} == {"chatcmpl-fake-1"}
 
@@ -502,8 +505,8 @@ async def test_what_follows_done_is_neither_relayed_nor_waited_for(
 async def test_upstream_recovers_after_a_failure(upstream: Upstream, entry: ModelEntry, fake: FakeUpstream) -> None:
     fake.fail_next(Fault(drop_after_chunks=1))
     with pytest.raises(UpstreamError):
-        await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
-    chunks = await collect(await upstream.open_stream(entry, MESSAGES, {"stream": True}))
+        await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
+    chunks = await collect(await upstream.open_stream(UpstreamCall(entry, MESSAGES, {"stream": True})))
     assert text_of(chunks) == "echo: hello there"
 
 

@@ -1,5 +1,5 @@
-"""The in-band vocabulary (`proxy.vocabulary`): `chat_messages` is the one place the proxy's own keys are taken
-out before a chat upstream sees a conversation, and `origin` how a proxy-written message is recognized."""
+"""The in-band vocabulary (`proxy.canonical.vocabulary`): `chat_messages` is the one place the proxy's own keys are
+taken out before a chat upstream sees a conversation, and `origin` how a proxy-written message is recognized."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from proxy.pieces import Pieces
-from proxy.types import Message, RawList
+from proxy.canonical.pieces import Pieces
+from proxy.canonical.types import Message, RawList
+from proxy.canonical.vocabulary import ANSWER, ITEMS, ORIGIN, Origin, chat_messages, origin
 from proxy.upstream.json_body import client_run
-from proxy.vocabulary import ANSWER, ITEMS, ORIGIN, Origin, chat_messages, origin
 
 REASONING: dict[str, Any] = {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAA"}
 

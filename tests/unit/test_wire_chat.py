@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.conversation import ContextMode, ContextOptions
+from proxy.canonical.conversation import ContextMode, ContextOptions
 from proxy.doors.body import read_body
 from proxy.doors.chat import parse_chat_request
 from proxy.doors.context_headers import (

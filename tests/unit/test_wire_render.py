@@ -13,14 +13,22 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
-from proxy.conversation import Completed, ContextReport, Replayed, Streaming, compact_count, usage_text
+from proxy.canonical.answers import (
+    Completed,
+    ContextReport,
+    Journaled,
+    Replayed,
+    StepRef,
+    Streaming,
+    compact_count,
+    usage_text,
+)
+from proxy.canonical.types import Chunk
 from proxy.doors.chat import render
 from proxy.doors.context_headers import REPLAY_HEADER, report_headers
 from proxy.doors.sse import SSE_DONE, SSE_HEADERS, SSE_MEDIA_TYPE, sse_data, sse_event
 from proxy.errors import UpstreamError
-from proxy.journal.relay import Journaled
 from proxy.journal.steps import StepRecord, StepStatus
-from proxy.types import Chunk
 
 REPORT = ContextReport(session_id="sess-1", prompt_tokens=50_000, budget=129_000, history_tokens=48_000, summaries=2)
 REPORT_HEADERS = {
@@ -45,6 +53,15 @@ def chunk(content: str, finish: str | None = None) -> Chunk:
 def journaled(item: Chunk) -> Journaled:
     # The journal's stored text is compact JSON; a distinctive spacing proves render relays it verbatim.
     return Journaled(item, json.dumps(item, separators=(", ", ": ")))
+
+
+STEP = StepRef(7, 1.0)
+
+
+def replay_of(record: StepRecord, chunks: list[Chunk]) -> Replayed:
+    """What the pipeline answers a keyed retry with, for a step of `record`'s report."""
+    report = ContextReport.from_json(record.session_id or "", record.context)
+    return Replayed(chunks, report, StepRef(record.id, record.created_at))
 
 
 def record(session_id: str | None = "sess-r") -> StepRecord:
@@ -187,7 +204,7 @@ def test_render_completed_is_json_with_report_headers() -> None:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "é ok"}, "finish_reason": "stop"}],
     }
     for stream in (False, True):
-        response = render(Completed(completion, REPORT), stream)
+        response = render(Completed(completion, REPORT, STEP), stream)
         assert isinstance(response, JSONResponse)
         assert response.status_code == 200
         assert response.media_type == "application/json"
@@ -205,7 +222,7 @@ def test_render_replayed_json() -> None:
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
     }
-    response = render(Replayed.of(record(), [completion]), False)
+    response = render(replay_of(record(), [completion]), False)
     assert isinstance(response, JSONResponse)
     assert json.loads(response.body) == completion
     assert response.headers["x-context-replay"] == "true"
@@ -214,14 +231,14 @@ def test_render_replayed_json() -> None:
 
 
 def test_render_replayed_without_session_has_no_session_header() -> None:
-    response = render(Replayed.of(record(session_id=None), [{"object": "chat.completion", "choices": []}]), False)
+    response = render(replay_of(record(session_id=None), [{"object": "chat.completion", "choices": []}]), False)
     assert response.headers["x-context-replay"] == "true"
     assert "x-session-id" not in response.headers
 
 
 async def test_render_replayed_stream() -> None:
     chunks = [chunk("Hé"), chunk("llo", "stop"), {"object": "chat.completion.chunk", "choices": [], "usage": None}]
-    response = render(Replayed.of(record(), chunks), True)
+    response = render(replay_of(record(), chunks), True)
     assert_sse(response)
     assert response.headers["x-context-replay"] == "true"
     assert response.headers["x-session-id"] == "sess-r"
@@ -239,7 +256,7 @@ async def test_render_replayed_stream() -> None:
 async def test_render_streaming_relays_stored_text_then_done() -> None:
     first = [journaled(chunk("Hel")), journaled(chunk("lo"))]
     second = [journaled(chunk("", "stop"))]
-    response = render(Streaming(groups_of(first, second), REPORT), True)
+    response = render(Streaming(groups_of(first, second), REPORT, STEP), True)
     assert_sse(response)
     for name, value in REPORT_HEADERS.items():
         assert response.headers[name] == value
@@ -252,7 +269,7 @@ async def test_render_streaming_relays_stored_text_then_done() -> None:
 async def test_render_streaming_one_write_per_group() -> None:
     first = [journaled(chunk("a")), journaled(chunk("b"))]
     second = [journaled(chunk("c"))]
-    response = render(Streaming(groups_of(first, second), REPORT), True)
+    response = render(Streaming(groups_of(first, second), REPORT, STEP), True)
     assert isinstance(response, StreamingResponse)
     parts = [part async for part in response.body_iterator]
     assert parts == [
@@ -263,7 +280,7 @@ async def test_render_streaming_one_write_per_group() -> None:
 
 
 async def test_render_streaming_empty_stream_is_just_done() -> None:
-    response = render(Streaming(groups_of(), REPORT), True)
+    response = render(Streaming(groups_of(), REPORT, STEP), True)
     assert await read_body(response) == b"data: [DONE]\n\n"
 
 
@@ -274,7 +291,7 @@ async def test_render_streaming_error_after_first_group() -> None:
         yield group
         raise UpstreamError("The upstream went away.", status=502, code="upstream_gone", error_type="api_error")
 
-    response = render(Streaming(failing(), REPORT), True)
+    response = render(Streaming(failing(), REPORT, STEP), True)
     body = await read_body(response)
     events = events_of(body)
     assert events[0] == sse_data(group[0].text)
@@ -291,7 +308,7 @@ async def test_render_streaming_unexpected_error_leaks_nothing() -> None:
         yield [journaled(chunk("x"))]
         raise RuntimeError("secret-key-sk-123 in a traceback")
 
-    body = await read_body(render(Streaming(failing(), REPORT), True))
+    body = await read_body(render(Streaming(failing(), REPORT, STEP), True))
     events = events_of(body)
     assert len(events) == 2
     error = json.loads(events[1].removeprefix(b"data: "))["error"]
@@ -312,7 +329,7 @@ async def test_render_streaming_client_leaving_mid_body_closes_the_groups() -> N
         finally:
             closed.set()
 
-    response = render(Streaming(endless(), REPORT), True)  # type: ignore[arg-type]
+    response = render(Streaming(endless(), REPORT, STEP), True)  # type: ignore[arg-type]
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
@@ -341,6 +358,6 @@ async def test_render_streaming_closes_groups_at_the_end() -> None:
         finally:
             closed.append("closed")
 
-    body = await read_body(render(Streaming(tracked(), REPORT), True))
+    body = await read_body(render(Streaming(tracked(), REPORT, STEP), True))
     assert body.endswith(SSE_DONE)
     assert closed == ["closed"]

@@ -24,8 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
-from proxy.config import RequestLimits
-from proxy.conversation import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import RESPONSE
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute, ErrorReply
@@ -34,11 +37,7 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.messages.output import MessageEvents, MessageShape, anthropic_error, completed_message
 from proxy.doors.sse import RelayedStream, sse_response
 from proxy.observability.requests import observe_model
-from proxy.pieces import Received
-from proxy.types import Chunk
-from proxy.vocabulary import RESPONSE
 
-CLIENT_SESSION_HEADER = "x-claude-code-session-id"
 BETA_HEADER = "anthropic-beta"
 
 
@@ -47,7 +46,7 @@ class Messages(Door[None]):
     path: ClassVar[str] = "/v1/messages"
     prefix: ClassVar[str] = "/v1/messages"
     api_key_header: ClassVar[bool] = True
-    session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    session_header: ClassVar[str | None] = "x-claude-code-session-id"
     native_headers: ClassVar[tuple[str, ...]] = (BETA_HEADER,)
     routes: ClassVar[tuple[DoorRoute, ...]] = (DoorRoute("/v1/messages/count_tokens", ("POST",), "count_tokens"),)
 

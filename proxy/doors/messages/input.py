@@ -27,17 +27,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.config import RequestLimits
-from proxy.conversation import Conversation
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.pieces import Received
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
+from proxy.canonical.types import Message, NativeRequest
+from proxy.canonical.vocabulary import ITEMS
+from proxy.config.schema import MESSAGES_API, RequestLimits
 from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type
 from proxy.formats.anthropic_blocks import assistant_from_blocks
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
-from proxy.pieces import Received
-from proxy.references import TOKEN_PREFIX
-from proxy.types import Message, NativeRequest
-from proxy.vocabulary import ITEMS
+from proxy.request.references import TOKEN_PREFIX
 
 ROLES = ("user", "assistant", "system")
 _DELIVERY = ("stream",)
@@ -84,8 +84,8 @@ def parse_messages_request(
         max_output=max_tokens,
         max_output_param="max_tokens",
         identity={key: value for key, value in body.items() if key not in _DELIVERY},
-        native=NativeRequest("messages", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
-        wire={"door": "messages"},
+        native=NativeRequest(MESSAGES_API, {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
+        door_state={"door": "messages"},
         fit_output=True,
     )
 
@@ -127,7 +127,7 @@ def _system(system: Any, where: str = "system") -> list[Message]:
     return [{"role": "system", "content": text, ITEMS: blocks}]
 
 
-def chat_messages(messages: Sequence[Any]) -> list[Message]:
+def input_messages(messages: Sequence[Any]) -> list[Message]:
     """The conversation's messages as chat messages (see the module docstring)."""
     conversion = _converted(messages, 0)
     _check_pairs(conversion)
@@ -186,7 +186,7 @@ def _user(blocks: Sequence[dict[str, Any]], where: str) -> list[Message]:
     for index, block in enumerate(blocks):
         if _carries_reference(block):
             # A summary of the proxy's that the client compacted its turns into stands alone, so that it alone
-            # gives way to the conversation it stands for (`proxy.continuations`), not the blocks beside it.
+            # gives way to the conversation it stands for (`proxy.request.continuations`), not the blocks beside it.
             place = f"{where}.content.{index}"
             messages.append({"role": "user", "content": _chat_content([block], [place]), ITEMS: [block]})
             continue

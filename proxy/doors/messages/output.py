@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.cost import TokenCost
 from proxy.doors.event_streams import ChunkRenderer, Event
 from proxy.errors import ProxyError
 from proxy.journal.assembly import assemble
-from proxy.types import Chunk
 
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 ERROR_TYPES = {

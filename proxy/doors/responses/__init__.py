@@ -8,7 +8,7 @@ upstream's status, as on the chat door; once it has started, a failure is a `res
 The session is `X-Session-Id`, else the session of the `previous_response_id`, else the client's own
 conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
 for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
-`previous_response_id` continues the stored conversation (`proxy.continuations`), whatever the upstream; stored
+`previous_response_id` continues the stored conversation (`proxy.request.continuations`), whatever the upstream; stored
 responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`).
 """
 
@@ -24,8 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.auth import Caller
-from proxy.config import Config, RequestLimits
-from proxy.conversation import Answer, Compacted, Completed, Replayed, Streaming
+from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, Streaming
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Chunk
+from proxy.canonical.vocabulary import RESPONSE
+from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
 from proxy.doors.door import Door, DoorRequest, DoorRoute
@@ -40,13 +43,7 @@ from proxy.doors.sse import RelayedStream, sse_response
 from proxy.errors import InvalidRequest, JSONBody, openai_error
 from proxy.numbers import parse_integer
 from proxy.offload import Lane
-from proxy.pieces import Received
-from proxy.pipeline import Pipeline
-from proxy.types import Chunk
-from proxy.vocabulary import RESPONSE
-
-CLIENT_SESSION_HEADER = "session-id"
-"""Codex CLI's conversation id, stable for a whole thread."""
+from proxy.request.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,8 @@ class Responses(Door[Echo]):
     name: ClassVar[str] = "responses"
     path: ClassVar[str] = "/v1/responses"
     prefix: ClassVar[str] = "/v1/responses"
-    session_header: ClassVar[str | None] = CLIENT_SESSION_HEADER
+    session_header: ClassVar[str | None] = "session-id"
+    """Codex CLI's conversation id, stable for a whole thread."""
     socket: ClassVar[bool] = True
     routes: ClassVar[tuple[DoorRoute, ...]] = (
         DoorRoute("/v1/responses/compact", ("POST",), "compact"),

@@ -4,8 +4,8 @@ A client asks for its context to be compacted with an input ending `{"type": "co
 `POST /v1/responses/compact`) and expects exactly one `compaction` item back, which it then sends at the head of
 its later inputs instead of the turns it stood for. The proxy keeps every message and compacts by itself, so it
 answers at once, with no model call: the item carries a reference to the stored conversation
-(`proxy.references`), and a later input that carries it is expanded back to that conversation
-(`proxy.continuations`). The messages a client keeps before the item (Codex keeps the user turns) are in that
+(`proxy.request.references`), and a later input that carries it is expanded back to that conversation
+(`proxy.request.continuations`). The messages a client keeps before the item (Codex keeps the user turns) are in that
 conversation already.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.conversation import Continuation
+from proxy.canonical.conversation import Continuation
 from proxy.errors import InvalidRequest
-from proxy.references import reference, referenced
+from proxy.request.references import reference, referenced
 
 COMPACTION = "compaction"
 TRIGGER = "compaction_trigger"

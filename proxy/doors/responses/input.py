@@ -10,8 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.config import RequestLimits
-from proxy.conversation import Continuation, Conversation
+from proxy.canonical.conversation import Continuation, Conversation
+from proxy.canonical.pieces import Received
+from proxy.canonical.types import Message, NativeRequest
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.config.schema import RESPONSES_API, RequestLimits
 from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
 from proxy.doors.resent import Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
@@ -19,9 +22,6 @@ from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
 from proxy.doors.responses.items import check_answered, check_pairs, input_conversion, input_messages
 from proxy.errors import InvalidRequest, json_type
-from proxy.pieces import Received
-from proxy.types import Message, NativeRequest
-from proxy.vocabulary import ITEMS, SYSTEM_ROLES
 
 _PREVIOUS = "previous_response_id"
 _DELIVERY = ("stream", "stream_options")
@@ -167,8 +167,8 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             max_output=max_output,
             max_output_param="max_output_tokens",
             identity={key: value for key, value in body.items() if key not in _DELIVERY},
-            native=NativeRequest("responses", {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
-            wire={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
+            native=NativeRequest(RESPONSES_API, {key: value for key, value in body.items() if key not in _NOT_NATIVE}),
+            door_state={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
             continues=continues,
             instructions=len(instructions),
             compaction=compacted.trigger,

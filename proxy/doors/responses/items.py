@@ -27,6 +27,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, unanswered_calls, unanswered_output
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS
 from proxy.doors.body import part_type
 from proxy.doors.resent import Conversion
 from proxy.errors import InvalidRequest, json_type
@@ -37,9 +40,6 @@ from proxy.formats.responses_items import (
     item_kind,
     output_text,
 )
-from proxy.history.chain import MAX_SHOWN_ID_CHARS, unanswered_calls, unanswered_output
-from proxy.types import Message
-from proxy.vocabulary import ITEMS
 
 INPUT_ROLES = frozenset({"user", "system", "developer", "assistant"})
 PART_TYPES = ("input_text", "input_image", "output_text", "refusal", "input_file", "input_audio", "text")

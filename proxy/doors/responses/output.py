@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.canonical.types import Chunk
 from proxy.doors.event_streams import ChunkRenderer, Event
 from proxy.doors.responses.fields import ToolNames
 from proxy.doors.responses.ids import response_id
@@ -32,7 +33,6 @@ from proxy.doors.responses.input import ECHOED_FIELDS
 from proxy.errors import error_fields
 from proxy.formats.responses_items import CUSTOM_INPUT
 from proxy.journal.assembly import assemble
-from proxy.types import Chunk
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 

@@ -1,9 +1,9 @@
 """Stored responses: `GET` / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`.
 
 A response is a journal step (its id is `resp_` + the step's id in hex), and the Responses door keeps with the
-step what rendering it again needs (`Conversation.wire`): the request's echoed fields and tools, whether the
+step what rendering it again needs (`Conversation.door_state`): the request's echoed fields and tools, whether the
 client asked to `store` it, where its own input began. The conversation itself is in the history, as for every
-request (what `previous_response_id` continues from: `proxy.continuations`). A response sent with
+request (what `previous_response_id` continues from: `proxy.request.continuations`). A response sent with
 `store: false`, one deleted (which hides it from this API; the history keeps it, as it keeps every message), an
 unknown id and another tenant's id all read as 404 in OpenAI's shape.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.continuations import is_instructions
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS
 from proxy.doors.event_streams import Event
 from proxy.doors.responses.fields import chat_tools
 from proxy.doors.responses.ids import step_of
@@ -23,8 +24,7 @@ from proxy.history.store import History
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import StepRecord, StepStatus
 from proxy.journal.writer import Journal
-from proxy.types import Message
-from proxy.vocabulary import ITEMS
+from proxy.request.continuations import is_instructions
 
 RESPONSES_DOOR = "responses"
 DEFAULT_ITEMS_PAGE = 20
@@ -79,7 +79,7 @@ class StoredResponses:
         if record.parent_message_id is None:
             return []
         path = await self._history.path_to(record.parent_message_id)
-        start = int(record.wire().get("input_from", 0))
+        start = int(record.door_state().get("input_from", 0))
         items: list[Event] = []
         for stored in path[start:]:
             if is_instructions(stored):
@@ -94,7 +94,7 @@ class StoredResponses:
 def stored_response(record: StepRecord, items: list[Event] | None = None) -> Event:
     """A step rendered as the `response` object its door answered (or would have) with; `items` are the output
     items a Responses-native upstream answered with (its reasoning and ids), as its answer's node keeps them."""
-    request: Mapping[str, Any] = record.wire().get("request") or {}
+    request: Mapping[str, Any] = record.door_state().get("request") or {}
     _tools, names = chat_tools(request.get("tools"))
     shape = ResponseShape(record.id, record.created_at, record.model, request, names)
     output = items if items is not None else output_items(shape, record.content, record.tool_calls)

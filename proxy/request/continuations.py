@@ -1,0 +1,122 @@
+"""A request that continues a stored answer (Responses' `previous_response_id`): the conversation up to it, from
+the history, put before the request's own messages. The one place continuations are resolved: from the store
+(`continued`), and on a WebSocket from what that socket answered or was warmed up with (`SocketContinuations`).
+
+The answer is a journal step; the door that answered keeps with it whether it may be read back (`StepRecord.
+readable_through`), so a response sent with `store: false` or deleted, another tenant's and an unknown id all
+read as not found. The earlier request's instructions are left out: the new request brings its own. The result
+must still pair every tool output with a call before it, as every provider requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from proxy.canonical.conversation import Conversation
+from proxy.canonical.tool_pairs import unanswered_output
+from proxy.canonical.types import Message
+from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.errors import InvalidRequest, NotFound
+from proxy.history.messages import StoredMessage
+from proxy.history.store import History
+from proxy.journal.reader import JournalReader
+from proxy.request.references import References
+
+
+async def continued(
+    reader: JournalReader, history: History, references: References, tenant: str, conversation: Conversation
+) -> tuple[Conversation, str | None]:
+    """The conversation with what it continues put in, and the session of the answer it continues (None when it
+    continues nothing)."""
+    continuation = conversation.continues
+    if continuation is None:
+        return await _summarized(history, references, tenant, conversation), None
+    if continuation.message_id is not None:
+        path = await history.owned_path(tenant, continuation.message_id)
+        if path is None:
+            raise NotFound(
+                f"The conversation {continuation.reference} ({continuation.param}) stands for is not in this "
+                "proxy's store.",
+                param=continuation.param,
+                code="compaction_not_found",
+            )
+        return extended(conversation, [stored.message for stored in path if not is_instructions(stored)]), None
+    record = None if continuation.step_id is None else await reader.step(tenant, continuation.step_id)
+    if record is None or not record.readable_through(continuation.door, unstored=continuation.same_connection):
+        raise NotFound(
+            f"Response with id '{continuation.reference}' not found.",
+            param=continuation.param,
+            code="previous_response_not_found",
+        )
+    if record.message_id is None:
+        raise NotFound(
+            f"Response '{continuation.reference}' has no answer to continue from (status {record.status}).",
+            param=continuation.param,
+            code="previous_response_not_found",
+        )
+    earlier = [stored.message for stored in await history.path_to(record.message_id) if not is_instructions(stored)]
+    return extended(conversation, earlier), record.session_id
+
+
+async def _summarized(
+    history: History, references: References, tenant: str, conversation: Conversation
+) -> Conversation:
+    """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
+    reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
+    conversation it stands for. A reference to nothing of this tenant's is left as it is."""
+    found = references.find(tenant, conversation.messages)
+    if found is None:
+        return conversation
+    index, message_id = found
+    path = await history.owned_path(tenant, message_id)
+    if path is None:
+        return conversation
+    own = conversation.messages
+    leading = next((at for at, stored in enumerate(path) if stored.role not in SYSTEM_ROLES), len(path))
+    system = [message for message in own[:index] if message.get("role") in SYSTEM_ROLES]
+    messages = [*system, *(stored.message for stored in path[leading:]), *own[index + 1 :]]
+    return replace(conversation, messages=messages)
+
+
+def extended(conversation: Conversation, earlier: list[Message]) -> Conversation:
+    """`earlier` (a conversation without its instructions) put between the request's instructions and its own
+    messages; every tool output must still answer a call before it."""
+    own = conversation.messages
+    messages = [*own[: conversation.instructions], *earlier, *own[conversation.instructions :]]
+    orphan = unanswered_output(messages)
+    if orphan is not None:
+        raise InvalidRequest(f"No tool call found for function call output with call_id {orphan}.", param="input")
+    door_state = {**conversation.door_state, "input_from": conversation.instructions + len(earlier)}
+    return replace(conversation, messages=messages, door_state=door_state, continues=None)
+
+
+def is_instructions(stored: StoredMessage) -> bool:
+    """A request's `instructions` enter the conversation as a system message with no items of their own."""
+    return stored.role in SYSTEM_ROLES and stored.message.get(ITEMS) == []
+
+
+@dataclass
+class SocketContinuations:
+    """What one socket remembers between its requests, as OpenAI's WebSocket mode does: a request may continue
+    a response answered on the same socket even if the client did not store it, or its latest warm-up. Only the
+    latest: a client warms a socket up just before the turn that continues it (Codex, every turn), and a
+    warm-up may hold a whole conversation, so a socket keeps one rather than every one it was sent."""
+
+    answered: set[int] = field(default_factory=set)
+    """The journal steps answered on this socket."""
+    warmed: tuple[str, Conversation] | None = None
+    """The latest warm-up: the id it answered with, and the conversation it was sent with, resolved."""
+
+    def warm(self, reference: str, conversation: Conversation) -> None:
+        self.warmed = (reference, conversation)
+
+    def resolve(self, conversation: Conversation) -> Conversation:
+        continues = conversation.continues
+        if continues is None:
+            return conversation
+        if self.warmed is not None and self.warmed[0] == continues.reference:
+            warmed = self.warmed[1]
+            return extended(conversation, warmed.messages[warmed.instructions :])
+        if continues.step_id in self.answered:
+            return replace(conversation, continues=replace(continues, same_connection=True))
+        return conversation
