@@ -419,7 +419,7 @@ def written(path: Path) -> object:
     """What a refused command could have written: the file's bytes and time, the files beside it. SQLite's
     -wal and -shm beside a WAL-mode file are left out: any reader of such a file makes them, without writing
     to the file (another application's, which is not in WAL mode, gets none: compared whole in
-    `tests/unit/test_migrations.py`)."""
+    `tests/unit/store/test_migrations.py`)."""
     beside = sorted(other.name for other in path.parent.iterdir() if not other.name.endswith(("-wal", "-shm")))
     return beside, path.read_bytes() if path.is_file() else None, path.stat().st_mtime_ns
 

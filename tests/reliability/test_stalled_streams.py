@@ -5,7 +5,7 @@ longer than the kernel's socket buffers hold and never read a byte. After `serve
 anything each is dropped — its connection reset, not left to the kernel to retry for minutes — while every answer
 is journaled to its end: the client is dropped, never the data. /healthz keeps answering meanwhile. On code
 without the write timeout the sockets stay open for ever. (The relay's bounded backlog for such a client is
-asserted in `tests/unit/test_relay.py`, through the upstream seam.)
+asserted in `tests/unit/journal/test_relay.py`, through the upstream seam.)
 """
 
 from __future__ import annotations

@@ -529,6 +529,7 @@ def check_result(items: Sequence[Item], policy: Policy, result: BuildResult) -> 
         assert result.needed - fixed <= older_segments(items, recent) * per_segment
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=conversations(), policy=policies)
 def test_property_loop_always_ends_in_a_valid_result(items: list[Item], policy: Policy) -> None:
@@ -539,6 +540,7 @@ def test_property_loop_always_ends_in_a_valid_result(items: list[Item], policy: 
     assert build(items, list(reversed(loop.spans)), policy) == build(items, loop.spans, policy)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), policy=policies)
 def test_property_prompts_are_prefix_extensions_between_compactions(data: st.DataObject, policy: Policy) -> None:
@@ -661,6 +663,7 @@ def test_cut_points_carried_over_a_growing_path_are_those_of_the_whole(
         assert cuts.savings == [sum(saving[:i]) for i in range(len(saving) + 1)]
 
 
+@pytest.mark.slow
 @example(shape=[(9, 1)] * 12, spans=[(0, 10, True), (2, 3, True)], recent=12, kept={4})  # a mask inside a mask
 @settings(max_examples=300)
 @given(

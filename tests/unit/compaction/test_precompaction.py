@@ -15,7 +15,7 @@ from proxy.compaction.spans import CompactionRequest
 from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
-from tests.unit.test_span_store import conversation, request, stored_path, total
+from tests.unit.compaction.test_span_store import conversation, request, stored_path, total
 
 
 class WriteAhead:

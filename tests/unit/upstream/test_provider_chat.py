@@ -14,7 +14,7 @@ from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
 from proxy.upstream.protocol import UpstreamCall
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream
-from tests.unit.test_upstream import WEATHER_TOOL
+from tests.unit.upstream.test_upstream import WEATHER_TOOL
 
 KEY = "sk-ant-upstream-secret"
 CACHED_SYSTEM: dict[str, Any] = {

@@ -440,14 +440,15 @@ async def test_a_request_without_a_session_id_never_joins_a_named_session(db: Da
 
 
 async def test_the_recent_path_cache_is_bounded_by_bytes_not_messages(history: History) -> None:
-    """100 KB messages once grew the process by 592 MiB through this cache: its bound is what it weighs."""
-    history.recent = RecentPaths(max_bytes=1_000_000)
-    big = "x" * 100_000
+    """100 KB messages once grew the process by 592 MiB through this cache: its bound is what it weighs. (Here a
+    tenth of both: four sessions of two 10 KB messages fit, as four of 100 KB fit in 1 MB.)"""
+    history.recent = RecentPaths(max_bytes=100_000)
+    big = "x" * 10_000
     for index in range(20):
         messages = [{"role": "user", "content": f"{index} {big}"}, {"role": "assistant", "content": big}]
         await history.reconcile("t", f"s{index}", messages, MODEL, ENCODING)
-        assert history.recent.bytes <= 1_000_000
-    assert history.recent.bytes > 800_000  # it does hold what fits
+        assert history.recent.bytes <= 100_000
+    assert history.recent.bytes > 80_000  # it does hold what fits
     newest = [{"role": "user", "content": f"19 {big}"}, {"role": "assistant", "content": big}]
     oldest = [{"role": "user", "content": f"0 {big}"}, {"role": "assistant", "content": big}]
     assert len(history.recent.match("t", ENCODING, "s19", newest).entries) == 2

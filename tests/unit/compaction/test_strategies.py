@@ -23,7 +23,7 @@ from proxy.compaction.groups import Cuts, kept_positions, recent_block
 from proxy.compaction.layout import Block, BuildResult, View
 from proxy.compaction.strategies import ToolResults
 from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
-from tests.unit.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
+from tests.unit.compaction.test_builder import PRIMING, assistant, pinned_and_recent, system, tool_pairs, user
 
 STUB = 30
 MARKER = 25
@@ -278,6 +278,7 @@ strategy_policies = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=agent_sessions(), policy=strategy_policies)
 def test_property_every_strategy_set_ends_in_a_valid_result(items: list[Item], policy: Policy) -> None:
@@ -289,6 +290,7 @@ def test_property_every_strategy_set_ends_in_a_valid_result(items: list[Item], p
         assert result.needed > policy.budget
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), policy=strategy_policies)
 def test_property_prompts_are_prefix_extensions_between_compactions(data: st.DataObject, policy: Policy) -> None:
@@ -340,6 +342,7 @@ def saving_by_definition(view: View, boundary: int) -> int:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=agent_sessions(), policy=strategy_policies)
 def test_property_what_tool_results_would_save_is_what_walking_the_path_gives(

@@ -8,6 +8,7 @@ import random
 import re
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -101,6 +102,7 @@ def stored(message: dict[str, Any], number: int) -> StoredMessage:
     return StoredMessage(f"id{number}", None, number, message["role"], message, 40 + number % 7, 0.0)
 
 
+@pytest.mark.slow
 @given(seed=st.integers(0, 10_000), requests=st.integers(1, 12))
 def test_a_read_carried_over_from_the_last_equals_a_fresh_read(seed: int, requests: int) -> None:
     """A session's path grows, branches, re-sends a message as another object, changes its pins: each read

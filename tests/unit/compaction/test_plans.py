@@ -53,6 +53,7 @@ def ask(plans: PlanCache, *args: Any, **kwargs: Any) -> BuildResult:
     return asyncio.run(plans.plan(*args, **kwargs))
 
 
+@pytest.mark.slow
 @given(st.integers(0, 2**32 - 1), st.integers(2, 60), st.integers(2, 12))
 @settings(max_examples=150, deadline=None)
 def test_a_remembered_plan_is_the_plan_built_from_scratch(seed: int, messages: int, questions: int) -> None:

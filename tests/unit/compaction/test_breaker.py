@@ -15,8 +15,8 @@ from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from tests.support.scripted_upstream import ScriptedUpstream, completion, server_error
-from tests.unit.test_compaction_robustness import ManualClock
-from tests.unit.test_span_store import ENTRY, TENANT, conversation, request, stored_path, total
+from tests.unit.compaction.test_compaction_robustness import ManualClock
+from tests.unit.compaction.test_span_store import ENTRY, TENANT, conversation, request, stored_path, total
 
 MESSAGES = [{"role": "user", "content": "Maria adopted a beagle named Biscuit in March."}]
 CONFIG = ContextConfig(summarizer_failures=3, summarizer_cooldown_s=60.0)

@@ -29,7 +29,7 @@ from proxy.history.store import History
 from proxy.store.database import Database
 from tests.support.postgres_server import PostgresServer
 from tests.support.scripted_upstream import ScriptedUpstream, completion
-from tests.unit.test_span_store import ENCODING, TENANT, conversation, stored_path
+from tests.unit.compaction.test_span_store import ENCODING, TENANT, conversation, stored_path
 
 SUMMARIZER = ModelEntry(name="small", model="openai/fake-model", context_window=2_000, max_output=500)
 """The request's model, which summarizes too: it reads ~1,260 tokens at once, a few turns of `conversation`."""

@@ -17,7 +17,7 @@ from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import count_text
-from tests.unit.test_span_store import TENANT, FakeSummarizer, request, stored_path
+from tests.unit.compaction.test_span_store import TENANT, FakeSummarizer, request, stored_path
 
 MAY = "1:56 pm on 8 May, 2023"
 JUNE = "7:55 pm on 9 June, 2023"

@@ -14,7 +14,7 @@ from proxy.history.answers import Answers
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History
 from proxy.store.database import Database
-from tests.unit.test_history_store import ENCODING, MODEL, conversation, count
+from tests.unit.history.test_history_store import ENCODING, MODEL, conversation, count
 
 
 @pytest.fixture

@@ -26,7 +26,15 @@ from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
-from tests.unit.test_span_store import TENANT, FakeSummarizer, conversation, request, stored_path, text, total
+from tests.unit.compaction.test_span_store import (
+    TENANT,
+    FakeSummarizer,
+    conversation,
+    request,
+    stored_path,
+    text,
+    total,
+)
 
 
 class RecordingSummarizer(FakeSummarizer):

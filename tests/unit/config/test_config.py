@@ -24,7 +24,7 @@ from proxy.config.schema import (
     parse_config,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BASE = Path("/srv/proxy")
 MODEL: dict[str, Any] = {"name": "m", "model": "openai/gpt-4o"}
 

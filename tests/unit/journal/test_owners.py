@@ -19,7 +19,7 @@ from proxy.journal.owners import Owner, Owners, local_host
 from proxy.journal.recovery import Recovery, RecoveryReport
 from proxy.journal.writer import Journal
 from proxy.serving.services import _sweep_periodically
-from tests.unit.test_journal import Store, stream, text
+from tests.unit.journal.test_journal import Store, stream, text
 
 LEASE_S = 5.0
 OTHER_HOST = "elsewhere"

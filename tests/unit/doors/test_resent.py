@@ -19,7 +19,7 @@ from proxy.doors.messages.input import parse_messages_request
 from proxy.doors.resent import Conversion, ResentLists
 from proxy.doors.responses.input import parse_responses_request
 from proxy.errors import InvalidRequest, PayloadTooLarge
-from tests.unit.test_sharing import naive
+from tests.unit.canonical.test_sharing import naive
 
 LIMITS = RequestLimits()
 TENANT = "tenant-a"

@@ -50,7 +50,7 @@ from proxy.store.database import Database
 from proxy.tokens import count_message
 from tests.support.fake_upstream import role_order_error
 from tests.support.scripted_upstream import ScriptedUpstream, completion
-from tests.unit.test_builder import (
+from tests.unit.compaction.test_builder import (
     PRIMING,
     Loop,
     assistant,
@@ -61,7 +61,7 @@ from tests.unit.test_builder import (
     tool,
     user,
 )
-from tests.unit.test_span_store import (
+from tests.unit.compaction.test_span_store import (
     ENCODING,
     ENTRY,
     TENANT,
@@ -216,6 +216,7 @@ tight_policies = st.builds(
 """Budgets small enough for the conversations below to need summaries more often than not."""
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=template_valid_conversations(), policy=tight_policies)
 def test_property_every_working_context_of_a_valid_conversation_is_valid_for_strict_templates(
