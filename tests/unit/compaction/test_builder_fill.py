@@ -17,7 +17,7 @@ from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeed
 from proxy.compaction.groups import Cuts, request_growth
 from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS, DEFAULT_SUMMARY_SHARE
 from proxy.tokens import REPLY_PRIMING_TOKENS
-from tests.unit.test_builder import check_context
+from tests.unit.compaction.test_builder import check_context
 
 SYSTEM = Item("system", 20)
 
