@@ -20,7 +20,8 @@ LoCoMo (snap-research/locomo, `data/locomo10.zip` → `locomo10.json` or its per
 CC BY-NC 4.0: fine for measuring, not ours to ship; pass its path, never commit it.
 
 Run by hand: `python bench/fidelity.py [--windows 4096,8192] [--modes down,up] [--generated 4] [--locomo PATH]
-[--questions N] [--json PATH]`.
+[--questions N] [--context KEY=VALUE ...] [--json PATH]` (`--context` sets a `context:` config key, e.g.
+`headroom_requests=0` for the rule before issue 42).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 import openai
+import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.harness.conversations import Conversation, Question, generate, load_locomo, turn_text
@@ -133,7 +135,9 @@ class Script:
 
 
 @contextmanager
-def served(windows: Sequence[int], mode: str) -> Iterator[tuple[FakeUpstream, Script, openai.OpenAI]]:
+def served(
+    windows: Sequence[int], mode: str, context: Mapping[str, Any] | None = None
+) -> Iterator[tuple[FakeUpstream, Script, openai.OpenAI]]:
     script = Script()
     with FakeUpstream(context_window=FAKE_WINDOW) as fake, tempfile.TemporaryDirectory() as tmp:
         fake.responder = script.respond
@@ -147,7 +151,8 @@ def served(windows: Sequence[int], mode: str) -> Iterator[tuple[FakeUpstream, Sc
             {"name": "summarizer", "api_base": summarizer, "context_window": SUMMARIZER_WINDOW, "max_output": 2048}
             | common
         )
-        config = make_config(Path(tmp), fake.url, models=models, context={"summarizer_model": "summarizer"})
+        settings = {"summarizer_model": "summarizer", **(context or {})}
+        config = make_config(Path(tmp), fake.url, models=models, context=settings)
         with started(config, Path(tmp)) as proxy:
             client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=120)
             yield fake, script, client
@@ -333,6 +338,13 @@ def main() -> None:
     parser.add_argument(
         "--questions", type=int, default=None, help="at most N questions per conversation, taken from each category"
     )
+    parser.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a `context:` config key for the proxy (repeatable; the value read as YAML), e.g. headroom_requests=0",
+    )
     parser.add_argument("--answer-url", help="an OpenAI-compatible API (…/v1) whose model answers the questions")
     parser.add_argument("--answer-model", default="default", help="the model name to ask at --answer-url")
     add_json_option(parser)
@@ -345,8 +357,9 @@ def main() -> None:
     answerer = Answerer(args.answer_url.rstrip("/"), args.answer_model) if args.answer_url else None
     report = Report.start("fidelity", args)
     sets = conversations(args)
+    context = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in args.context)}
     for mode in args.modes.split(","):
-        with served(windows, mode) as parts:
+        with served(windows, mode, context) as parts:
             for data, chats in sets:
                 results: dict[int, dict[str, list[Scored]]] = {w: defaultdict(list) for w in windows}
                 for conversation in chats:

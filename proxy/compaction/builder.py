@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
 
-from proxy.compaction.groups import Cuts, kept_positions, recent_block
+from proxy.compaction.groups import Cuts, kept_positions, recent_block, request_growth
 from proxy.compaction.layout import (
     DEFAULT_ACKNOWLEDGEMENT_TOKENS,
     DEFAULT_COMPACT_TO,
@@ -122,7 +122,7 @@ def build(
         + REPLY_PRIMING_TOKENS
     )
     trigger = policy.level(policy.trigger_ratio, floor)
-    target = policy.level(policy.compact_to, floor)
+    target = policy.target(floor, request_growth(items, cuts))
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
         held = any(span.held for span in spans)
@@ -154,6 +154,7 @@ def build(
         neighbours=_neighbours(items, layout, recent),
         stubbed=stubbed,
         needed=total - target,
+        floor=floor,
     )
     need = next_span(view)
     if need is not None:

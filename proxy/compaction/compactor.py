@@ -126,6 +126,8 @@ class Compactor:
             preserve_recent=preserve_recent,
             trigger_ratio=self._config.trigger_ratio,
             compact_to=self._config.compact_to,
+            headroom_requests=self._config.headroom_requests,
+            summary_share=self._config.summary_share,
             target_ratio=self._config.target_ratio,
             max_summary_input=summarizer_input,
             acknowledgement_tokens=self._acknowledgement_tokens(encoding),
@@ -237,7 +239,11 @@ class Compactor:
         state = await self._paths.read(request)
         stored = await self._in_force(request)
         policy = replace(
-            self._request_policy(request), trigger_ratio=FORCE_RATIO, compact_to=FORCE_RATIO, strategies=(SUMMARIZE,)
+            self._request_policy(request),
+            trigger_ratio=FORCE_RATIO,
+            compact_to=FORCE_RATIO,
+            headroom_requests=0,
+            strategies=(SUMMARIZE,),
         )
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
         if not isinstance(result, SpanNeeded):

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.canonical.sharing import shared_prefix
-from proxy.compaction.layout import PINNED_ROLES, Item, Policy
+from proxy.compaction.layout import GROWTH_WINDOW, PINNED_ROLES, Item, Policy
 from proxy.tokens import REPLY_PRIMING_TOKENS
 
 
@@ -138,3 +138,14 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
     turn_tokens = cuts.prefix[len(items)] - cuts.prefix[turn] - in_turn
     room = policy.compact_to * (max(0, policy.budget) - pinned - REPLY_PRIMING_TOKENS)
     return turn if turn_tokens <= room else recent
+
+
+def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW) -> int:
+    """About what one request adds to the path: the latest `window` messages (system messages aside) over the
+    model answers among them, since each request ends in one answer (a chat turn: a user message and its reply;
+    an agent's step: a tool call and its outputs). What a crossing makes room for is counted in these."""
+    start = max(0, len(items) - window)
+    tokens = cuts.prefix[len(items)] - cuts.prefix[start]
+    tokens -= sum(items[position].tokens for position in cuts.system[bisect_left(cuts.system, start) :])
+    answers = sum(1 for position in range(start, len(items)) if items[position].role == "assistant")
+    return max(1, tokens // max(1, answers))

@@ -29,6 +29,8 @@ DEFAULT_MARKER_TOKENS = 40
 """What a sliding-window marker costs as sent, at most: one line naming how many messages and which turns."""
 MIN_COMPACT_TO = 0.05
 """The lowest target a compaction aims at (`context.compact_to`'s own lower bound)."""
+GROWTH_WINDOW = 64
+"""The latest messages whose size says how much one request adds (`groups.request_growth`)."""
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,44 @@ class Policy:
     keep_turns: int = DEFAULT_TOOL_RESULTS_KEEP_TURNS
     """`tool-results` stubs the tool outputs of model turns older than the last `keep_turns`."""
     marker_tokens: int = DEFAULT_MARKER_TOKENS
+    headroom_requests: int = 0
+    """A crossing compacts to the budget less this many requests' growth (never below `compact_to`); 0: always
+    down to `compact_to`. The config's default (`DEFAULT_HEADROOM_REQUESTS`) turns it on; the builder's own rules
+    are tested with it off and on."""
+    summary_share: float | None = None
+    """The share of the free space the summaries may take at most (`summary_room`), each sized by what it stands
+    for (`sized_target`); None: each sized by what it reads, and newer originals summarized before older
+    summaries merge (the config's default, `DEFAULT_SUMMARY_SHARE`, turns it on)."""
+    ahead_by: int = 0
+    """Tokens below the crossing's target a pre-compaction aims at: the room the turns before the crossing fill."""
 
     def level(self, ratio: float, floor: int) -> float:
         """The context size at `ratio` of the free space: what the budget leaves once the `floor` (the messages
         every request sends whatever happens: system prompts, pins) is paid. Triggers and targets are levels, so
         a large fixed preamble does not leave compaction aiming below it (and compacting on every turn)."""
         return floor + ratio * max(0, self.budget - floor)
+
+    def target(self, floor: int, growth: int) -> float:
+        """The level a crossing compacts down to: the budget less `headroom_requests` requests' `growth` (tokens
+        one request adds), never below `compact_to` of the free space; less `ahead_by` for a pre-compaction."""
+        deepest = self.level(self.compact_to, floor)
+        aim = max(deepest, self.budget - self.headroom_requests * growth) if self.headroom_requests else deepest
+        return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, self.budget) - self.ahead_by)
+
+    def summary_room(self, floor: int, compacted: int) -> float:
+        """The tokens the summaries of `compacted` tokens of originals may take: `target_ratio` of them, at most
+        `summary_share` of the free space above `floor`."""
+        share = 1.0 if self.summary_share is None else self.summary_share
+        return min(self.target_ratio * compacted, share * max(0, self.budget - floor))
+
+    def sized_target(self, originals: int, floor: int, compacted: int) -> int:
+        """The content size of a summary standing for `originals` tokens when the summaries stand for
+        `compacted` in all: its share of `summary_room`, so a merge of old summaries is sized by what they stand
+        for, not by the summaries it reads (which would shrink the past at every level)."""
+        compacted = max(compacted, originals, 1)
+        share = 1.0 if self.summary_share is None else self.summary_share
+        density = min(self.target_ratio, share * max(0, self.budget - floor) / compacted)
+        return target_tokens(originals, density, self.summary_min, self.summary_max)
 
     def summary_target(self, input_tokens: int) -> int:
         """The content size a summary of `input_tokens` tokens should have."""
@@ -274,7 +308,18 @@ class View:
     neighbours: Neighbours
     stubbed: Stubbed
     needed: float
-    """Tokens to save to reach the target (`compact_to` of the budget)."""
+    """Tokens to save to reach the crossing's target (`Policy.target`)."""
+    floor: int = 0
+    """What the context sends whatever is compacted (`Policy.level`)."""
+
+    def summaries(self) -> tuple[int, int]:
+        """What the summaries in the layout cost, and what the originals they stand for cost as sent."""
+        cost = covered = 0
+        for entry in self.layout:
+            if isinstance(entry, Block) and entry.uses_summary:
+                cost += entry.cost
+                covered += entry.original
+        return cost, covered
 
     def segments(self) -> list[list[Block]]:
         """The layout split at kept messages: no span may cover one (invariant 5)."""

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from proxy.canonical.types import Clock
 from proxy.compaction.builder import Policy
-from proxy.compaction.layout import MIN_COMPACT_TO
 from proxy.compaction.spans import Allowance, CompactionRequest
 from proxy.config.schema import ContextConfig
 from proxy.history.messages import StoredMessage
@@ -44,15 +44,11 @@ summaries, and the policy it built with. The same again builds the same nothing 
 
 
 def ahead_policy(policy: Policy, tokens: int, floor: int, ratio: float) -> Policy:
-    """Compact as the crossing will, ahead of it: to `compact_to` less the room still left before the trigger
-    (the turns until the crossing fill it), both shares of the free space above `floor` (`Policy.level`)."""
-    free = max(1, policy.budget - floor)
-    headroom = max(0.0, policy.trigger_ratio - (tokens - floor) / free)
-    return replace(
-        policy,
-        trigger_ratio=min(policy.trigger_ratio, ratio),
-        compact_to=max(MIN_COMPACT_TO, policy.compact_to - headroom),
-    )
+    """Compact as the crossing will, ahead of it: to the crossing's target (`Policy.target`) less the room still
+    left before the trigger (the turns until the crossing fill it), the trigger a share of the free space above
+    `floor` (`Policy.level`)."""
+    headroom = max(0.0, policy.level(policy.trigger_ratio, floor) - tokens)
+    return replace(policy, trigger_ratio=min(policy.trigger_ratio, ratio), ahead_by=math.ceil(headroom))
 
 
 class Precompactions:

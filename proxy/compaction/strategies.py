@@ -25,8 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.compaction.layout import Block, Neighbours, Policy, SpanNeeded, View
+from proxy.compaction.layout import Block, SpanNeeded, View
 from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS
+
+Estimate = Callable[[int, int, int], tuple[int, int]]
+"""For a range (what it reads, what its originals cost as sent, and that of them no summary stands for yet): what
+its message will cost as sent, and the content target to ask for."""
 
 
 class Strategy(Protocol):
@@ -112,7 +116,7 @@ class SlidingWindow:
 
     def compact(self, view: View) -> SpanNeeded | None:
         marker = view.policy.marker_tokens
-        return summary_range(view, self.name, view.cuts, estimate=lambda _tokens: marker, capped=False)
+        return summary_range(view, self.name, view.cuts, estimate=lambda *_: (marker, marker), capped=False)
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -136,25 +140,40 @@ def summary_range(
     strategy: str,
     cuts: Sequence[bool],
     *,
-    estimate: Callable[[int], int] | None = None,
+    estimate: Estimate | None = None,
     capped: bool = True,
 ) -> SpanNeeded | None:
     """The oldest range to replace by one message: unsummarized blocks first, then (hierarchically) spans with
-    what lies between them. `estimate` is what the message will cost for what it reads (a summary by default);
-    `capped`: what it reads is limited by the summarizer's capacity."""
+    what lies between them. While the summaries take more than their room (`Policy.summary_room`), the oldest
+    ones are merged first: the past is kept shorter rather than newer originals summarized. A summary is sized
+    by what it stands for (`Policy.sized_target`); the last resort, merges sized by what they read, is the old
+    shrinking one, for a context that fits no other way. `estimate` gives what the message will cost for a
+    range (a summary by default); `capped`: what it reads is limited by the summarizer's capacity."""
     policy = view.policy
-    cost = estimate or policy.estimated_summary
     cap = policy.max_summary_input if capped else None
     segments = view.segments()
-    for segment in segments:
-        for run in _unsummarized_runs(segment):
-            chosen = _choose_range(run, view.needed, policy, cuts, view.neighbours, False, cost, cap)
+    cost, covered = view.summaries()
+
+    def sized(_input: int, stands: int, fresh: int) -> tuple[int, int]:
+        target = policy.sized_target(stands, view.floor, covered + fresh)
+        return target + policy.summary_overhead, target
+
+    def shrinking(input_tokens: int, _stands: int, _fresh: int) -> tuple[int, int]:
+        return policy.estimated_summary(input_tokens), policy.summary_target(input_tokens)
+
+    first = estimate or (shrinking if policy.summary_share is None else sized)
+    passes: list[tuple[bool, Estimate]] = [(False, first), (True, estimate or shrinking)]
+    # Over the room by more than one shortest summary: a first summary of a short past is over `target_ratio`
+    # of it by its minimum size alone, and merging it again at every crossing would only rewrite the prefix.
+    slack = policy.summary_min + policy.summary_overhead
+    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered) + slack:
+        passes.insert(0, (True, first))
+    for hierarchical, chosen_estimate in passes:
+        runs = segments if hierarchical else [run for segment in segments for run in _unsummarized_runs(segment)]
+        for run in runs:
+            chosen = _choose_range(run, view, cuts, hierarchical, chosen_estimate, cap)
             if chosen is not None:
                 return _needs_summary(view, chosen, strategy)
-    for segment in segments:
-        chosen = _choose_range(segment, view.needed, policy, cuts, view.neighbours, True, cost, cap)
-        if chosen is not None:
-            return _needs_summary(view, chosen, strategy)
     return None
 
 
@@ -171,47 +190,47 @@ def _unsummarized_runs(segment: Sequence[Block]) -> list[list[Block]]:
 @dataclass(frozen=True)
 class _Range:
     blocks: tuple[Block, ...]
-    input_tokens: int
+    target: int
 
 
 def _choose_range(
     blocks: Sequence[Block],
-    needed: float,
-    policy: Policy,
+    view: View,
     cuts: Sequence[bool],
-    neighbours: Neighbours,
     hierarchical: bool,
-    estimate: Callable[[int], int],
+    estimate: Estimate,
     limit: int | None,
 ) -> _Range | None:
-    """The oldest range of whole blocks whose replacement saves tokens, just long enough to save `needed`.
+    """The oldest range of whole blocks whose replacement saves tokens, just long enough to save `view.needed`.
 
-    Savings grow with the range (a summary is at most `summary_max`), so the first start with any saving
-    is the oldest one; a hierarchical range must merge at least two blocks, one of them a span, so that
-    every round makes progress. Without a limit on what the range may read only the first start is tried.
-    The acknowledgements the new message would bring next to it count against its saving, so that one round
-    reaches the target whenever the estimate holds.
+    Savings grow with the range, so the first start with any saving is the oldest one; a hierarchical range
+    must merge at least two blocks, one of them a span, so that every round makes progress. Without a limit on
+    what the range may read only the first start is tried. The acknowledgements the new message would bring
+    next to it count against its saving, so that one round reaches the target whenever the estimate holds.
     """
+    policy, neighbours = view.policy, view.neighbours
     for first in range(len(blocks)):
         if not cuts[blocks[first].start]:
             continue
-        best: tuple[int, int] | None = None  # (last block, input tokens)
-        cost = 0
-        spans = 0
+        best: tuple[int, int] | None = None  # (last block, target)
+        cost = stands = fresh = spans = 0
         for last in range(first, len(blocks)):
             block = blocks[last]
             if limit is not None and last > first and cost + block.cost > limit:
                 break
             cost += block.cost
+            stands += block.original
+            fresh += 0 if block.uses_summary else block.original
             spans += block.span is not None
             if not cuts[block.end] or (hierarchical and (spans == 0 or last == first)):
                 continue
             around = neighbours.user_before[blocks[first].start] + neighbours.user_after[block.end]
-            saving = cost - estimate(cost) - around * policy.acknowledgement_tokens
+            message, target = estimate(cost, stands, fresh)
+            saving = cost - message - around * policy.acknowledgement_tokens
             if saving <= 0:
                 continue
-            best = (last, cost)
-            if saving >= needed:
+            best = (last, target)
+            if saving >= view.needed:
                 break
         if best is not None:
             return _Range(tuple(blocks[first : best[0] + 1]), best[1])
@@ -227,7 +246,6 @@ def _needs_summary(view: View, chosen: _Range, strategy: str) -> SpanNeeded:
     )
     parts = tuple(part for block in chosen.blocks for part in block.parts())
     stubbed = frozenset(part for part in parts if isinstance(part, int) and part in view.stubbed)
-    target = view.policy.summary_target(chosen.input_tokens)
     return SpanNeeded(
-        start=start, end=end, replaces=replaces, parts=parts, target=target, strategy=strategy, stubbed=stubbed
+        start=start, end=end, replaces=replaces, parts=parts, target=chosen.target, strategy=strategy, stubbed=stubbed
     )

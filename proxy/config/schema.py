@@ -64,6 +64,14 @@ STRATEGY_NAMES = (TOOL_RESULTS, SUMMARIZE, GOAL_BATCH, SLIDING_WINDOW)
 """The compaction strategies (`proxy.compaction.strategies`), for `context.strategies` and X-Context-Strategy."""
 DEFAULT_STRATEGIES = (TOOL_RESULTS, SUMMARIZE)
 """Old tool outputs become stubs first (no model call, most of an agent's context), then summaries."""
+DEFAULT_HEADROOM_REQUESTS = 8
+"""A crossing makes room for about this many requests' growth, and no more: the context stays near its budget (a
+sliding window of the same budget never keeps more originals), and a prompt cache still hits on all but one
+request in this many. Large turns (an agent's tool outputs) reach `compact_to` first, which bounds the step."""
+DEFAULT_SUMMARY_SHARE = 0.3
+"""The share of the free space the summaries of the compacted past may take at most: they grow with what they
+stand for (`target_ratio` of it) up to this, then older summaries are merged rather than newer originals
+summarized, so the originals a sliding window would keep are not traded for ever more summaries."""
 DEFAULT_TOOL_RESULTS_KEEP_TURNS = 1
 """All but the newest tool outputs are stubbed at a crossing: an agent reads what it just ran, and stubbing the
 rest at once moves the next crossing furthest away and changes the prompt least after the change."""
@@ -173,6 +181,11 @@ class ContextConfig:
     safety_margin: float = setting(0.05, low=0.0, high=0.5)
     trigger_ratio: float = setting(1.0, low=0.1, high=1.0)
     compact_to: float = setting(0.55, low=0.05, high=1.0)
+    headroom_requests: int = setting(DEFAULT_HEADROOM_REQUESTS, minimum=0, maximum=1000)
+    """A crossing compacts to the budget less this many requests' growth, never below `compact_to`; 0: always
+    down to `compact_to`."""
+    summary_share: float = setting(DEFAULT_SUMMARY_SHARE, low=0.0, high=1.0)
+    """The share of the free space the summaries of the compacted past may take at most."""
     summarizer_model: str | None = None
     max_summarizer_calls: int = setting(DEFAULT_MAX_SUMMARIZER_CALLS, minimum=0)
     summarizer_deadline_s: float = setting(DEFAULT_SUMMARIZER_DEADLINE_S, low=0.0, high=86400.0)

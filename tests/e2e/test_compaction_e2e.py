@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -21,8 +22,10 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.compaction.stubs import STUB_PREFIX
 from proxy.compaction.summary_text import ACKNOWLEDGEMENT
+from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS
+from proxy.tokens import count_message
 from tests.conftest import ServeProxy
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Reply
 from tests.support.proxy_server import ProxyServer, free_port
 from tests.support.scripted_session import (
     FACT_TOKENS,
@@ -566,3 +569,44 @@ def test_a_long_history_moved_to_the_small_model_is_summarized_within_the_summar
     summaries, _ = working_context(moved)
     for fact in FACT_TOKENS:
         assert fact in summary_text(summaries)
+
+
+# Issue 42 — never worse than truncation.
+
+
+def test_a_long_chat_stays_near_its_budget_with_the_recent_turns_verbatim(
+    serve_proxy: ServeProxy, fake: FakeUpstream
+) -> None:
+    # A chat of small turns on the 4k model, the summarizer down (extractive summaries): after the first crossing
+    # every request sends the summaries and a verbatim suffix of the history that together fill the budget but
+    # for one crossing's headroom (`headroom_requests` requests' growth), where compacting down to `compact_to`
+    # left almost half of it empty and summarized turns a sliding window would have kept.
+    fake.context_window = SMALL_WINDOW
+    rng = random.Random(42)
+    fake.responder = lambda body: Reply(content=filler(rng, rng.randint(10, 40)))
+    _, client = start(serve_proxy, fake, summarizer_base=f"http://127.0.0.1:{free_port()}/v1")
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    growth = headroom = 0
+    filled: list[int] = []
+    for turn in range(120):
+        history.append({"role": "user", "content": f"Turn {turn}. {filler(rng, rng.randint(10, 40))}"})
+        raw = client.chat.completions.with_raw_response.create(
+            model="small",
+            messages=cast("list[ChatCompletionMessageParam]", history),
+            extra_headers={"X-Session-Id": "near-full"},
+        )
+        answer = raw.parse().choices[0].message.content or ""
+        sent = [r.body for r in fake.requests if not is_summarizer_request(r.body)][-1]["messages"]
+        fake.requests.clear()
+        tokens = int(raw.headers["x-context-tokens"])
+        assert tokens <= SMALL_BUDGET
+        history.append({"role": "assistant", "content": answer})
+        growth = max(growth, count_message(history[-1]) + count_message(history[-2]))
+        if any(is_summary_message(message) for message in sent):
+            originals = [m for m in sent[1:] if not is_summary_message(m) and not is_acknowledgement(m)]
+            assert [comparable(m) for m in originals] == [comparable(m) for m in history[-len(originals) - 1 : -1]]
+            headroom = DEFAULT_HEADROOM_REQUESTS * growth
+            filled.append(tokens)
+            assert tokens >= SMALL_BUDGET - headroom - growth
+    assert len(filled) > 40
+    assert sum(filled) / len(filled) > SMALL_BUDGET - headroom

@@ -340,7 +340,8 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
     budget = int(total(path) / 0.85)  # this turn leaves the session at 85 % of its budget
     fake = RecordingSummarizer()
     events = CompactionEvents(db)
-    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, fake, events=events)
+    config = ContextConfig(strategies=("summarize",), headroom_requests=0)  # down to compact_to at a crossing
+    engine = Compactor(config, summaries, fake, events=events)
     prepared = await engine.prepare(request(path, budget))
     assert prepared.summaries == 0
     engine.precompact(request(path, budget), prepared)
@@ -355,7 +356,7 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
     assert len(fake.calls) == calls  # the crossing paid no summarizer call
     assert after.written == 0
     assert after.summaries >= 1
-    assert after.tokens <= ContextConfig().compact_to * budget + 2 * total(path[-2:])
+    assert after.tokens <= config.compact_to * budget + 2 * total(path[-2:])
     listed, _ = await events.for_session(TENANT, "s", 100)
     assert all(e["background"] for e in listed)
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from proxy.compaction.builder import Policy
-from proxy.compaction.precompaction import Precompactions
+from proxy.compaction.layout import MIN_COMPACT_TO
+from proxy.compaction.precompaction import Precompactions, ahead_policy
 from proxy.compaction.spans import CompactionRequest
 from proxy.config.schema import ContextConfig
 from proxy.history.store import History
@@ -65,3 +68,16 @@ async def test_a_grown_path_or_a_run_that_wrote_starts_again(db: Database) -> No
     for _ in range(3):
         await started(busy, request(path, budget), total(path))
     assert writing.runs == 3
+
+
+def test_a_precompaction_aims_at_the_crossings_target_less_the_room_left_before_it() -> None:
+    floor, growth = 23, 100
+    filling = Policy(budget=7_270, headroom_requests=8, summary_share=0.3)
+    aim = ahead_policy(filling, 6_000, floor, 0.8)
+    assert aim.trigger_ratio == 0.8
+    assert aim.target(floor, growth) == filling.target(floor, growth) - (7_270 - 6_000) == 7_270 - 800 - 1_270
+    # With the headroom off, as before: `compact_to` less the share of the free space still left.
+    plain = Policy(budget=7_270)
+    free = 7_270 - floor
+    before = plain.level(max(MIN_COMPACT_TO, plain.compact_to - (7_270 - 6_000) / free), floor)
+    assert ahead_policy(plain, 6_000, floor, 0.8).target(floor, growth) == pytest.approx(before, abs=1)
