@@ -22,15 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
-from bench.harness.report import Report, add_json_option
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, marathon_main, marathon_parser
 from tests.support.client_installs import venv_python
 
 REQUIREMENT = "openai-agents==0.24.0"
 MODEL = "gpt-5.6-luna"
 """openai-agents' default model: its compaction session takes only OpenAI model names."""
-DEFAULT_WINDOW = 32_768
-DEFAULT_TURNS = 100
 MODES = ("auto", "input", "previous_response_id")
 
 SCRIPT = r"""
@@ -91,22 +88,14 @@ def marathon_agent(args: argparse.Namespace, python: Path) -> Agent:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser = marathon_parser(__doc__)
     parser.add_argument("--python", type=Path, help=f"an interpreter with {REQUIREMENT} (default: a cached venv)")
     parser.add_argument("--mode", choices=MODES, default=MODES[0], help="the compaction session's compaction_mode")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="the model's context window")
-    parser.add_argument("--turns", type=int, default=DEFAULT_TURNS, help="tool-using turns before the fact question")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
-    add_marathon_options(parser)
-    add_json_option(parser)
     args = parser.parse_args(argv)
     if not args.marathon:
         parser.error("only --marathon is implemented for the Agents SDK")
     python = args.python or venv_python("agents", REQUIREMENT, "agents")
-    result = Report.start(f"agents-sdk-{args.mode}", args)
-    result.parameters["python"] = str(python)
-    run_marathon(args, result, marathon_agent(args, python))
-    result.publish(args.json)
+    marathon_main(args, marathon_agent(args, python), {"python": str(python)})
 
 
 if __name__ == "__main__":

@@ -22,15 +22,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import run_cli
-from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
-from bench.harness.report import Report, add_json_option
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, marathon_main, marathon_parser
 from tests.support.client_installs import npm_bin
 
 PACKAGE, VERSION = "opencode-ai", "1.18.33"
 MODEL = "oc-model"
 MAX_OUTPUT = 4096
-DEFAULT_WINDOW = 32_768
-DEFAULT_TURNS = 100
 SDKS = ("@ai-sdk/openai-compatible", "@ai-sdk/openai")
 
 
@@ -80,22 +77,14 @@ def marathon_agent(args: argparse.Namespace, opencode: Path) -> Agent:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser = marathon_parser(__doc__)
     parser.add_argument("--opencode", type=Path, help=f"the opencode executable (default: {PACKAGE}@{VERSION})")
     parser.add_argument("--sdk", choices=SDKS, default=SDKS[0], help="the AI SDK provider OpenCode uses")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="the model's context window")
-    parser.add_argument("--turns", type=int, default=DEFAULT_TURNS, help="tool-using turns before the fact question")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
-    add_marathon_options(parser)
-    add_json_option(parser)
     args = parser.parse_args(argv)
     if not args.marathon:
         parser.error("only --marathon is implemented for OpenCode")
     opencode = args.opencode or npm_bin(PACKAGE, VERSION, "opencode")
-    result = Report.start(f"opencode-{args.sdk.rsplit('/', 1)[-1]}", args)
-    result.parameters["cli"] = f"{opencode} ({PACKAGE}@{VERSION})"
-    run_marathon(args, result, marathon_agent(args, opencode))
-    result.publish(args.json)
+    marathon_main(args, marathon_agent(args, opencode), {"cli": f"{opencode} ({PACKAGE}@{VERSION})"})
 
 
 if __name__ == "__main__":

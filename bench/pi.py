@@ -22,15 +22,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.agents import run_cli
-from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, add_marathon_options, run_marathon
-from bench.harness.report import Report, add_json_option
+from bench.harness.marathon import MARATHON_TIMEOUT_S, Agent, TurnRunner, marathon_main, marathon_parser
 from tests.support.client_installs import npm_bin
 
 PACKAGE, VERSION = "@earendil-works/pi-coding-agent", "0.74.2"
 MODEL = "pi-model"
 MAX_OUTPUT = 4096
-DEFAULT_WINDOW = 32_768
-DEFAULT_TURNS = 100
 APIS = ("openai-completions", "openai-responses", "anthropic-messages")
 
 
@@ -81,22 +78,14 @@ def marathon_agent(args: argparse.Namespace, pi: Path) -> Agent:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser = marathon_parser(__doc__)
     parser.add_argument("--pi", type=Path, help=f"the pi executable (default: {PACKAGE}@{VERSION} from npm)")
     parser.add_argument("--api", choices=APIS, default=APIS[0], help="the API Pi speaks to the proxy")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="the model's context window")
-    parser.add_argument("--turns", type=int, default=DEFAULT_TURNS, help="tool-using turns before the fact question")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
-    add_marathon_options(parser)
-    add_json_option(parser)
     args = parser.parse_args(argv)
     if not args.marathon:
         parser.error("only --marathon is implemented for Pi")
     pi = args.pi or npm_bin(PACKAGE, VERSION, "pi")
-    result = Report.start(f"pi-{args.api}", args)
-    result.parameters["cli"] = f"{pi} ({PACKAGE}@{VERSION})"
-    run_marathon(args, result, marathon_agent(args, pi))
-    result.publish(args.json)
+    marathon_main(args, marathon_agent(args, pi), {"cli": f"{pi} ({PACKAGE}@{VERSION})"})
 
 
 if __name__ == "__main__":

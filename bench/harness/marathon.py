@@ -39,7 +39,7 @@ from bench.harness.agents import (
     ScriptedModel,
     called_name,
 )
-from bench.harness.report import Report, columns
+from bench.harness.report import Report, add_json_option, columns
 from proxy.compaction.client_prompts import recognize
 from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
 from tests.support.proxy_server import ProxyProcess, make_config
@@ -142,6 +142,30 @@ def latencies(model_s: float, summarizer_s: float) -> Callable[[dict[str, Any]],
         return model_s if body.get("tools") else 0.0
 
     return delay
+
+
+MARATHON_WINDOW = 32_768
+MARATHON_TURNS = 100
+
+
+def marathon_parser(doc: str | None, turns: int = MARATHON_TURNS) -> argparse.ArgumentParser:
+    """The options of a driver that runs only the marathon: the window, the turns, `--keep`, the marathon's own
+    and `--json`; the driver adds its client's."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0] if doc else None)
+    parser.add_argument("--window", type=int, default=MARATHON_WINDOW, help="the model's context window")
+    parser.add_argument("--turns", type=int, default=turns, help="tool-using turns before the fact question")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
+    add_marathon_options(parser)
+    add_json_option(parser)
+    return parser
+
+
+def marathon_main(args: argparse.Namespace, agent: Agent, parameters: dict[str, str]) -> None:
+    """Run the marathon for `agent` and publish its report, with `parameters` (how the client was found)."""
+    result = Report.start(agent.name, args)
+    result.parameters.update(parameters)
+    run_marathon(args, result, agent)
+    result.publish(args.json)
 
 
 def add_marathon_options(parser: argparse.ArgumentParser) -> None:
