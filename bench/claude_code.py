@@ -22,8 +22,10 @@ With `--marathon` it runs issue 27's long agent session instead (bench/harness/m
 one Bash command each (~`--tool-output-tokens` of output), the main model answering after `--model-latency`
 seconds and the proxy's summarizer (a separate model) after `--summarizer-latency`, the proxy in its own process;
 it prints per-turn latency, summarizer calls, rejections, tokens sent and cached, the proxy's CPU time and RSS,
-and whether the first turn's fact is still answered at the end. Issue 27's setting:
-`python bench/claude_code.py --marathon --window 32768 --turns 200`.
+and whether the first turn's fact is still answered at the end. Issue 27's setting was
+`python bench/claude_code.py --marathon --window 32768 --turns 200`; Claude Code 2.1.197 sends a preamble of
+~25k tokens (its system prompt and 24 tools), which leaves a 32k model no room for a turn's ~2.4k-token tool
+output beside the recent messages (every turn is refused as too large), so run it with `--window 65536`.
 
 Run by hand: `python bench/claude_code.py [--claude PATH] [--window N] [--turns N] [--plain]
 [--max-output-tokens N] [--keep] [--dump FILE] [--json PATH] [--marathon [--model-latency S]

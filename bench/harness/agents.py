@@ -54,10 +54,13 @@ def prompts(turns: int, *, ask_fact: bool = True) -> list[str]:
 
 
 def fact_answer(messages: list[dict[str, Any]]) -> Reply | None:
-    """The scripted model's answer to the last prompt's question: the value it finds in what it was sent."""
-    if not messages or FACT_QUESTION not in content_text(messages[-1].get("content")):
+    """The scripted model's answer to the last prompt's question: the value it finds in what it was sent. The
+    question is the latest user message, whatever follows it (Claude Code 2.1.197 appends a system reminder
+    after the user's turn in a long session)."""
+    asked = next((at for at in range(len(messages) - 1, -1, -1) if messages[at].get("role") == "user"), None)
+    if asked is None or FACT_QUESTION not in content_text(messages[asked].get("content")):
         return None
-    for message in messages[:-1]:
+    for message in messages[:asked]:
         found = FACT_SEEN.search(content_text(message.get("content")))
         if found:
             return Reply(content=found.group(1))
