@@ -309,7 +309,9 @@ def _match(
         if message != entry.private:
             normal = chain.normalize(message)
             if normal != entry.private:
-                if chain.identity(normal) != chain.identity(entry.private):
+                if chain.identity(normal) != chain.identity(entry.private) and not chain.is_masked_form(
+                    normal, entry.private
+                ):
                     break
                 variants[position] = normal
         if entry.stored.message != entry.private:

@@ -102,6 +102,24 @@ def normalize(message: Mapping[str, Any]) -> Message:
     return normal
 
 
+CLIENT_MASKS = ("<tool_output_masked>",)
+"""What a client writes in place of an old tool output it masks to save its own window, kept in the same call's
+message: Gemini CLI 0.61.0's `ToolOutputMaskingService` (`<tool_output_masked>`, a preview and the path of the
+file it saved the output to), once its history holds ~80k tokens of tool outputs."""
+
+
+def is_masked_form(normal: Message, stored: Message) -> bool:
+    """Whether `normal` is a client's masked form of the stored tool output `stored` (the same call): then it is
+    that node sent in another form, a variant, and the conversation stays one path (`caches.RecentPaths`)."""
+    if normal.get("role") != "tool" or stored.get("role") != "tool":
+        return False
+    if normal.get("tool_call_id") != stored.get("tool_call_id"):
+        return False
+    content = normal.get("content")
+    text = content if isinstance(content, str) else json.dumps(content)
+    return any(mask in text for mask in CLIENT_MASKS)
+
+
 def identity(normal: Message) -> Message:
     """The part of a normalized message its id hashes (see the module docstring); `normal` itself when
     nothing is left out, so the common message is encoded once."""

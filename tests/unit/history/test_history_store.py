@@ -603,3 +603,46 @@ def test_a_cached_path_weighs_its_entries_and_keeps_its_anchors_place_as_it_chan
         on_path = any(item.stored.id == anchor for item in entries)
         matched = recent.match("t", ENCODING, None, [item.private for item in entries])
         assert matched.anchored == on_path
+
+
+def tool_session(output: str) -> list[dict[str, Any]]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "run_shell_command", "arguments": "{}"}}
+    return [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Run the build."},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+        {"role": "assistant", "content": "It built."},
+        {"role": "user", "content": "And now?"},
+    ]
+
+
+MASKED = (
+    '{"output": "<tool_output_masked>\\nline 1\\n\\nOutput too large. Full output available at: '
+    '/tmp/tool-outputs/run_shell_command_call_1.txt\\n</tool_output_masked>"}'
+)
+
+
+async def test_a_client_s_masked_tool_output_is_a_variant_of_the_same_node(db: Database, history: History) -> None:
+    """Gemini CLI masks old tool outputs in its own history (`chain.CLIENT_MASKS`): the conversation stays one
+    path, the original stays the node's body and the masked form is what this request sent."""
+    original = tool_session('{"output": "' + "line of build output\\n" * 200 + '"}')
+    first = await history.reconcile("t", None, original, MODEL, ENCODING)
+    masked = tool_session(MASKED)
+    masked += [{"role": "assistant", "content": "Nothing more."}, {"role": "user", "content": "Thanks."}]
+    second = await history.reconcile("t", None, masked, MODEL, ENCODING)
+
+    assert second.session.id == first.session.id
+    assert [m.id for m in second.path[:6]] == [m.id for m in first.path]
+    assert second.stored_before == 6
+    assert second.path[3].message["content"] == MASKED
+    assert await count(db, "message_variants") == 1
+    rows = await db.fetchall("SELECT body FROM messages WHERE role = 'tool'")
+    assert "line of build output" in rows[0][0]
+
+
+async def test_a_changed_tool_output_that_is_no_mask_is_another_branch(history: History) -> None:
+    first = await history.reconcile("t", None, tool_session('{"output": "ok"}'), MODEL, ENCODING)
+    second = await history.reconcile("t", None, tool_session('{"output": "failed"}'), MODEL, ENCODING)
+    assert second.stored_before == 3
+    assert second.path[3].id != first.path[3].id
