@@ -21,7 +21,7 @@ CC BY-NC 4.0: fine for measuring, not ours to ship; pass its path, never commit 
 
 Run by hand: `python bench/fidelity.py [--windows 4096,8192] [--modes down,up] [--generated 4] [--locomo PATH]
 [--questions N] [--context KEY=VALUE ...] [--json PATH]` (`--context` sets a `context:` config key, e.g.
-`headroom_requests=0` for the rule before issue 42).
+`headroom_turns=0` for the rule before issue 42).
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a `context:` config key for the proxy (repeatable; the value read as YAML), e.g. headroom_requests=0",
+        help="a `context:` config key for the proxy (repeatable; the value read as YAML), e.g. headroom_turns=0",
     )
     parser.add_argument("--answer-url", help="an OpenAI-compatible API (…/v1) whose model answers the questions")
     parser.add_argument("--answer-model", default="default", help="the model name to ask at --answer-url")

@@ -126,7 +126,7 @@ class Compactor:
             preserve_recent=preserve_recent,
             trigger_ratio=self._config.trigger_ratio,
             compact_to=self._config.compact_to,
-            headroom_requests=self._config.headroom_requests,
+            headroom_turns=self._config.headroom_turns,
             summary_share=self._config.summary_share,
             target_ratio=self._config.target_ratio,
             max_summary_input=summarizer_input,
@@ -242,7 +242,7 @@ class Compactor:
             self._request_policy(request),
             trigger_ratio=FORCE_RATIO,
             compact_to=FORCE_RATIO,
-            headroom_requests=0,
+            headroom_turns=0,
             strategies=(SUMMARIZE,),
         )
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)

@@ -141,11 +141,12 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
 
 
 def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW) -> int:
-    """About what one request adds to the path: the latest `window` messages (system messages aside) over the
-    model answers among them, since each request ends in one answer (a chat turn: a user message and its reply;
-    an agent's step: a tool call and its outputs). What a crossing makes room for is counted in these."""
+    """About what one turn adds to the path: the latest `window` messages (system messages aside) over the user
+    turns among them (a chat turn: a user message and its reply; an agent's turn: a user message and every tool
+    step it set off, so an agent's crossing makes room for whole turns and its prompt stays cacheable between
+    crossings as before). What a crossing makes room for is counted in these."""
     start = max(0, len(items) - window)
     tokens = cuts.prefix[len(items)] - cuts.prefix[start]
     tokens -= sum(items[position].tokens for position in cuts.system[bisect_left(cuts.system, start) :])
-    answers = sum(1 for position in range(start, len(items)) if items[position].role == "assistant")
-    return max(1, tokens // max(1, answers))
+    turns = sum(1 for position in range(start, len(items)) if items[position].role == "user")
+    return max(1, tokens // max(1, turns))

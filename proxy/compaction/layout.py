@@ -90,9 +90,9 @@ class Policy:
     keep_turns: int = DEFAULT_TOOL_RESULTS_KEEP_TURNS
     """`tool-results` stubs the tool outputs of model turns older than the last `keep_turns`."""
     marker_tokens: int = DEFAULT_MARKER_TOKENS
-    headroom_requests: int = 0
-    """A crossing compacts to the budget less this many requests' growth (never below `compact_to`); 0: always
-    down to `compact_to`. The config's default (`DEFAULT_HEADROOM_REQUESTS`) turns it on; the builder's own rules
+    headroom_turns: int = 0
+    """A crossing compacts to the budget less this many turns' growth (never below `compact_to`); 0: always
+    down to `compact_to`. The config's default (`DEFAULT_HEADROOM_TURNS`) turns it on; the builder's own rules
     are tested with it off and on."""
     summary_share: float | None = None
     """The share of the free space the summaries may take at most (`summary_room`), each sized by what it stands
@@ -108,10 +108,10 @@ class Policy:
         return floor + ratio * max(0, self.budget - floor)
 
     def target(self, floor: int, growth: int) -> float:
-        """The level a crossing compacts down to: the budget less `headroom_requests` requests' `growth` (tokens
+        """The level a crossing compacts down to: the budget less `headroom_turns` requests' `growth` (tokens
         one request adds), never below `compact_to` of the free space; less `ahead_by` for a pre-compaction."""
         deepest = self.level(self.compact_to, floor)
-        aim = max(deepest, self.budget - self.headroom_requests * growth) if self.headroom_requests else deepest
+        aim = max(deepest, self.budget - self.headroom_turns * growth) if self.headroom_turns else deepest
         return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, self.budget) - self.ahead_by)
 
     def summary_room(self, floor: int, compacted: int) -> float:

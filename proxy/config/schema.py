@@ -64,8 +64,8 @@ STRATEGY_NAMES = (TOOL_RESULTS, SUMMARIZE, GOAL_BATCH, SLIDING_WINDOW)
 """The compaction strategies (`proxy.compaction.strategies`), for `context.strategies` and X-Context-Strategy."""
 DEFAULT_STRATEGIES = (TOOL_RESULTS, SUMMARIZE)
 """Old tool outputs become stubs first (no model call, most of an agent's context), then summaries."""
-DEFAULT_HEADROOM_REQUESTS = 8
-"""A crossing makes room for about this many requests' growth, and no more: the context stays near its budget (a
+DEFAULT_HEADROOM_TURNS = 8
+"""A crossing makes room for about this many turns' growth, and no more: the context stays near its budget (a
 sliding window of the same budget never keeps more originals), and a prompt cache still hits on all but one
 request in this many. Large turns (an agent's tool outputs) reach `compact_to` first, which bounds the step."""
 DEFAULT_SUMMARY_SHARE = 0.3
@@ -181,8 +181,8 @@ class ContextConfig:
     safety_margin: float = setting(0.05, low=0.0, high=0.5)
     trigger_ratio: float = setting(1.0, low=0.1, high=1.0)
     compact_to: float = setting(0.55, low=0.05, high=1.0)
-    headroom_requests: int = setting(DEFAULT_HEADROOM_REQUESTS, minimum=0, maximum=1000)
-    """A crossing compacts to the budget less this many requests' growth, never below `compact_to`; 0: always
+    headroom_turns: int = setting(DEFAULT_HEADROOM_TURNS, minimum=0, maximum=1000)
+    """A crossing compacts to the budget less this many turns' growth, never below `compact_to`; 0: always
     down to `compact_to`."""
     summary_share: float = setting(DEFAULT_SUMMARY_SHARE, low=0.0, high=1.0)
     """The share of the free space the summaries of the compacted past may take at most."""

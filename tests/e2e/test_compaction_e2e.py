@@ -20,10 +20,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from proxy.compaction.recall import RECALL_HEADER
 from proxy.compaction.stubs import STUB_PREFIX
 from proxy.compaction.summary_text import ACKNOWLEDGEMENT
-from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS
-from proxy.tokens import count_message
+from proxy.config.schema import DEFAULT_HEADROOM_TURNS
+from proxy.tokens import content_text, count_message
 from tests.conftest import ServeProxy
 from tests.support.fake_upstream import FakeUpstream, Reply
 from tests.support.proxy_server import ProxyServer, free_port
@@ -106,6 +107,19 @@ def is_acknowledgement(message: Mapping[str, Any]) -> bool:
     return message.get("role") == "assistant" and message.get("content") == ACKNOWLEDGEMENT
 
 
+def recall_taken_out(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without a recall and its acknowledgement, which stand just before the latest user message
+    when the question names something the context hides (invariant 6), for that request only."""
+    recalled = [i for i, m in enumerate(messages) if content_text(m.get("content")).startswith(RECALL_HEADER)]
+    if not recalled:
+        return messages
+    [at] = recalled
+    assert is_acknowledgement(messages[at + 1])
+    latest_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    assert latest_user == at + 2, "a recall stands just before the latest user message"
+    return [*messages[:at], *messages[at + 2 :]]
+
+
 def working_context(turn: TurnRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(summary messages, original messages) of the turn's last upstream chat request, checked for shape.
 
@@ -119,7 +133,7 @@ def working_context(turn: TurnRecord) -> tuple[list[dict[str, Any]], list[dict[s
     while head < len(request) and (is_summary_message(request[head]) or is_acknowledgement(request[head])):
         head += 1
     summaries = [message for message in request[1:head] if is_summary_message(message)]
-    originals = request[head:]
+    originals = recall_taken_out(request[head:])
     assert not any(is_summary_message(message) for message in originals)
     assert len(originals) >= min(PRESERVE_RECENT, len(history) - 1)
     suffix = history[len(history) - len(originals) :]
@@ -579,7 +593,7 @@ def test_a_long_chat_stays_near_its_budget_with_the_recent_turns_verbatim(
 ) -> None:
     # A chat of small turns on the 4k model, the summarizer down (extractive summaries): after the first crossing
     # every request sends the summaries and a verbatim suffix of the history that together fill the budget but
-    # for one crossing's headroom (`headroom_requests` requests' growth), where compacting down to `compact_to`
+    # for one crossing's headroom (`headroom_turns` requests' growth), where compacting down to `compact_to`
     # left almost half of it empty and summarized turns a sliding window would have kept.
     fake.context_window = SMALL_WINDOW
     rng = random.Random(42)
@@ -605,7 +619,7 @@ def test_a_long_chat_stays_near_its_budget_with_the_recent_turns_verbatim(
         if any(is_summary_message(message) for message in sent):
             originals = [m for m in sent[1:] if not is_summary_message(m) and not is_acknowledgement(m)]
             assert [comparable(m) for m in originals] == [comparable(m) for m in history[-len(originals) - 1 : -1]]
-            headroom = DEFAULT_HEADROOM_REQUESTS * growth
+            headroom = DEFAULT_HEADROOM_TURNS * growth
             filled.append(tokens)
             assert tokens >= SMALL_BUDGET - headroom - growth
     assert len(filled) > 40

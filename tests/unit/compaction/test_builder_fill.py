@@ -1,4 +1,4 @@
-"""Never worse than truncation (issue 42): with the config's `headroom_requests` and `summary_share`, the working
+"""Never worse than truncation (issue 42): with the config's `headroom_turns` and `summary_share`, the working
 context keeps at least the recent originals a sliding window of the same budget keeps, less what the summaries
 of the older part take and the headroom one crossing makes; the summaries take a share of the budget that grows
 with the past they stand for; the prompt still only grows between crossings.
@@ -15,7 +15,7 @@ import pytest
 
 from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeeded, build
 from proxy.compaction.groups import Cuts, request_growth
-from proxy.config.schema import DEFAULT_HEADROOM_REQUESTS, DEFAULT_SUMMARY_SHARE
+from proxy.config.schema import DEFAULT_HEADROOM_TURNS, DEFAULT_SUMMARY_SHARE
 from proxy.tokens import REPLY_PRIMING_TOKENS
 from tests.unit.compaction.test_builder import check_context
 
@@ -25,7 +25,7 @@ SYSTEM = Item("system", 20)
 def filling(budget: int, **changes: object) -> Policy:
     """The builder's policy as the config sets it by default."""
     defaults: dict[str, object] = {
-        "headroom_requests": DEFAULT_HEADROOM_REQUESTS,
+        "headroom_turns": DEFAULT_HEADROOM_TURNS,
         "summary_share": DEFAULT_SUMMARY_SHARE,
     }
     return Policy(budget=budget, **(defaults | changes))  # type: ignore[arg-type]
@@ -106,7 +106,7 @@ def test_the_context_keeps_what_a_sliding_window_keeps_less_the_summaries_and_on
     rows = replay(policy, 700, seed)
     assert rows
     growth = 2 * 120  # the most one request adds here (a user turn and its answer)
-    headroom = policy.headroom_requests * growth
+    headroom = policy.headroom_turns * growth
     free = budget - SYSTEM.tokens - REPLY_PRIMING_TOKENS
     for kept, window, summaries in rows:
         assert kept >= window - summaries - headroom, (kept, window, summaries)
@@ -118,7 +118,7 @@ def test_compacting_down_to_compact_to_keeps_far_less_than_a_sliding_window() ->
     # originals were summarized before older summaries merged; the sliding window kept more.
     policy = Policy(budget=7_270)
     rows = replay(policy, 700, 1)
-    worse = [kept < window - summaries - policy.headroom_requests * 240 for kept, window, summaries in rows]
+    worse = [kept < window - summaries - policy.headroom_turns * 240 for kept, window, summaries in rows]
     assert sum(worse) > len(rows) // 4
 
 
@@ -130,7 +130,7 @@ def test_the_summaries_take_a_share_of_the_budget_that_grows_with_the_past(budge
     share = policy.summary_share or 0.0
     one = policy.summary_min + policy.summary_overhead + 2 * policy.acknowledgement_tokens
     # at most the room, one shortest summary over it (merging starts past that), and one crossing's new summary
-    crossing = policy.target_ratio * policy.headroom_requests * 2 * 120 + one
+    crossing = policy.target_ratio * policy.headroom_turns * 2 * 120 + one
     assert max(summaries for _, _, summaries in rows) <= share * free + one + crossing
     # the room grows with the past: at the first crossing the summaries take far less than at the end
     assert rows[0][2] < rows[-1][2] / 2
@@ -149,13 +149,14 @@ def test_between_crossings_each_prompt_extends_the_previous() -> None:
         crossings += session.crossings > before
         previous = context.parts
         session.answer(rng.randint(15, 120))
-    # one crossing in about headroom_requests / 2 requests or fewer: the step is several requests' growth
-    assert crossings <= 500 * 2 // DEFAULT_HEADROOM_REQUESTS
+    # one crossing in about headroom_turns / 2 requests or fewer: the step is several requests' growth
+    assert crossings <= 500 * 2 // DEFAULT_HEADROOM_TURNS
 
 
 def test_large_turns_compact_down_to_compact_to_as_before() -> None:
-    # An agent's steps (a tool call and a 2,000-token output each): the headroom of 8 of them is more than what
-    # `compact_to` leaves, so a crossing goes down to `compact_to` and crossings stay as rare as they were.
+    # An agent's turn of many steps (a tool call and a 2,000-token output each): a turn's growth is all of them,
+    # more than what `compact_to` leaves, so a crossing goes down to `compact_to` and crossings stay as rare as
+    # they were (and the agent's prompt as cacheable).
     items = [SYSTEM]
     for turn in range(40):
         call = f"c{turn}"
@@ -163,7 +164,7 @@ def test_large_turns_compact_down_to_compact_to_as_before() -> None:
     policy = filling(30_000)
     cuts = Cuts.of(items)
     floor = SYSTEM.tokens + REPLY_PRIMING_TOKENS
-    assert request_growth(items, cuts) == 2_030
+    assert request_growth(items, cuts) == 32 * 2_030  # the latest 64 messages, no user turn among them
     assert policy.target(floor, request_growth(items, cuts)) == policy.level(policy.compact_to, floor)
 
 
@@ -175,5 +176,5 @@ def test_a_chats_crossing_aims_near_the_budget() -> None:
     floor = SYSTEM.tokens + REPLY_PRIMING_TOKENS
     growth = request_growth(items, Cuts.of(items))
     assert growth == 100
-    assert policy.target(floor, growth) == policy.budget - DEFAULT_HEADROOM_REQUESTS * 100
+    assert policy.target(floor, growth) == policy.budget - DEFAULT_HEADROOM_TURNS * 100
     assert policy.target(floor, growth) > policy.level(policy.compact_to, floor)

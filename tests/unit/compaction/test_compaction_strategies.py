@@ -340,7 +340,7 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
     budget = int(total(path) / 0.85)  # this turn leaves the session at 85 % of its budget
     fake = RecordingSummarizer()
     events = CompactionEvents(db)
-    config = ContextConfig(strategies=("summarize",), headroom_requests=0)  # down to compact_to at a crossing
+    config = ContextConfig(strategies=("summarize",), headroom_turns=0)  # down to compact_to at a crossing
     engine = Compactor(config, summaries, fake, events=events)
     prepared = await engine.prepare(request(path, budget))
     assert prepared.summaries == 0

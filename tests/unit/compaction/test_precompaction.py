@@ -72,7 +72,7 @@ async def test_a_grown_path_or_a_run_that_wrote_starts_again(db: Database) -> No
 
 def test_a_precompaction_aims_at_the_crossings_target_less_the_room_left_before_it() -> None:
     floor, growth = 23, 100
-    filling = Policy(budget=7_270, headroom_requests=8, summary_share=0.3)
+    filling = Policy(budget=7_270, headroom_turns=8, summary_share=0.3)
     aim = ahead_policy(filling, 6_000, floor, 0.8)
     assert aim.trigger_ratio == 0.8
     assert aim.target(floor, growth) == filling.target(floor, growth) - (7_270 - 6_000) == 7_270 - 800 - 1_270
