@@ -217,6 +217,7 @@ def _user(parts: Sequence[dict[str, Any]], where: str) -> list[Message]:
     messages: list[Message] = []
     rest: list[dict[str, Any]] = []
     names: Counter[str] = Counter()
+    answered: set[str] = set()
     for index, part in enumerate(parts):
         response = part.get("functionResponse", part.get("function_response"))
         if response is None:
@@ -224,6 +225,11 @@ def _user(parts: Sequence[dict[str, Any]], where: str) -> list[Message]:
             continue
         if part in parts[:index]:
             continue  # the same response twice in one turn (Gemini CLI 0.61.0's resumed sessions): one tool message
+        given = response.get("id") if isinstance(response, dict) else None
+        if isinstance(given, str) and given in answered:
+            continue  # the same call's response again in another form (resumed, one of them masked): the first
+        if isinstance(given, str):
+            answered.add(given)
         place = f"{where}.parts[{index}].functionResponse"
         name = response.get("name") if isinstance(response, dict) else None
         if not isinstance(name, str) or not name:

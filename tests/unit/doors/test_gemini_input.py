@@ -206,3 +206,14 @@ def test_a_response_sent_twice_in_one_turn_is_one_tool_message() -> None:
     twice = chat_messages([*contents, {"role": "user", "parts": [response, dict(response)]}])
     assert without_items(twice) == without_items(once)
     assert [message["role"] for message in twice] == ["user", "assistant", "tool"]
+
+
+def test_a_call_answered_again_in_a_masked_form_in_the_same_turn_is_one_tool_message() -> None:
+    """Gemini CLI 0.61.0 resuming a session whose old outputs it masked sends a call's response in both forms."""
+    original = {"functionResponse": {"id": "c1", "name": "ls", "response": {"output": "a.txt"}}}
+    masked_output = "<tool_output_masked>\na.txt\n\nOutput too large. Full output available at: /tmp/o.txt\n"
+    masked = {"functionResponse": {"id": "c1", "name": "ls", "response": {"output": masked_output}}}
+    contents = [user("ls"), {"role": "model", "parts": [{"functionCall": {"id": "c1", "name": "ls"}}]}]
+    both = chat_messages([*contents, {"role": "user", "parts": [masked, original, masked]}])
+    assert [message["role"] for message in both] == ["user", "assistant", "tool"]
+    assert both[-1]["content"] == masked_output
