@@ -83,7 +83,7 @@ class Pipeline:
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
         entry = model_entry(self.config, conversation.model)
-        conversation = await counted(entry, fit_output(self.budgets, entry, conversation))
+        conversation = await fit_output(self.budgets, entry, await counted(entry, conversation))
         request_budget(
             self.budgets, entry, conversation, {}
         )  # refuses a max_tokens that leaves no input room, before any write
