@@ -64,6 +64,8 @@ class ResponsesRequest:
     """The client's own conversation key (`prompt_cache_key`), a session id when no header names one."""
     generate: bool = True
     """False: a socket warm-up (`generate: false`), answered without a model call."""
+    compact: bool = False
+    """The input ends with a `compaction_trigger`: the client asks for a compaction item, not a response."""
 
 
 def parse_responses_request(
@@ -171,11 +173,11 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             door_state={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
             continues=continues,
             instructions=len(instructions),
-            compaction=compacted.trigger,
         ),
         tools=names,
         body=body,
         session_key=key if isinstance(key, str) else None,
+        compact=compacted.trigger,
     )
 
 
