@@ -22,7 +22,8 @@ from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import pinned_groups
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage, StoredPath, token_counts
 from proxy.history.pins import Pins

@@ -33,7 +33,8 @@ from proxy.canonical.conversation import ContextMode, ContextOptions, Conversati
 from proxy.canonical.types import Chunk
 from proxy.compaction.client_prompts import ClientCompaction, Shape, recognize
 from proxy.compaction.compactor import Compactor
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.store import History
 from proxy.journal.assembly import Assembly, assemble

@@ -14,7 +14,7 @@ from proxy.canonical.answers import ContextReport
 from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
 from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
 from proxy.compaction.spans import Allowance
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History

@@ -14,7 +14,8 @@ from proxy.canonical.conversation import Continuation, Conversation
 from proxy.canonical.pieces import Received
 from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
-from proxy.config.schema import RESPONSES_API, RequestLimits
+from proxy.config.models import RESPONSES_API
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
 from proxy.doors.resent import Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input

@@ -20,7 +20,8 @@ from proxy.compaction.recall import RECALL_HEADER, Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins

@@ -20,7 +20,8 @@ from proxy.compaction.extractive import extractive_summary, fallback_summary
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import content_text, count_message, count_text
