@@ -12,8 +12,9 @@ from typing import Any
 from proxy.budget.budgets import Budget, Budgets
 from proxy.canonical.answers import ContextReport
 from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.spans import Allowance
+from proxy.compaction.working_context import WorkingContext
 from proxy.config.models import ModelEntry
 from proxy.history.messages import Reconciled
 from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
