@@ -6,8 +6,10 @@ shape. It declares, as a class, its paths (Starlette patterns: Gemini's model an
 its key arrives (`proxy.auth.KeyPlace`) and its mounts. Everything else a request goes through is done once,
 here, for every door (`serve`): authenticate, read the body within its limit, parse it off the event loop, read
 the X-Context-* options and the client's own names for its conversation, name the model for the metrics, forward
-the client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
-(`Door.routes`: stored responses, `count_tokens`); their handlers get the caller already authenticated.
+the client's API headers to a native upstream, ask the pipeline, render. A door that answers some requests by
+itself (Responses' socket warm-ups and compactions) takes them first (`respond`, `respond_on_socket`), so no
+other door, and no canonical answer, knows of them. A door may add routes of its own (`Door.routes`: stored
+responses, `count_tokens`); their handlers get the caller already authenticated.
 
 A door refuses, before anything is written, what its API refuses and the proxy can see — a number that is not
 finite, a content part of a type the role does not take, a tool output that answers no call, a call the

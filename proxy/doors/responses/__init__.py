@@ -9,7 +9,9 @@ The session is `X-Session-Id`, else the session of the `previous_response_id`, e
 conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
 for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
 `previous_response_id` continues the stored conversation (`proxy.request.continuations`), whatever the upstream; stored
-responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`).
+responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`). A client's
+compaction (`compaction_trigger`, `POST /v1/responses/compact`) is this door's alone: the pipeline stores the
+conversation (`Pipeline.compact`) and the door answers with one compaction item (`proxy.doors.responses.compaction`).
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class Responses(Door[Echo]):
         return _door_request(parse_socket_event(raw, limits))
 
     async def respond(self, caller: Caller, parsed: DoorRequest[Echo], request: Request) -> Response:
+        """An input ending in `compaction_trigger` is answered by its compaction item: a response object, or the
+        events of a stream."""
         if not parsed.rendering.compact:
             return await super().respond(caller, parsed, request)
         events, headers = await self._compacted(caller, parsed, request)
@@ -176,8 +180,8 @@ class Responses(Door[Echo]):
     async def _compacted(
         self, caller: Caller, parsed: DoorRequest[Echo], connection: HTTPConnection
     ) -> tuple[list[Event], dict[str, str]]:
-        """A client's compaction, answered by the proxy with no model call and no journal step (so its response
-        id is step 0's, its time now): the stored conversation as one `compaction` item, the response's events
+        """A client's compaction, answered with no model call and no journal step (`Pipeline.compact`): the
+        stored conversation as one `compaction` item, in the events of a response named after it (its time now),
         and the X-Context-* headers."""
         conversation, options = self.asked(parsed, connection)
         stored = await self.pipeline.compact(caller.tenant, conversation, options)
