@@ -145,7 +145,8 @@ class Pipeline:
         """A client's request for its context compacted (the Responses door's compaction item): the proxy keeps
         every message and compacts by itself, so it stores what is new, with no model call and no journal step,
         and names the stored conversation, which the client sends back in its place. Bad input is refused as
-        `answer` refuses it, before the first write."""
+        `answer` refuses it, before the first write. It holds no Idempotency-Key: asked again, it stores nothing
+        more and names the same conversation."""
         entry, conversation = await self._checked(conversation)
         conversation, continued_session = await self.continued(tenant, conversation)
         conversation = await continuations.with_instructions(self.history, tenant, conversation)

@@ -547,6 +547,10 @@ async def test_a_compaction_stores_the_conversation_and_names_it_with_no_step_an
     assert stored.report.prompt_tokens == 0 < stored.report.history_tokens
     head_id, _ = await rig.head_message(stored.report.session_id)
     assert head_id == stored.message_id
+    async with asyncio.timeout(WAIT_S):
+        again = await rig.pipeline.compact(TENANT, request(), context_options({"idempotency-key": "k"}))
+    assert again.message_id == stored.message_id
+    assert rig.counts() == (2, 1, 0)
 
 
 async def test_a_compaction_with_no_room_for_its_output_is_refused_before_any_write(rig: Rig) -> None:
