@@ -267,7 +267,7 @@ class Pipeline:
                     reconciled.path,
                     reconciled.settings,
                     session_id=reconciled.session.id,
-                    messages=conversation.messages,
+                    messages=located.messages,
                     entry=entry,
                     encoding=encoding,
                     budget=budget.for_messages,
