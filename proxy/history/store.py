@@ -105,7 +105,8 @@ class Located:
     variants: list[tuple[str, str, str, float]]
     """(message id, digest, body, created_at) of forms not stored yet."""
     messages: Sequence[Message] = ()
-    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`)."""
+    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`).
+    With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
     matched: PathMatch = NO_MATCH
     """The cached entries `entries` start with (`RecentPaths.match`)."""
 
@@ -154,6 +155,7 @@ class History(HistoryReads):
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
+        messages = found.restored(messages)  # the opening turns a client left out, back in place (`caches._match`)
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
         size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))
