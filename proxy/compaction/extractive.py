@@ -232,7 +232,7 @@ class _Choice:
         lines = [f"{FACTS_LABEL}: " + FACT_SEPARATOR.join(listed)] if listed else []
         for section in ORDER if self.structured else (CHRONOLOGICAL,):
             kept = sorted((s for s in self.sentences if s.section == section), key=lambda s: s.position)
-            if section == PEOPLE and self.speakers:
+            if section == PEOPLE and self.speakers and (self.sentences or listed):
                 lines.append(header(PEOPLE, self.speakers))
             elif kept and self.structured:
                 lines.append(header(section))

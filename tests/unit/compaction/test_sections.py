@@ -46,6 +46,14 @@ def test_a_conversations_summary_has_its_sections_each_sentence_once_with_its_da
     assert "Hey Mel" not in summary
 
 
+def test_a_chat_that_told_nothing_is_summarized_by_its_first_sentences_not_its_speakers() -> None:
+    messages = [
+        {"role": "user", "content": "Caroline: Hey Mel! Good to see you!"},
+        {"role": "assistant", "content": "Melanie: Thanks, Caroline! Haha."},
+    ]
+    assert extractive_summary(messages, 200) == "user: Caroline: Hey Mel!\nassistant: Melanie: Thanks, Caroline!"
+
+
 def test_a_structured_summary_merged_again_keeps_its_sections_and_lines() -> None:
     summary = extractive_summary(CHAT, 200)
     assert extractive_summary([summary_message(summary)], 200) == summary
