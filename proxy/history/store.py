@@ -160,7 +160,14 @@ class History(HistoryReads):
         entries, variants = await compute(size, self._reused, found, encoding, now)
         after = entries[-1].stored.id if entries else None
         encoded = await compute(size, _encode, chain.root_parent(tenant) if after is None else after, rest)
-        known = await self._known(tenant, [node_id for node_id, _, _ in encoded], encoding)
+        # The cached path's last node is looked up with the new ones (no query more): gone, the session was
+        # deleted since it was cached, maybe by another process (`proxy.lifecycle`), and the request is located
+        # afresh from the store, as on the process that deleted it. Only a request located before a deletion is
+        # refused (`save`).
+        known = await self._known(tenant, [node_id for node_id, _, _ in encoded] + ([after] if after else []), encoding)
+        if after is not None and after not in known:
+            self.recent.forget_tenant(tenant)
+            return await self.locate(tenant, session_id, messages, encoding)
         stored_before = len(entries) + next(
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )

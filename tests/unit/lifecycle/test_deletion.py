@@ -355,3 +355,23 @@ async def test_a_session_branching_from_the_middle_of_the_deleted_one_keeps_its_
     assert [m.id for m in branch[:5]] == [m.id for m in doomed[:5]]
     assert await parts.rows("messages", "WHERE id = ?", (doomed[5].id,)) == 0
     assert await parts.rows("messages") == 5 + 4 + 20 * 2  # b's path, and each other session's own pair
+
+
+async def test_a_turn_sent_after_the_deletion_is_stored_anew_on_another_replica_as_on_this_one(parts: Parts) -> None:
+    """Another replica (its own caches over the same store) still remembers the session's path: the deleted id
+    names nothing there either, so its next turn is a new session, stored whole, as on the replica that deleted it
+    (only a request located before the deletion is refused)."""
+    messages = [*opening("x"), *turns("a", 2)]
+    other = History(parts.db)
+    await other.reconcile("t", "a", messages, MODEL, ENCODING)
+    await parts.session("u", "a", messages)
+
+    await parts.deletions.delete_session("u", "a")
+    here = await parts.history.reconcile("u", "a", [*messages, *turns("a+", 1)], MODEL, ENCODING)
+    await parts.deletions.delete_session("t", "a")
+    there = await other.reconcile("t", "a", [*messages, *turns("a+", 1)], MODEL, ENCODING)
+
+    assert here.stored_before == there.stored_before == 0
+    assert [stored.message for stored in there.path] == [*messages, *turns("a+", 1)]
+    assert await parts.rows("messages") == 2 * (len(messages) + 2)
+
