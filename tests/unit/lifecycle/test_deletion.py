@@ -24,6 +24,7 @@ from proxy.journal.reader import JournalReader
 from proxy.journal.writer import Journal
 from proxy.lifecycle.deletions import Deletions
 from proxy.store.database import Database
+from tests.unit.compaction.test_recall import FACT, QUESTION, conversation, shown, visible
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"
@@ -375,3 +376,23 @@ async def test_a_turn_sent_after_the_deletion_is_stored_anew_on_another_replica_
     assert [stored.message for stored in there.path] == [*messages, *turns("a+", 1)]
     assert await parts.rows("messages") == 2 * (len(messages) + 2)
 
+
+async def test_a_deleted_session_sent_again_is_indexed_again_and_recalled(db: Database) -> None:
+    """Recall remembers which messages it indexed (`Recall.forget_tenant`): a deletion takes their index entries,
+    so the same conversation sent again under the same id (the same nodes: ids are content addresses) is indexed
+    again and recalled from, not skipped as indexed."""
+    history, recall = History(db), Recall(db)
+    deletions = Deletions(db, history, caches=(recall,))
+    hidden = list(range(1, 12))
+
+    async def recalled() -> list[str]:
+        path = (await history.reconcile("t", "s", conversation(8), MODEL, ENCODING)).path
+        passages = await recall.passages(
+            "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
+        )
+        return [passage.text for passage in passages]
+
+    first = await recalled()
+    assert any(FACT in text for text in first)
+    await deletions.delete_session("t", "s")
+    assert await recalled() == first
