@@ -116,6 +116,8 @@ class Recall:
         """(tenant, message id) of messages known to be in the index: an indexed message stays indexed until its
         session or tenant is deleted (`forget_tenant`)."""
         self._checked: OrderedDict[tuple[str, str], _Checked] = OrderedDict()
+        self._epochs: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """Tenant → its span epoch and last clearing as of this process's last look (`_forget_if_cleared`)."""
 
     def forget_tenant(self, tenant: str) -> None:
         """After a deletion of the tenant's rows (`proxy.lifecycle`): the index entries of what it remembers may
@@ -124,6 +126,21 @@ class Recall:
             del self._indexed[key]
         for key in [key for key in self._checked if key[0] == tenant]:
             del self._checked[key]
+        self._epochs.pop(tenant, None)
+
+    async def _forget_if_cleared(self, tenant: str) -> None:
+        """A deletion by another process (a replica, the CLI) moves the tenant's span epoch past a clearing, or
+        takes its row with a purge (`proxy.lifecycle.forget`): what this process remembers of the tenant's index
+        is then forgotten. One read by key, when recall looks something up."""
+        row = await self._db.fetchone("SELECT epoch, cleared FROM span_epochs WHERE tenant = ?", (tenant,))
+        now = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        seen = self._epochs.get(tenant)
+        if seen is not None and (now[1] > seen[1] or now[0] < seen[0]):
+            self.forget_tenant(tenant)
+        self._epochs[tenant] = now
+        self._epochs.move_to_end(tenant)
+        while len(self._epochs) > SESSIONS_CHECKED:
+            self.forget_tenant(next(iter(self._epochs)))  # a tenant no longer watched keeps nothing
 
     async def passages(
         self,
@@ -197,6 +214,7 @@ class Recall:
         """Index the hidden messages not indexed yet. What the session's last request left indexed carries over
         when `path` extends its path (a node's id hashes its ancestors', so one id says so): only the messages
         past it, and those it showed that are hidden now, are looked at, not a long path's every message."""
+        await self._forget_if_cleared(tenant)
         key = (tenant, session_id)
         checked = self._checked.pop(key, None)
         if (

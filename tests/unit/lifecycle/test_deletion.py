@@ -396,3 +396,23 @@ async def test_a_deleted_session_sent_again_is_indexed_again_and_recalled(db: Da
     assert any(FACT in text for text in first)
     await deletions.delete_session("t", "s")
     assert await recalled() == first
+
+
+async def test_a_session_deleted_on_another_replica_sent_again_is_indexed_again_and_recalled(db: Database) -> None:
+    """The replica that did not delete (its own caches over the same store) learns of the deletion from the store
+    (the tenant's span epoch moves past a clearing): it indexes the conversation sent again too."""
+    history, recall = History(db), Recall(db)
+    deleting = History(db)
+    hidden = list(range(1, 12))
+
+    async def recalled() -> list[str]:
+        path = (await history.reconcile("t", "s", conversation(8), MODEL, ENCODING)).path
+        passages = await recall.passages(
+            "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
+        )
+        return [passage.text for passage in passages]
+
+    first = await recalled()
+    assert any(FACT in text for text in first)
+    await Deletions(db, deleting).delete_session("t", "s")
+    assert await recalled() == first
