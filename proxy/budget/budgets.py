@@ -25,7 +25,7 @@ from proxy.budget.corrections import DEFAULT_TTL_S, Correction, Refused, TokenCo
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
 from proxy.budget.shared_corrections import SharedCorrections
 from proxy.canonical.types import Clock
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.history.settings import session_budget
 

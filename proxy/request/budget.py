@@ -12,7 +12,8 @@ from proxy.budget.budgets import Budget, Budgets
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.compactor import Compactor
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import ContextTooLarge, NotFound
 from proxy.offload import compute
 from proxy.tokens import count_definitions, count_message, count_prompt, encoding_for_model, rough_size

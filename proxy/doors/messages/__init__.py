@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.auth import BEARER, X_API_KEY, Caller, KeyPlace
-from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Completed, Replayed
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import RequestLimits
@@ -61,7 +61,6 @@ class Messages(Door[None]):
             if isinstance(answer, Completed) or not conversation.stream:
                 return JSONResponse(_message_object(shape, completion), headers=headers)
             return sse_response(replayed(MessageEvents(shape), answer.chunks), headers)
-        assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
         return RelayedStream(answer.groups, relayed(MessageEvents(shape), answer.groups), headers)
 
     @staticmethod

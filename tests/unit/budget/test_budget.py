@@ -17,7 +17,7 @@ from proxy.budget.limits import (
     prefix_limits,
     with_reported_window,
 )
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config.schema import ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError, openai_error
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.litellm_client import LiteLLMUpstream
