@@ -160,7 +160,7 @@ class Pipeline:
         """The request's model entry, and the request with its output fitted and its definitions counted; a
         max_tokens that leaves no input room is refused, before any write."""
         entry = model_entry(self.config, conversation.model)
-        conversation = await counted(entry, fit_output(self.budgets, entry, conversation))
+        conversation = await fit_output(self.budgets, entry, await counted(entry, conversation))
         request_budget(self.budgets, entry, conversation, {})
         return entry, conversation
 

@@ -7,8 +7,8 @@ come as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`; `?beta=true` 
 
 The session is `X-Session-Id`, else Claude Code's `X-Claude-Code-Session-Id`, else derived as for chat.
 `max_tokens` is lowered to what the configured model can give (`Conversation.fit_output`: its output limit, a
-quarter of its window at most): Anthropic clients ask for their Claude model's limit, whatever the model behind
-the proxy.
+quarter of its window and of what the request's tools and system prompt leave of it, at most): Anthropic clients
+ask for their Claude model's limit, whatever the model behind the proxy.
 
 `count_tokens` reports what the proxy would send for the conversation (`Pipeline.count_tokens`): the request
 as it stands while it fits, else about the share the proxy compacts to (`context.compact_to` of the model's
