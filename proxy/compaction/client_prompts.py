@@ -129,16 +129,15 @@ def recognize(messages: Sequence[Message], tools: bool) -> ClientCompaction | No
     if not messages or messages[-1].get("role") != "user":
         return None
     text = content_text(messages[-1].get("content"), "\n")
-    users = [message for message in messages if message.get("role") == "user"]
     for recognizer in RECOGNIZERS:
         if not recognizer.matches(text):
             continue
         if recognizer.shape is Shape.APPENDED:
             return ClientCompaction(recognizer)
         serialized = _serialized(text)
-        if serialized is not None and len(users) == 1 and not tools:
+        if serialized is not None and not tools and _one_user_message(messages):
             return ClientCompaction(recognizer, serialized)
-    if tools or len(users) != 1 or not _ASKS_SUMMARY.search(text):
+    if tools or not _one_user_message(messages) or not _ASKS_SUMMARY.search(text):
         return None
     serialized = _serialized(text)
     if serialized is None or len(_TURN_MARK.findall(serialized)) < MIN_SERIALIZED_TURNS:
@@ -162,6 +161,18 @@ def last_user_turn(conversation: str) -> str | None:
             end = marks[index + 1].start() if index + 1 < len(marks) else len(conversation)
             return conversation[marks[index].end() : end].strip()
     return None
+
+
+def _one_user_message(messages: Sequence[Message]) -> bool:
+    """Whether the last message is the only user message: read from the start and stopped at a second one, since
+    a long session's request (asked this every time) has one early."""
+    users = 0
+    for message in messages:
+        if message.get("role") == "user":
+            users += 1
+            if users > 1:
+                return False
+    return users == 1
 
 
 def _serialized(text: str) -> str | None:

@@ -73,8 +73,15 @@ class RequestView:
 
     @classmethod
     def of(cls, connection: HTTPConnection, body: Received | bytes) -> RequestView:
-        params, query, headers = dict(connection.path_params), dict(connection.query_params), dict(connection.headers)
-        return cls(body, connection.url.path, params, query, headers)
+        """Read from the ASGI scope: Starlette's `url` parses the Host header into a URL and `dict(headers)` scans
+        the header list once per name, on every request, for what the scope holds as it is. A repeated header
+        keeps its first value, as `connection.headers[name]` would give."""
+        scope = connection.scope
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        query = dict(connection.query_params) if scope.get("query_string") else {}
+        return cls(body, scope["path"], dict(connection.path_params), query, headers)
 
 
 @dataclass(frozen=True)

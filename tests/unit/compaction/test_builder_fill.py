@@ -41,15 +41,19 @@ class Session:
     spans: list[Span] = field(default_factory=list)
     crossings: int = 0
     next_id: int = 1
+    cuts: Cuts | None = None
 
     def request(self, user: int) -> ContextLayout:
         self.items.append(Item("user", user))
+        # As the compactor does: the cut points carried from the previous request's path, only new items read.
+        known = 0 if self.cuts is None else len(self.cuts.items)
+        self.cuts = Cuts.of(tuple(self.items), self.cuts, known)
         written = False
         for round_ in range(200):
-            result = build(self.items, self.spans, self.policy, compacting=round_ > 0)
+            result = build(self.items, self.spans, self.policy, compacting=round_ > 0, cuts=self.cuts)
             if isinstance(result, ContextLayout):
                 self.crossings += written
-                check_context(self.items, self.policy, result)
+                check_context(self.items, self.policy, result, self.cuts)
                 return result
             assert isinstance(result, SpanNeeded), result
             self.spans = [span for span in self.spans if span.id not in result.replaces]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,13 @@ WORDS = _TEXT.split()
 
 
 def text(tag: str, words: int = 90) -> str:
-    return f"{tag}: " + " ".join(WORDS[i % len(WORDS)] for i in range(words)) + "."
+    return f"{tag}: {_body(words)}."
+
+
+@functools.cache
+def _body(words: int) -> str:
+    """`words` words of `_TEXT`, over and over: made once per length (long test conversations ask thousands)."""
+    return " ".join(WORDS[i % len(WORDS)] for i in range(words))
 
 
 def conversation(turns: int, tag: str = "") -> list[dict[str, Any]]:
