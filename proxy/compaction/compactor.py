@@ -24,6 +24,7 @@ from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
+from proxy.compaction.groups import largest_turn
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
@@ -66,6 +67,9 @@ class WorkingContext:
     """Spans written by this request."""
     recalled: int = 0
     """Archived passages recalled into the working context."""
+    recall_tokens: int = 0
+    """What the recall (its message and acknowledgements) adds to `tokens`: for this request only, so not what
+    the session's context has grown to."""
     ahead: bool = False
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
     floor: int = field(default=0, compare=False)
@@ -192,7 +196,8 @@ class Compactor:
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
-                return await self._recalled(request, result, self._render(request, result, stored, state, written))
+                rendered = self._render(request, result, stored, state, written)
+                return await self._recalled(request, result, state, rendered)
             fresh = await self._in_force(request)
             if not fresh.keys() <= known:
                 # Others compacting this path (sessions continuing one conversation, replicas) wrote spans since
@@ -254,9 +259,8 @@ class Compactor:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         policy = self._request_policy(request)
-        self._ahead.start(
-            request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries
-        )
+        grown = prepared.tokens - prepared.recall_tokens
+        self._ahead.start(request, policy, grown, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries)
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
@@ -348,7 +352,7 @@ class Compactor:
         )
 
     async def _recalled(
-        self, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext
+        self, request: CompactionRequest, context: ContextLayout, state: PathState, prepared: WorkingContext
     ) -> WorkingContext:
         """The working context with the archived passages the latest user message refers to, placed just before
         that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
@@ -360,14 +364,32 @@ class Compactor:
         if latest is None or latest not in shown:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
-        room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
         at = _message_index(context, latest)
+        # The room is what the budget leaves the turn's first request, less one turn's growth: the same at each of
+        # the turn's requests (its tool results are the growth), so the recall and the prompt after it stay as sent.
+        turn = sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :])
+        growth = largest_turn(state.items, latest)
+        room = min(self._config.recall_tokens, request.budget - prepared.tokens + turn - growth - 2 * acknowledgement)
+        fill = self._config.recall_fill
+        if room < 0 or prepared.tokens + room + 2 * acknowledgement > request.budget:
+            # The turn outgrew its room: what is left, for what the question asks only (a fill would change at
+            # each of the turn's next requests).
+            room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
+            fill = False
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
         # recall come and go between the turn's requests, and with it their cached prefix.
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
         query = content_text(request.path[latest].message.get("content"))
         passages = await self._recall.passages(
-            request.tenant, request.session_id, request.path, shown, visible, query, room, request.encoding
+            request.tenant,
+            request.session_id,
+            request.path,
+            shown,
+            visible,
+            query,
+            room,
+            request.encoding,
+            fill=fill,
         )
         if not passages:
             return prepared
@@ -377,9 +399,13 @@ class Compactor:
         inserted = [recalled, acknowledgement_message()]
         if previous is not None and previous.get("role") == "user":
             inserted.insert(0, acknowledgement_message())
-        tokens = prepared.tokens + count_message(recalled, request.encoding) + (len(inserted) - 1) * acknowledgement
+        added = count_message(recalled, request.encoding) + (len(inserted) - 1) * acknowledgement
         return replace(
-            prepared, messages=[*before, *inserted, *prepared.messages[at:]], tokens=tokens, recalled=len(passages)
+            prepared,
+            messages=[*before, *inserted, *prepared.messages[at:]],
+            tokens=prepared.tokens + added,
+            recalled=len(passages),
+            recall_tokens=added,
         )
 
 
