@@ -10,7 +10,9 @@ Off the critical path, the spans the next crossing of the budget will need are w
 until then (`precompaction`); a crossing request first waits for them.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
-(`recall`), within `context.recall_tokens` and what the budget leaves.
+(`recall`), within `context.recall_tokens` and what the budget leaves; with `context.recall_fill` the room left
+is filled with hidden turns too, for that turn only (between crossings the context grows back from the crossing's
+target to the budget, and a question is asked anywhere in between).
 """
 
 from __future__ import annotations

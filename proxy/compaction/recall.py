@@ -6,7 +6,9 @@ user message (an identifier, a name, a content word: `recall_terms`) is not show
 question's terms are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
 the session's hidden messages — summarized, omitted or stubbed —, ranked (bm25, ts_rank), and those that pass the
 threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
-answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing.
+answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing,
+unless asked to `fill` the room: then the hidden turns sharing any of its terms come next (best first, with their
+neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show).
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
