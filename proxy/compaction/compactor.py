@@ -31,6 +31,7 @@ from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.recall_room import recall_room
 from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
@@ -367,17 +368,16 @@ class Compactor:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
         at = _message_index(context, latest)
-        # The room is what the budget leaves the turn's first request, less one turn's growth: the same at each of
-        # the turn's requests (its tool results are the growth), so the recall and the prompt after it stay as sent.
-        turn = sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :])
         growth = largest_turn(state.items, latest)
-        room = min(self._config.recall_tokens, request.budget - prepared.tokens + turn - growth - 2 * acknowledgement)
-        fill = self._config.recall_fill
-        if room < 0 or prepared.tokens + room + 2 * acknowledgement > request.budget:
-            # The turn outgrew its room: what is left, for what the question asks only (a fill would change at
-            # each of the turn's next requests).
-            room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
-            fill = False
+        room = recall_room(
+            budget=request.budget,
+            tokens=prepared.tokens,
+            turn=sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :]),
+            growth=growth,
+            acknowledgements=2 * acknowledgement,
+            limit=self._config.recall_tokens,
+            fill=self._config.recall_fill,
+        )
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
         # recall come and go between the turn's requests, and with it their cached prefix.
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
@@ -389,9 +389,9 @@ class Compactor:
             shown,
             visible,
             query,
-            room,
+            room.tokens,
             request.encoding,
-            fill=fill,
+            fill=room.fill,
         )
         if not passages:
             return prepared
