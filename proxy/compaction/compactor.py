@@ -26,7 +26,7 @@ from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.groups import largest_turn
+from proxy.compaction.groups import request_growth
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
@@ -368,7 +368,7 @@ class Compactor:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
         at = _message_index(context, latest)
-        growth = largest_turn(state.items, latest)
+        growth = request_growth(state.items, state.cuts, end=latest)
         room = recall_room(
             budget=request.budget,
             tokens=prepared.tokens,

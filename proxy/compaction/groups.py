@@ -140,19 +140,6 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
     return turn if turn_tokens <= room else recent
 
 
-def largest_turn(items: Sequence[Item], end: int, window: int = GROWTH_WINDOW) -> int:
-    """The most one whole turn (a user message and all that followed it, system messages aside) added among the
-    latest `window` messages before `end`: what a turn that is about to start may add."""
-    largest = turn = 0
-    for position in range(max(0, end - window), end):
-        item = items[position]
-        if item.role == "user":
-            largest, turn = max(largest, turn), 0
-        if item.role not in PINNED_ROLES:
-            turn += item.tokens
-    return max(largest, turn)
-
-
 def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW, end: int | None = None) -> int:
     """About what one turn adds to the path: the latest `window` messages (system messages aside) over the user
     turns among them (a chat turn: a user message and its reply; an agent's turn: a user message and every tool

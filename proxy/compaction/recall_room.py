@@ -3,9 +3,10 @@
 Between two crossings the context grows back from the crossing's target to the budget, so a question is asked
 anywhere in between; what the budget leaves it is recall's (`recall.Recall.passages`), just before the question
 and for that turn only (docs/architecture.md, invariant 6). Two things keep the prompt cacheable:
-- the room is what the budget leaves the turn's first request less one turn's growth (the largest recent turn):
-  the same at each of the turn's requests, whose tool steps are that growth, so the recall and the prompt after
-  it stay as sent; a turn that outgrows it gets what is left, for what the question asks only;
+- the room is what the budget leaves the turn's first request less one turn's growth (`groups.request_growth`,
+  before the question): the same at each of the turn's requests, whose tool steps are that growth, so the recall
+  and the prompt after it stay as sent; a turn that outgrows it gets what is left, for what the question asks
+  only;
 - the next turn sends again, uncached, what followed the recall (a turn), so the room is filled only when that
   brings at least as much as it costs: a chat's turns are small, an agent's turn of tool outputs is not.
 """
