@@ -20,10 +20,9 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from proxy.canonical.types import Clock, Message
-from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.groups import request_growth
@@ -35,9 +34,17 @@ from proxy.compaction.recall_room import recall_room
 from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
-from proxy.compaction.stubs import marker_message, stubbed_message
+from proxy.compaction.stubs import stubbed_message
 from proxy.compaction.summarizer import Summarizer
-from proxy.compaction.summary_text import acknowledgement_message, summary_message
+from proxy.compaction.summary_text import acknowledgement_message
+from proxy.compaction.working_context import (
+    ContextView,
+    WorkingContext,
+    message_index,
+    rendered,
+    span_message,
+    with_recalled,
+)
 from proxy.config.schema import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, token_counts
@@ -45,7 +52,7 @@ from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 
-__all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
+__all__ = ["Allowance", "CompactionRequest", "Compactor"]
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
@@ -56,41 +63,6 @@ ROUNDS_PER_MESSAGE = 3
 no mask stubbed: a path of n messages is compacted in fewer than 3n rounds."""
 AHEAD_ROUNDS = 32
 """Spans one pre-compaction run may write: the crossing writes what more it needs."""
-
-
-@dataclass(frozen=True)
-class WorkingContext:
-    """The working context: the messages one request sends upstream for its session's path, and what they cost."""
-
-    messages: list[Message]
-    tokens: int
-    summaries: int
-    """Summaries (and markers) in the working context."""
-    written: int
-    """Spans written by this request."""
-    recalled: int = 0
-    """Archived passages recalled into the working context."""
-    recall_tokens: int = 0
-    """What the recall (its message and acknowledgements) adds to `tokens`: for this request only, so not what
-    the session's context has grown to."""
-    ahead: bool = False
-    """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
-    floor: int = field(default=0, compare=False)
-    """What it sends whatever is compacted (`Policy.level`): system and pinned messages."""
-
-
-@dataclass(frozen=True)
-class ContextView:
-    """What a session's next request would send, worked out without writing anything (the inspection views)."""
-
-    spans: tuple[StoredSpan, ...]
-    """The summaries and markers in the working context, in order (masks are `stubs`)."""
-    stubs: Mapping[int, str]
-    """Path position → the stub sent in place of that tool output."""
-    tokens: int
-    """The working context's size; with `compacts` the whole history's."""
-    compacts: bool = False
-    """It does not fit as the spans stand: the next request writes more (spans: those in force, not held)."""
 
 
 class Compactor:
@@ -199,8 +171,9 @@ class Compactor:
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
-                rendered = self._render(request, result, stored, state, written)
-                return await self._recalled(request, result, state, rendered)
+                return await self._recalled(
+                    request, result, state, rendered(request.messages, result, stored, state.stubs, written)
+                )
             fresh = await self._in_force(request)
             if not fresh.keys() <= known:
                 # Others compacting this path (sessions continuing one conversation, replicas) wrote spans since
@@ -321,38 +294,13 @@ class Compactor:
     ) -> list[Message]:
         """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
         return [
-            _span_message(stored[part.id])
+            span_message(stored[part.id])
             if isinstance(part, Span)
             else stubbed_message(request.path[part].message, state.stubs[part])
             if part in need.stubbed
             else dict(request.path[part].message)
             for part in need.parts
         ]
-
-    @staticmethod
-    def _render(
-        request: CompactionRequest,
-        context: ContextLayout,
-        stored: Mapping[int, StoredSpan],
-        state: PathState,
-        written: int,
-    ) -> WorkingContext:
-        messages: list[Message] = []
-        summaries = 0
-        acknowledged = frozenset(context.acknowledgements)
-        for index, part in enumerate(context.parts):
-            if index in acknowledged:
-                messages.append(acknowledgement_message())
-            if isinstance(part, Span):
-                messages.append(_span_message(stored[part.id]))
-                summaries += 1
-            elif part in context.stubbed:
-                messages.append(stubbed_message(request.messages[part], state.stubs[part]))
-            else:
-                messages.append(request.messages[part])
-        return WorkingContext(
-            messages, context.tokens, summaries, written, ahead=context.held_back, floor=context.floor
-        )
 
     async def _recalled(
         self, request: CompactionRequest, context: ContextLayout, state: PathState, prepared: WorkingContext
@@ -367,13 +315,12 @@ class Compactor:
         if latest is None or latest not in shown:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
-        at = _message_index(context, latest)
-        growth = request_growth(state.items, state.cuts, end=latest)
+        at = message_index(context, latest)
         room = recall_room(
             budget=request.budget,
             tokens=prepared.tokens,
             turn=sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :]),
-            growth=growth,
+            growth=request_growth(state.items, state.cuts, end=latest),
             acknowledgements=2 * acknowledgement,
             limit=self._config.recall_tokens,
             fill=self._config.recall_fill,
@@ -395,20 +342,7 @@ class Compactor:
         )
         if not passages:
             return prepared
-        recalled = recall_message(passages)
-        before = prepared.messages[:at]
-        previous = next((m for m in reversed(before) if m.get("role") not in SYSTEM_ROLES), None)
-        inserted = [recalled, acknowledgement_message()]
-        if previous is not None and previous.get("role") == "user":
-            inserted.insert(0, acknowledgement_message())
-        added = count_message(recalled, request.encoding) + (len(inserted) - 1) * acknowledgement
-        return replace(
-            prepared,
-            messages=[*before, *inserted, *prepared.messages[at:]],
-            tokens=prepared.tokens + added,
-            recalled=len(passages),
-            recall_tokens=added,
-        )
+        return with_recalled(prepared, at, recall_message(passages), len(passages), request.encoding, acknowledgement)
 
 
 def most_rounds(messages: int) -> int:
@@ -425,13 +359,3 @@ def most_rounds(messages: int) -> int:
 def _superseded(stored: Mapping[int, StoredSpan], need: SpanNeeded, summary: StoredSpan) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
-
-
-def _span_message(summary: StoredSpan) -> Message:
-    return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
-
-
-def _message_index(context: ContextLayout, position: int) -> int:
-    """Where item `position` is in the rendered messages (acknowledgements included)."""
-    index = context.parts.index(position)
-    return index + sum(1 for acknowledged in context.acknowledgements if acknowledged <= index)

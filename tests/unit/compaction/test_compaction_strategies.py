@@ -14,13 +14,15 @@ from typing import Any
 import pytest
 
 from proxy.canonical.vocabulary import ITEMS
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import RECALL_HEADER, Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.compaction.working_context import WorkingContext
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.span_store import ENDING_ON_SQL, SpanStore, StoredSpan, in_force
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
-from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry, UpstreamConfig
+from proxy.compaction.working_context import WorkingContext
+from proxy.config.models import ModelEntry
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, UpstreamConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
