@@ -10,7 +10,9 @@ Off the critical path, the spans the next crossing of the budget will need are w
 until then (`precompaction`); a crossing request first waits for them.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
-(`recall`), within `context.recall_tokens` and what the budget leaves.
+(`recall`), within `context.recall_tokens` and what the budget leaves; with `context.recall_fill` the room left
+is filled with hidden turns too, for that turn only (between crossings the context grows back from the crossing's
+target to the budget, and a question is asked anywhere in between).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from dataclasses import replace
 from proxy.canonical.types import Clock, Message
 from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
+from proxy.compaction.groups import request_growth
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.recall_room import recall_room
 from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
@@ -168,7 +172,7 @@ class Compactor:
                 if joined:
                     await self._summaries.release(request.tenant, joined)
                 return await self._recalled(
-                    request, result, rendered(request.messages, result, stored, state.stubs, written)
+                    request, result, state, rendered(request.messages, result, stored, state.stubs, written)
                 )
             fresh = await self._in_force(request)
             if not fresh.keys() <= known:
@@ -231,9 +235,8 @@ class Compactor:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         policy = self._request_policy(request)
-        self._ahead.start(
-            request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries
-        )
+        grown = prepared.tokens - prepared.recall_tokens
+        self._ahead.start(request, policy, grown, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries)
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
@@ -300,7 +303,7 @@ class Compactor:
         ]
 
     async def _recalled(
-        self, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext
+        self, request: CompactionRequest, context: ContextLayout, state: PathState, prepared: WorkingContext
     ) -> WorkingContext:
         """The working context with the archived passages the latest user message refers to, placed just before
         that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
@@ -312,14 +315,30 @@ class Compactor:
         if latest is None or latest not in shown:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
-        room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
         at = message_index(context, latest)
+        room = recall_room(
+            budget=request.budget,
+            tokens=prepared.tokens,
+            turn=sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :]),
+            growth=request_growth(state.items, state.cuts, end=latest),
+            acknowledgements=2 * acknowledgement,
+            limit=self._config.recall_tokens,
+            fill=self._config.recall_fill,
+        )
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
         # recall come and go between the turn's requests, and with it their cached prefix.
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
         query = content_text(request.path[latest].message.get("content"))
         passages = await self._recall.passages(
-            request.tenant, request.session_id, request.path, shown, visible, query, room, request.encoding
+            request.tenant,
+            request.session_id,
+            request.path,
+            shown,
+            visible,
+            query,
+            room.tokens,
+            request.encoding,
+            fill=room.fill,
         )
         if not passages:
             return prepared

@@ -6,7 +6,9 @@ user message (an identifier, a name, a content word: `recall_terms`) is not show
 question's terms are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
 the session's hidden messages — summarized, omitted or stubbed —, ranked (bm25, ts_rank), and those that pass the
 threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
-answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing.
+answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing,
+unless asked to `fill` the room: then the hidden turns sharing any of its terms come next (best first, with their
+neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show).
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -75,6 +77,14 @@ NEIGHBOUR_ROLES = frozenset(("user", "assistant", "tool"))
 """What a hit's neighbour may be: a turn of the conversation, not a system message."""
 RANKED_FIRST = 8 * MAX_CANDIDATES
 """Matches of the whole tenant ranked before the hidden ones are picked from them (`Recall._rank`)."""
+
+
+@dataclass(frozen=True)
+class _Tier:
+    """Positions to recall, best first, and whether each comes with its hidden neighbours."""
+
+    positions: Iterable[int]
+    neighbours: bool
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,8 @@ class Recall:
         query: str,
         limit_tokens: int,
         encoding: str,
+        *,
+        fill: bool = False,
     ) -> list[Passage]:
         """Best-matching passages among the messages of `path` the working context does not send verbatim (not
         at `shown`: summarized, omitted or stubbed) for the latest user message `query`, in path order.
@@ -163,48 +175,67 @@ class Recall:
         if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
         asked = await compute(len(query) + len(visible_text), lookup, query, visible_text)
-        if not asked.unseen:
+        if not asked.unseen and not fill:
             return []
-        await self._index(tenant, session_id, path, shown)
+        hits: list[int] = []
+        related: list[int] = []
+        if asked.terms:
+            await self._index(tenant, session_id, path, shown)
+        if asked.unseen:
+            ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, asked.unseen))
+            texts = [message_text(path[position].message) for position in ranked]
+            answering = await compute(sum(map(len, texts)), _answering, asked, texts)
+            hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
+        if fill and asked.terms:
+            ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, None))
+            related = [position for position in ranked if position not in hits][:MAX_HITS]
+        tiers = [_Tier(hits, neighbours=True)]
+        if fill:
+            recent = (p for p in range(len(path) - 1, -1, -1) if p not in shown and path[p].role in NEIGHBOUR_ROLES)
+            tiers += [_Tier(related, neighbours=True), _Tier(recent, neighbours=False)]
+        return await self._chosen(path, shown, tiers, asked.terms, limit_tokens, encoding)
+
+    def _expression(self, terms: Sequence[Term], required: Sequence[Term] | None) -> str:
         if self._db.dialect == "sqlite":
-            expression = match_expression(asked.terms, asked.unseen)
-        else:
-            expression = tsquery(asked.terms, asked.unseen)
-        ranked = await self._rank(tenant, path, shown, expression)
-        texts = [message_text(path[position].message) for position in ranked]
-        answering = await compute(sum(map(len, texts)), _answering, asked, texts)
-        hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
-        return await self._chosen(path, shown, hits, asked.terms, limit_tokens, encoding)
+            return match_expression(terms, required)
+        return tsquery(terms, required)
 
     async def _chosen(
         self,
         path: Sequence[StoredMessage],
         shown: Set[int],
-        hits: Sequence[int],
+        tiers: Sequence[_Tier],
         terms: Sequence[Term],
         limit_tokens: int,
         encoding: str,
     ) -> list[Passage]:
-        """The hits, best first, each followed by its hidden neighbours, while they fit `limit_tokens`; the least
-        ranked dropped while the whole message does not fit; in path order."""
-        chosen: list[tuple[tuple[int, int], Passage]] = []
+        """The tiers' positions in turn, best first, each followed by its hidden neighbours where its tier says,
+        while they fit `limit_tokens`; the least ranked dropped while the whole message does not fit; in path
+        order."""
+        chosen: list[tuple[tuple[int, int, int], Passage]] = []
         taken: set[int] = set()
         used = count_message(recall_message([]), encoding)
-        for rank, hit in enumerate(hits):
-            for near, position in enumerate((hit, hit - 1, hit + 1)):
-                if position in taken or position in shown or not 0 <= position < len(path):
-                    continue
-                stored = path[position]
-                if near and stored.role not in NEIGHBOUR_ROLES:
-                    continue
-                room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
-                widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
-                passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
-                if passage is None:
-                    continue
-                chosen.append(((rank, near), passage))
-                taken.add(position)
-                used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
+        for tier, group in enumerate(tiers):
+            for rank, hit in enumerate(group.positions):
+                if used >= limit_tokens:
+                    break
+                around = (hit, hit - 1, hit + 1) if group.neighbours else (hit,)
+                for near, position in enumerate(around):
+                    if position in taken or position in shown or not 0 <= position < len(path):
+                        continue
+                    stored = path[position]
+                    if near and stored.role not in NEIGHBOUR_ROLES:
+                        continue
+                    room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
+                    widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
+                    passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
+                    if passage is None:
+                        continue
+                    chosen.append(((tier, rank, near), passage))
+                    taken.add(position)
+                    used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
+                if not group.neighbours and hit not in taken and hit not in shown:
+                    break  # the latest hidden turns, newest first, as far as they fit: no gap
         # The sum of the parts is a close estimate; the whole message is what the working context pays.
         while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
             chosen.remove(max(chosen, key=lambda item: item[0]))
@@ -357,7 +388,7 @@ def _label(position: int, role: str) -> str:
     return f"Message {position} ({role}):\n"
 
 
-def _in_order(chosen: Sequence[tuple[tuple[int, int], Passage]]) -> list[Passage]:
+def _in_order(chosen: Sequence[tuple[tuple[int, int, int], Passage]]) -> list[Passage]:
     return sorted((passage for _, passage in chosen), key=lambda passage: passage.position)
 
 

@@ -31,6 +31,9 @@ class WorkingContext:
     """Spans written by this request."""
     recalled: int = 0
     """Archived passages recalled into the working context."""
+    recall_tokens: int = 0
+    """What the recall (its message and acknowledgements) adds to `tokens`: for this request only, so not what
+    the session's context has grown to."""
     ahead: bool = False
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
     floor: int = field(default=0, compare=False)
@@ -86,8 +89,14 @@ def with_recalled(
     inserted = [recalled, acknowledgement_message()]
     if previous is not None and previous.get("role") == "user":
         inserted.insert(0, acknowledgement_message())
-    tokens = prepared.tokens + count_message(recalled, encoding) + (len(inserted) - 1) * acknowledgement
-    return replace(prepared, messages=[*before, *inserted, *prepared.messages[at:]], tokens=tokens, recalled=passages)
+    added = count_message(recalled, encoding) + (len(inserted) - 1) * acknowledgement
+    return replace(
+        prepared,
+        messages=[*before, *inserted, *prepared.messages[at:]],
+        tokens=prepared.tokens + added,
+        recalled=passages,
+        recall_tokens=added,
+    )
 
 
 def span_message(summary: StoredSpan) -> Message:

@@ -182,3 +182,19 @@ def test_a_chats_crossing_aims_near_the_budget() -> None:
     assert growth == 100
     assert policy.target(floor, growth) == policy.budget - DEFAULT_HEADROOM_TURNS * 100
     assert policy.target(floor, growth) > policy.level(policy.compact_to, floor)
+
+
+def test_a_turn_s_growth_can_be_read_before_its_own_steps() -> None:
+    """A recall's room keeps one turn's growth as of the turn's question: the steps that follow it are not read, so
+    the room stays the same through them (`compaction.recall_room`)."""
+    items = [SYSTEM]
+    for _ in range(40):
+        items += [Item("user", 40), Item("assistant", 60)]
+    question = len(items)
+    call = "call-1"
+    items += [Item("user", 40), Item("assistant", 30, tool_call_ids=(call,)), Item("tool", 2_000, tool_call_id=call)]
+    cuts = Cuts.of(items)
+    assert request_growth(items, cuts, end=question) == 100
+    assert request_growth(items, cuts) > 100
+    items.append(Item("system", 500))
+    assert request_growth(items, Cuts.of(items), end=question) == 100

@@ -28,6 +28,7 @@ from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
+from proxy.tokens import count_message
 from tests.unit.compaction.test_span_store import (
     TENANT,
     FakeSummarizer,
@@ -292,6 +293,34 @@ async def test_an_ordinary_question_recalls_the_same_passages_through_its_turn_s
     assert second.recalled == first.recalled
 
 
+async def test_the_room_a_turn_is_left_is_filled_with_hidden_turns_before_its_question(
+    history: History, summaries: SpanStore, db: Database
+) -> None:
+    """Between crossings the context grows back from the crossing's target to the budget; what a question's
+    request has left (less one turn's growth, kept for the turn's own steps) is filled with hidden turns, just
+    before the question, for that turn only: the prompt before them is the one sent before."""
+    messages = conversation(30)
+    messages.append({"role": "user", "content": "And then?"})
+    path = await stored_path(history, messages)
+    budget = total(path) // 2
+    config = ContextConfig(strategies=("summarize",), recall_tokens=budget)
+    filled = Compactor(config, summaries, FakeSummarizer(), recall=Recall(db))
+    unfilled = Compactor(replace(config, recall_fill=False), summaries, FakeSummarizer(), recall=Recall(db))
+    without = await unfilled.prepare(request(path, budget))
+    prepared = await filled.prepare(request(path, budget))
+
+    assert without.recalled == 0
+    assert prepared.recalled >= 1
+    turn = max(count_message(m) for m in messages[1:])
+    assert budget - 3 * turn <= prepared.tokens <= budget
+    assert prepared.tokens > without.tokens
+    [recalled] = [m for m in prepared.messages if str(m["content"]).startswith(RECALL_HEADER)]
+    at = prepared.messages.index(recalled)
+    assert prepared.messages[:at] == without.messages[:at]
+    assert prepared.messages[-1] == messages[-1]
+    assert alternates(prepared.messages)
+
+
 async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
     history: History, summaries: SpanStore, db: Database
 ) -> None:
@@ -299,7 +328,8 @@ async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
     messages[-2] = {"role": "user", "content": "Set DEPLOY_REGION=eu-west-3 please."}
     messages.append({"role": "user", "content": "Which DEPLOY_REGION did we pick?"})
     path = await stored_path(history, messages)
-    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, FakeSummarizer(), recall=Recall(db))
+    config = ContextConfig(strategies=("summarize",), recall_fill=False)
+    engine = Compactor(config, summaries, FakeSummarizer(), recall=Recall(db))
     prepared = await engine.prepare(request(path, total(path) // 2))
 
     assert prepared.summaries >= 1
