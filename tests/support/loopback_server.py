@@ -38,6 +38,23 @@ class _HideIntentionalDrops(logging.Filter):
 _HIDE_DROPS = _HideIntentionalDrops()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, woken by `stopping` rather than finding `should_exit` at its next 0.1 s tick: a test's
+    teardown does not wait out a tick (the fakes start and stop a few thousand times a suite)."""
+
+    stopping: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864_000
+            if self.stopping is None:
+                await asyncio.sleep(0.1)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.1)
+
+
 class LoopbackServer:
     def __init__(self, app: ASGIApp, name: str, path: str = "") -> None:
         """`path` follows the address in `url` (`/v1` for OpenAI's APIs, nothing for Anthropic's)."""
@@ -47,7 +64,7 @@ class LoopbackServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._port: int | None = None
-        self._server: uvicorn.Server | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -81,7 +98,7 @@ class LoopbackServer:
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         thread = threading.Thread(target=self._run, args=(server, sock), name=self._name, daemon=True)
         self._server, self._thread = server, thread
         thread.start()
@@ -93,11 +110,12 @@ class LoopbackServer:
                 raise RuntimeError(f"{self._name} did not start")
             time.sleep(START_POLL_S)
 
-    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
+    def _run(self, server: _Server, sock: socket.socket) -> None:
         asyncio.run(self._serve(server, sock))
 
-    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+    async def _serve(self, server: _Server, sock: socket.socket) -> None:
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        server.stopping = self._stopping
         await server.serve(sockets=[sock])
 
     def stop(self) -> None:
