@@ -326,8 +326,11 @@ class Compactor:
             fill=self._config.recall_fill,
         )
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
-        # recall come and go between the turn's requests, and with it their cached prefix.
-        visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
+        # recall come and go between the turn's requests, and with it their cached prefix. Only originals count:
+        # a summary that names a word does not hold what was said of it.
+        visible = "\n".join(
+            content_text(request.path[part].message.get("content")) for part in sorted(shown) if part < latest
+        )
         query = content_text(request.path[latest].message.get("content"))
         passages = await self._recall.passages(
             request.tenant,

@@ -168,7 +168,7 @@ class Recall:
         """Best-matching passages among the messages of `path` the working context does not send verbatim (not
         at `shown`: summarized, omitted or stubbed) for the latest user message `query`, in path order.
 
-        `visible_text` is the text the working context shows: a term found there is not looked up (the query's
+        `visible_text` is the original text the working context shows: a term found there is not looked up (the query's
         own text is not counted as shown). The result, sent as `recall_message`, costs at most `limit_tokens`
         (`count_message`); [] when the query refers to nothing found only in hidden history.
         """

@@ -293,6 +293,37 @@ async def test_an_ordinary_question_recalls_the_same_passages_through_its_turn_s
     assert second.recalled == first.recalled
 
 
+class NamingSummarizer(FakeSummarizer):
+    """A summary that names what was talked about without what was said of it."""
+
+    async def summarize(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        target: int,
+        request_entry: ModelEntry,
+        instruction: str | None = None,
+        session: tuple[str, str] | None = None,
+    ) -> WrittenSummary:
+        written = await super().summarize(messages, target, request_entry, instruction)
+        return replace(written, content=written.content + " They talked about a support group.")
+
+
+async def test_a_summary_naming_the_question_s_words_does_not_keep_the_original_from_being_recalled(
+    history: History, summaries: SpanStore, db: Database
+) -> None:
+    messages = conversation(20)
+    messages[3] = {"role": "user", "content": "I went to a LGBTQ support group yesterday and it was so powerful."}
+    messages.append({"role": "user", "content": "When did I go to the support group?"})
+    path = await stored_path(history, messages)
+    config = ContextConfig(strategies=("summarize",), recall_fill=False)
+    engine = Compactor(config, summaries, NamingSummarizer(), recall=Recall(db))
+    prepared = await engine.prepare(request(path, total(path) // 2))
+
+    assert any("talked about a support group" in str(m["content"]) for m in prepared.messages)
+    [recalled] = [m for m in prepared.messages if str(m["content"]).startswith(RECALL_HEADER)]
+    assert "LGBTQ support group yesterday" in recalled["content"]
+
+
 async def test_the_room_a_turn_is_left_is_filled_with_hidden_turns_before_its_question(
     history: History, summaries: SpanStore, db: Database
 ) -> None:
