@@ -2,7 +2,8 @@
 conversation summarized, each citing the client and the version whose prompt it matches.
 
 Two shapes reach the proxy. `APPENDED`: the conversation itself, then a last user message asking for a summary
-(Claude Code, Codex's local compaction); the proxy stores the conversation and answers. `SERIALIZED`: a request of
+(Claude Code, Codex's local compaction, Gemini CLI's `<state_snapshot>` and its check of it, which sends the
+snapshot back as the model's turn); the proxy stores the conversation and answers. `SERIALIZED`: a request of
 its own whose one user message holds the conversation written out as text (`[User]: ...`, `[Assistant]: ...`) in
 `<conversation>` tags, then the prompt (Pi, OpenCode); the proxy answers for the stored session that text
 comes from. A serialized request from a client not listed here is recognized by its structure alone: no tools,
@@ -43,6 +44,9 @@ class Recognizer:
     """Or holds one of these."""
     tagged: bool = False
     """The client reads the summary from an `<analysis>` block and a `<summary>` block."""
+    acknowledgement: str = ""
+    """What the client writes itself as the model's reply to the summary it keeps: it goes with the summary when
+    the stored conversation takes their place (`proxy.request.continuations`)."""
 
     def matches(self, text: str) -> bool:
         return text.lstrip().startswith(self.openings) or any(phrase in text for phrase in self.phrases)
@@ -65,6 +69,14 @@ RECOGNIZERS = (
         "@openai/codex 0.169.0 (local compaction, custom provider)",
         Shape.APPENDED,
         openings=("You are performing a CONTEXT CHECKPOINT COMPACTION.",),
+    ),
+    Recognizer(
+        "Gemini CLI",
+        "@google/gemini-cli 0.61.0 (ChatCompressionService: the snapshot, then a second call checking it)",
+        Shape.APPENDED,
+        openings=("Critically evaluate the <state_snapshot> you just generated.",),
+        phrases=("First, reason in your scratchpad. Then, generate the updated <state_snapshot>.",),
+        acknowledgement="Got it. Thanks for the additional context!",
     ),
     Recognizer(
         "Pi",
@@ -132,6 +144,14 @@ def recognize(messages: Sequence[Message], tools: bool) -> ClientCompaction | No
     if serialized is None or len(_TURN_MARK.findall(serialized)) < MIN_SERIALIZED_TURNS:
         return None
     return ClientCompaction(UNKNOWN_CLIENT, serialized)
+
+
+def is_acknowledgement(message: Message) -> bool:
+    """Whether `message` is a listed client's own reply to the summary it keeps (`Recognizer.acknowledgement`)."""
+    if message.get("role") != "assistant" or message.get("tool_calls"):
+        return False
+    text = content_text(message.get("content")).strip()
+    return any(text == recognizer.acknowledgement for recognizer in RECOGNIZERS if recognizer.acknowledgement)
 
 
 def last_user_turn(conversation: str) -> str | None:

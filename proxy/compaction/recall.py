@@ -112,10 +112,35 @@ SESSIONS_CHECKED = 4096
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._indexed: OrderedDict[str, None] = OrderedDict()
-        """Ids of messages known to be in the index (an indexed message stays indexed; an id is a content
-        address under its tenant's root, so no two tenants share one)."""
+        self._indexed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(tenant, message id) of messages known to be in the index: an indexed message stays indexed until its
+        session or tenant is deleted (`forget_tenant`)."""
         self._checked: OrderedDict[tuple[str, str], _Checked] = OrderedDict()
+        self._epochs: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """Tenant → its span epoch and last clearing as of this process's last look (`_forget_if_cleared`)."""
+
+    def forget_tenant(self, tenant: str) -> None:
+        """After a deletion of the tenant's rows (`proxy.lifecycle`): the index entries of what it remembers may
+        be gone, and the same messages sent again (the same ids) must be indexed again."""
+        for key in [key for key in self._indexed if key[0] == tenant]:
+            del self._indexed[key]
+        for key in [key for key in self._checked if key[0] == tenant]:
+            del self._checked[key]
+        self._epochs.pop(tenant, None)
+
+    async def _forget_if_cleared(self, tenant: str) -> None:
+        """A deletion by another process (a replica, the CLI) moves the tenant's span epoch past a clearing, or
+        takes its row with a purge (`proxy.lifecycle.forget`): what this process remembers of the tenant's index
+        is then forgotten. One read by key, when recall looks something up."""
+        row = await self._db.fetchone("SELECT epoch, cleared FROM span_epochs WHERE tenant = ?", (tenant,))
+        now = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        seen = self._epochs.get(tenant)
+        if seen is not None and (now[1] > seen[1] or now[0] < seen[0]):
+            self.forget_tenant(tenant)
+        self._epochs[tenant] = now
+        self._epochs.move_to_end(tenant)
+        while len(self._epochs) > SESSIONS_CHECKED:
+            self.forget_tenant(next(iter(self._epochs)))  # a tenant no longer watched keeps nothing
 
     async def passages(
         self,
@@ -189,6 +214,7 @@ class Recall:
         """Index the hidden messages not indexed yet. What the session's last request left indexed carries over
         when `path` extends its path (a node's id hashes its ancestors', so one id says so): only the messages
         past it, and those it showed that are hidden now, are looked at, not a long path's every message."""
+        await self._forget_if_cleared(tenant)
         key = (tenant, session_id)
         checked = self._checked.pop(key, None)
         if (
@@ -202,7 +228,7 @@ class Recall:
         else:
             looked = [position for position in range(len(path)) if position not in shown]
         known = self._indexed
-        unknown = [position for position in looked if path[position].id not in known]
+        unknown = [position for position in looked if (tenant, path[position].id) not in known]
         left = await self._index_messages(tenant, [path[position] for position in unknown]) if unknown else set()
         end = min((position for position in unknown if path[position].id in left), default=len(path))
         if end:
@@ -220,7 +246,7 @@ class Recall:
             (tenant, id_array(message.id for message in unknown)),
         )
         indexed = {row[0] for row in rows}
-        self._remember(indexed)
+        self._remember(tenant, indexed)
         batch: list[StoredMessage] = []
         size = 0
         # Newest first: what was hidden last is what a question most likely reaches back for.
@@ -253,12 +279,12 @@ class Recall:
         except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
             return left
-        self._remember([message_id for message_id, _ in documents])
+        self._remember(tenant, [message_id for message_id, _ in documents])
         return left - {message_id for message_id, _ in documents}
 
-    def _remember(self, message_ids: Iterable[str]) -> None:
+    def _remember(self, tenant: str, message_ids: Iterable[str]) -> None:
         for message_id in message_ids:
-            self._indexed[message_id] = None
+            self._indexed[(tenant, message_id)] = None
         while len(self._indexed) > INDEXED_IDS:
             self._indexed.popitem(last=False)
 

@@ -94,7 +94,7 @@ class Planner:
                     reconciled.path,
                     reconciled.settings,
                     session_id=reconciled.session.id,
-                    messages=conversation.messages,
+                    messages=located.messages,
                     entry=entry,
                     encoding=encoding,
                     budget=budget.for_messages,
