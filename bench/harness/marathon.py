@@ -93,7 +93,9 @@ def marathon_prompts(turns: int, tool_output_tokens: int) -> list[str]:
 def marathon_summary(body: dict[str, Any]) -> Reply:
     """A summarizer that keeps `KEY=VALUE` facts, as the proxy's instruction asks a real one to."""
     reply = fact_keeping_summary(body)
-    facts = dict.fromkeys(f"{FACT_KEY}={m.group(1)}" for m in FACT_SEEN.finditer(content_text(body["messages"][-1])))
+    facts = dict.fromkeys(
+        f"{FACT_KEY}={m.group(1)}" for m in FACT_SEEN.finditer(content_text(body["messages"][-1].get("content")))
+    )
     return Reply(content=f"{reply.content} {' '.join(facts)}".strip())
 
 

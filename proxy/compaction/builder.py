@@ -4,7 +4,8 @@ A pure function of the path's messages (role, token count, tool-call links), the
 and a policy, so that every invariant (docs/architecture.md) can be pinned by unit and property tests without a
 database or a model. Its rules:
 
-1. System (and developer) messages are pinned verbatim at their positions.
+1. The leading system (and developer) messages are pinned verbatim; a system message further on is verbatim
+   at its position while recent, and older than the recent block compactable like the turns around it.
 2. The last `preserve_recent` messages are kept verbatim, widened backwards so a tool group (an assistant
    with tool_calls and the tool messages answering it) is never split, and back to the latest user message
    while the turn since it fits in `compact_to` of what the pinned messages leave of the budget (an agent's
@@ -42,7 +43,6 @@ import functools
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import pairwise
 
 from proxy.compaction.groups import Cuts, kept_positions, recent_block, request_growth
 from proxy.compaction.layout import (
@@ -69,6 +69,10 @@ from proxy.compaction.layout import (
 from proxy.compaction.strategies import next_span
 from proxy.compaction.summary_text import SUMMARY_ROLE
 from proxy.tokens import REPLY_PRIMING_TOKENS
+
+REACH_TURNS = 2
+"""A crossing whose usual target leaves room for fewer turns than this stops at its masks when they leave a
+turn's room (`_within_reach`): compacting deeper would not spare the next turn its crossing."""
 
 __all__ = [
     "DEFAULT_ACKNOWLEDGEMENT_TOKENS",
@@ -122,7 +126,10 @@ def build(
         + REPLY_PRIMING_TOKENS
     )
     trigger = policy.level(policy.trigger_ratio, floor)
-    target = policy.target(floor, request_growth(items, cuts))
+    growth = request_growth(items, cuts)
+    target = stop = policy.target(floor, growth)
+    if policy.budget - target < REACH_TURNS * growth:
+        target, stop = _within_reach(policy, target, request_growth(items, cuts, masked=True))
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
         held = any(span.held for span in spans)
@@ -142,7 +149,7 @@ def build(
             context, layout, stubbed = arrange(active)
     context = replace(context, floor=floor)
     total = context.tokens
-    if total <= (target if compacting else trigger):
+    if total <= (stop if compacting else trigger):
         return replace(context, held_back=len(active) < len(spans))
     view = View(
         items=items,
@@ -162,6 +169,19 @@ def build(
     if total <= budget:
         return context
     return RecentTooLarge(needed=total, budget=budget, recent=fixed)
+
+
+def _within_reach(policy: Policy, target: float, growth: int) -> tuple[float, float]:
+    """The target and the stopping level of a crossing whose usual target leaves room for fewer than
+    `REACH_TURNS` turns (a small window under a large preamble: nearly every turn crosses whatever is compacted,
+    and compacting to that target at each called the summarizer on every turn). `growth`: a turn's, its tool
+    outputs at their stubs' cost.
+
+    It stops at what the cheap steps (masks, written first) achieve when that leaves a turn's growth (two for a
+    pre-compaction: the turn before its crossing, and the one after); only past that it summarizes, down to the
+    usual target, so the summarizer runs once in several turns rather than at each."""
+    stop = policy.budget - growth - min(policy.ahead_by, growth)
+    return min(stop, target), stop
 
 
 def _arrange(
@@ -236,7 +256,7 @@ def usable_spans(
     state, and using them would break invariants 3 to 5.
     """
     if kept is None:
-        kept = frozenset(p for p in range(recent) if items[p].role in PINNED_ROLES)
+        kept = kept_positions(Cuts.of(items), recent)
     ordered = sorted(kept)  # a span holds a kept position when one lies in [start, end): a bisection, not a walk
     valid = [
         span
@@ -302,21 +322,30 @@ def _parts(layout: Layout, recent: int, count: int) -> tuple[Part, ...]:
 
 
 def _neighbours(items: Sequence[Item], layout: Layout, recent: int) -> Neighbours:
-    # (start, end, opens with a user turn, closes with one) of each part shown, pinned messages aside, in order:
-    # the older blocks, then the first recent message.
-    shown: list[tuple[int, int, bool, bool]] = []
+    # (start, end, opens with a user turn, closes with one, a system message shown as it is) of each part shown,
+    # pinned messages aside, in order: the older blocks, then the first recent message. An interleaved system
+    # message is no turn (`acknowledgements` skips it): what lies on each side of it is its neighbours'.
+    shown: list[tuple[int, int, bool, bool, bool]] = []
     for entry in layout:
         if isinstance(entry, Block):
             summary = entry.uses_summary
+            system = not summary and all(items[p].role in PINNED_ROLES for p in range(entry.start, entry.end))
             opens = summary or items[entry.start].role == "user"
-            shown.append((entry.start, entry.end, opens, summary or items[entry.end - 1].role == "user"))
+            shown.append((entry.start, entry.end, opens, summary or items[entry.end - 1].role == "user", system))
     first_recent = next((p for p in range(recent, len(items)) if items[p].role not in PINNED_ROLES), None)
     if first_recent is not None:
         user = items[first_recent].role == "user"
-        shown.append((first_recent, first_recent + 1, user, user))
-    user_before = {start: False for start, _, _, _ in shown}
-    user_after = {end: False for _, end, _, _ in shown}
-    for (_, end, _, closes), (start, _, opens, _) in pairwise(shown):
-        user_before[start] = closes
-        user_after[end] = opens
+        shown.append((first_recent, first_recent + 1, user, user, False))
+    user_before: dict[int, bool] = {}
+    user_after: dict[int, bool] = {}
+    closes_before = False
+    waiting: list[int] = []  # ends whose next turn is not shown yet
+    for start, end, opens, closes, system in shown:
+        user_before[start] = closes_before
+        if not system:
+            user_after.update(dict.fromkeys(waiting, opens))
+            waiting.clear()
+            closes_before = closes
+        waiting.append(end)
+    user_after.update(dict.fromkeys(waiting, False))
     return Neighbours(user_before, user_after)

@@ -18,12 +18,13 @@ target to the budget, and a question is asked anywhere in between).
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from proxy.canonical.types import Clock, Message
-from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
+from proxy.compaction.builder import PINNED_ROLES, ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.groups import request_growth
 from proxy.compaction.path_items import PathReader, PathState
@@ -130,7 +131,7 @@ class Compactor:
 
     async def prepare(self, request: CompactionRequest) -> WorkingContext:
         everything = request.path.tokens
-        floor = count_prompt(token_counts(request.path.system))
+        floor = _floor(request.path)
         if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
@@ -199,7 +200,7 @@ class Compactor:
         """The working context `prepare` would build from what is stored now, with the same pins and stubs,
         without a summarizer call, a write or a wait."""
         everything = request.path.tokens
-        floor = count_prompt(token_counts(request.path.system))
+        floor = _floor(request.path)
         if everything <= self._request_policy(request).level(self._config.trigger_ratio, floor):
             return ContextView((), {}, everything)
         state = await self._paths.read(request)
@@ -357,6 +358,15 @@ def most_rounds(messages: int) -> int:
     tokens. A fixed number refused long conversations that compact well (issue 41); a round that changes nothing
     is caught as it happens (`not_converging`)."""
     return max(AHEAD_ROUNDS, ROUNDS_PER_MESSAGE * messages)
+
+
+def _floor(path: Sequence[StoredMessage]) -> int:
+    """What the path's leading system messages count: what every request sends verbatim (`leading_system`)."""
+    return count_prompt(token_counts(itertools.takewhile(_is_system, path)))
+
+
+def _is_system(stored: StoredMessage) -> bool:
+    return stored.role in PINNED_ROLES
 
 
 def _superseded(stored: Mapping[int, StoredSpan], need: SpanNeeded, summary: StoredSpan) -> dict[int, StoredSpan]:

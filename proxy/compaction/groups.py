@@ -109,10 +109,24 @@ def with_tool_groups(cuts: Sequence[bool], positions: Iterable[int], end: int | 
     return whole
 
 
+def leading_system(system: Sequence[int]) -> int:
+    """How many of a path's first messages are system (and developer) messages, from their positions: the
+    system prompt the client states before the conversation starts, kept verbatim whatever is compacted.
+
+    A system message further on (Claude Code's mid-conversation reminders, a developer note between turns) is a
+    part of the conversation: verbatim while recent, and compactable like the turns around it once older, or
+    the reminders an agent adds every few turns would pile up verbatim until nothing else fits."""
+    count = 0
+    while count < len(system) and system[count] == count:
+        count += 1
+    return count
+
+
 def kept_positions(cuts: Cuts, recent: int) -> frozenset[int]:
-    """Positions older than the recent block sent verbatim where they stand: system messages, and the messages
-    the session pinned, each with its whole tool group (a pinned call keeps its results, and the reverse)."""
-    kept = set(cuts.system[: bisect_left(cuts.system, recent)])
+    """Positions older than the recent block sent verbatim where they stand: the leading system messages
+    (`leading_system`), and the messages the session pinned, each with its whole tool group (a pinned call
+    keeps its results, and the reverse)."""
+    kept = set(cuts.system[: min(leading_system(cuts.system), bisect_left(cuts.system, recent))])
     pinned = [position for position in cuts.pinned[: bisect_left(cuts.pinned, recent)] if position not in kept]
     return frozenset(kept | with_tool_groups(cuts.points, pinned, recent))
 
@@ -133,22 +147,28 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
         return recent
     # The turn may take `compact_to` of what the pinned messages leave: the share compaction aims the rest at.
     system = cuts.system
-    pinned = sum(items[position].tokens for position in system)
     in_turn = sum(items[position].tokens for position in system[bisect_left(system, turn) :])
+    pinned = cuts.prefix[leading_system(system)] + in_turn
     turn_tokens = cuts.prefix[len(items)] - cuts.prefix[turn] - in_turn
     room = policy.compact_to * (max(0, policy.budget) - pinned - REPLY_PRIMING_TOKENS)
     return turn if turn_tokens <= room else recent
 
 
-def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW, end: int | None = None) -> int:
+def request_growth(
+    items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW, end: int | None = None, *, masked: bool = False
+) -> int:
     """About what one turn adds to the path: the latest `window` messages (system messages aside) over the user
     turns among them (a chat turn: a user message and its reply; an agent's turn: a user message and every tool
     step it set off, so an agent's crossing makes room for whole turns and its prompt stays cacheable between
     crossings as before). What a crossing makes room for is counted in these. `end`: the messages before it only
-    (a turn's own steps aside)."""
+    (a turn's own steps aside). `masked`: with the tool outputs at their stubs' cost, as the following crossings'
+    masks leave them."""
     end = len(items) if end is None else end
     start = max(0, end - window)
     tokens = cuts.prefix[end] - cuts.prefix[start]
+    if masked:
+        stubbed = cuts.savings[bisect_left(cuts.stubbable, end)] - cuts.savings[bisect_left(cuts.stubbable, start)]
+        tokens -= stubbed
     system = cuts.system[bisect_left(cuts.system, start) : bisect_left(cuts.system, end)]
     tokens -= sum(items[position].tokens for position in system)
     turns = sum(1 for position in range(start, end) if items[position].role == "user")

@@ -4,7 +4,8 @@ conversation that is only counted."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -43,13 +44,14 @@ def model_entry(config: Config, model: str) -> ModelEntry:
 async def fit_output(budgets: Budgets, entry: ModelEntry, conversation: Conversation) -> Conversation:
     """The output request within what the configured model can give, when the client asked for its own model's
     (`Conversation.fit_output`), beside what the request sends every time: its definitions (counted:
-    `counted`) and its system messages, counted only when they could lower it (`Budgets.fitted_output`)."""
+    `counted`) and its leading system messages, counted only when they could lower it (`Budgets.fitted_output`);
+    a system message further on is compacted like the turns around it once older (docs/architecture.md, 3)."""
     requested = conversation.max_output
     if not conversation.fit_output or requested is None:
         return conversation
     fixed = conversation.definitions
     fitted = budgets.fitted_output(entry, requested, fixed)
-    system = [message for message in conversation.messages if message.get("role") in SYSTEM_ROLES]
+    system = leading_system(conversation.messages)
     size = sum(map(rough_size, system)) + TOKENS_PER_MESSAGE * len(system)  # about a bound on their tokens
     if system and budgets.fitted_output(entry, requested, fixed + size) < fitted:
         encoding = encoding_for_model(entry.model)
@@ -104,8 +106,13 @@ async def count_tokens(config: Config, budgets: Budgets, compactor: Compactor, c
     counts = await compute(size, lambda: [count_message(m, encoding) for m in conversation.messages])
     budget = budgets.budget(entry, None, {}, conversation.definitions)
     policy = compactor.policy(budget.for_messages, config.context.preserve_recent)
-    floor = count_prompt(c for c, m in zip(counts, conversation.messages, strict=True) if m.get("role") in SYSTEM_ROLES)
+    floor = count_prompt(counts[: len(leading_system(conversation.messages))])
     tokens = count_prompt(counts)
     if tokens > policy.level(policy.trigger_ratio, floor):
         tokens = int(policy.level(policy.compact_to, floor))
     return tokens + budget.definitions
+
+
+def leading_system(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The system (and developer) messages before the conversation's first turn: what every request sends."""
+    return list(itertools.takewhile(lambda message: message.get("role") in SYSTEM_ROLES, messages))

@@ -356,6 +356,28 @@ def test_a_client_preamble_filling_most_of_a_small_window_leaves_its_answer_the_
     assert "most recent messages need" in error["message"]
 
 
+def test_a_mid_conversation_system_message_does_not_lower_the_fitted_answer(
+    serve_proxy: ServeProxy, fake: FakeUpstream
+) -> None:
+    """Claude Code's reminders between turns are compacted like the turns once older (docs/architecture.md,
+    invariant 3): only the preamble every request sends lowers its own-model max_tokens, or each new reminder
+    would move the budget, and with it the compaction levels, turn after turn."""
+    model = {"name": "small", "model": "openai/fake-model", "api_base": fake.url, "api_key": "k"}
+    model["context_window"] = 32_768
+    fake.context_window = 32_768
+    proxy = serve_proxy(models=[model])
+    plain = claude_code_sized(40)
+    reminded = claude_code_sized(40)
+    reminded["messages"].insert(1, {"role": "system", "content": words(60, "reminder")})
+    answers = []
+    for body in (plain, reminded):
+        response = httpx.post(f"{proxy.url}/v1/messages?beta=true", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        answers.append(fake.requests[-1].body["max_tokens"])
+    assert answers[0] == answers[1]
+    assert [m["role"] for m in fake.requests[-1].body["messages"]].count("system") == 2
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_idempotency_key_retry_is_answered_from_the_journal(
     proxy: ProxyServer, fake: FakeUpstream, stream: bool

@@ -53,6 +53,11 @@ def chat(turns: int, tokens: int = 100, head: Sequence[Item] = (system(),)) -> l
     return items
 
 
+def leading(items: Sequence[Item]) -> int:
+    """How many first items are system (or developer) messages: the system prompt, always sent verbatim."""
+    return next((p for p, item in enumerate(items) if item.role not in ("system", "developer")), len(items))
+
+
 def input_tokens(items: Sequence[Item], parts: Sequence[int | Span]) -> int:
     return sum(items[p].tokens if isinstance(p, int) else p.tokens for p in parts)
 
@@ -85,7 +90,7 @@ class Loop:
 def pinned_and_recent(items: Sequence[Item], policy: Policy, cuts: Cuts | None = None) -> tuple[int, int]:
     """The recent block's start and what it costs with the pinned messages; `cuts`: `Cuts.of(items)`, when known."""
     recent = recent_block(items, policy, Cuts.of(items) if cuts is None else cuts)
-    pinned = sum(item.tokens for item in items[:recent] if item.role == "system")
+    pinned = sum(item.tokens for item in items[: min(recent, leading(items))])
     return recent, pinned + sum(item.tokens for item in items[recent:]) + PRIMING
 
 
@@ -104,7 +109,7 @@ def tool_pairs(items: Sequence[Item]) -> list[tuple[int, int]]:
 def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Policy, need: SpanNeeded) -> None:
     recent, _ = pinned_and_recent(items, policy)
     assert 0 <= need.start < need.end <= recent
-    assert all(items[i].role != "system" for i in range(need.start, need.end))
+    assert need.start >= leading(items)
     for call, answer in tool_pairs(items):
         assert (need.start <= call < need.end) == (need.start <= answer < need.end)
     covered = [p for part in need.parts for p in ([part] if isinstance(part, int) else range(part.start, part.end))]
@@ -131,8 +136,9 @@ def check_context(items: Sequence[Item], policy: Policy, context: ContextLayout,
     assert order == sorted(order)
     recent, _ = pinned_and_recent(items, policy, cuts)
     assert recent <= max(0, len(items) - policy.preserve_recent)
-    for position, item in enumerate(items):
-        if item.role == "system" or position >= recent:
+    first = leading(items)
+    for position in range(len(items)):
+        if position < first or position >= recent:
             assert where[position] == position
     for call, answer in tool_pairs(items):
         assert where[call] == where[answer] or (where[call] == call and where[answer] == answer)
@@ -203,7 +209,8 @@ def test_the_recent_block_reaches_back_to_the_turn_as_the_definition_says(
     expected = recent
     if users and users[-1] < recent:
         turn = users[-1]
-        system = sum(item.tokens for item in items if item.role in ("system", "developer"))
+        system = sum(item.tokens for item in items[: leading(items)])
+        system += sum(item.tokens for item in items[turn:] if item.role in ("system", "developer"))
         in_turn = sum(item.tokens for item in items[turn:] if item.role not in ("system", "developer"))
         if in_turn <= compact_to * (max(0, budget) - system - PRIMING):
             expected = turn
@@ -305,11 +312,42 @@ def test_range_never_splits_a_tool_group() -> None:
     assert (result.start, result.end) == (1, 6)
 
 
-def test_range_never_crosses_a_system_message() -> None:
+def test_a_range_spans_an_interleaved_system_message_older_than_the_recent_block() -> None:
+    # Claude Code's mid-conversation reminders: one every few turns, each kept verbatim would add a summary that
+    # cannot merge with its neighbours, until the system messages alone filled the budget.
     items = [system(), *chat(3, head=())[:-1], system(), *chat(10, head=())]
     result = build(items, [], Policy(budget=1_500))
     assert isinstance(result, SpanNeeded)
-    assert (result.start, result.end) == (1, 6)
+    assert result.start == 1
+    assert result.end > 7
+    assert 6 in result.parts
+
+
+def test_the_leading_system_prompt_and_a_recent_system_message_stay_verbatim() -> None:
+    items = [system(), system(), *chat(10, head=()), system(), user(), assistant()]
+    loop = Loop(Policy(budget=1_000))
+    result = loop.run(items)
+    assert isinstance(result, ContextLayout)
+    assert result.parts[:2] == (0, 1)
+    assert len(items) - 3 in result.parts
+    assert not any(isinstance(part, Span) and part.start < 2 for part in result.parts)
+
+
+def test_summaries_of_a_long_agent_session_with_reminders_merge_across_them() -> None:
+    # A reminder every ten messages: once the older part is all summaries, they merge into one, reminders and all.
+    items = [system(2_000)]
+    for turn in range(30):
+        if turn % 5 == 4:
+            items.append(system(88))
+        items += [user(200), assistant(200)]
+    loop = Loop(Policy(budget=4_000, target_ratio=0.05))
+    result = loop.run(items)
+    assert isinstance(result, ContextLayout)
+    check_context(items, loop.policy, result)
+    older = [part for part in result.parts if isinstance(part, Span) or part < len(items) - 4]
+    assert older[0] == 0
+    assert all(isinstance(part, Span) for part in older[1:])
+    assert len(older) == 2
 
 
 def test_whole_unsummarized_range_first_then_hierarchy() -> None:
@@ -375,7 +413,7 @@ def test_max_summary_input_bounds_each_range() -> None:
 
 
 def test_a_run_whose_summary_would_not_be_smaller_is_left_alone() -> None:
-    items = [system(), user(30), system(), *chat(10, head=())]
+    items = [system(), user(30), Item("assistant", 10, pinned=True), *chat(10, head=())]
     result = build(items, [], Policy(budget=1_500))
     assert isinstance(result, SpanNeeded)
     assert result.start == 3
@@ -433,7 +471,8 @@ def test_a_span_whose_summary_is_not_smaller_is_shown_as_originals() -> None:
 
 
 def test_spans_overlapping_recent_system_or_a_tool_group_are_ignored() -> None:
-    items = [system(), user(), assistant(10, ("a",)), tool("a"), assistant(), system(), *chat(5, head=())]
+    items = [system(), user(), assistant(10, ("a",)), tool("a"), assistant(), Item("user", 10, pinned=True)]
+    items += chat(5, head=())
     stale = [Span(1, 1, 15, 50), Span(2, 1, 7, 50), Span(3, 1, 3, 50), Span(4, 3, 5, 50)]
     result = build(items, stale, Policy(budget=1_400, trigger_ratio=0.9, compact_to=0.5))
     assert isinstance(result, SpanNeeded)
@@ -509,8 +548,8 @@ policies = st.builds(
 
 def older_segments(items: Sequence[Item], recent: int) -> int:
     segments, inside = 0, False
-    for item in items[:recent]:
-        if item.role == "system":
+    for position in range(recent):
+        if position < leading(items):
             inside = False
         elif not inside:
             segments, inside = segments + 1, True
@@ -715,3 +754,57 @@ def test_a_replacing_span_holding_a_kept_message_is_not_usable() -> None:
     spans = [Span(1, 2, 5, 3), Span(2, 5, 8, 3), Span(3, 8, 10, 3)]
     for kept, usable in [({4}, [2, 3]), ({5}, [1, 3]), ({7}, [1, 3]), ({10}, [1, 2, 3]), ({1, 8}, [1, 2])]:
         assert [span.id for span in usable_spans(items, spans, 11, cuts, frozenset(kept))] == usable, kept
+
+
+# --- a window whose target is out of reach ------------------------------------------------------------------
+
+
+def agent_turn(turn: int, output: int = 2_400) -> list[Item]:
+    """Claude Code's turn: the prompt, a shell call, its ~2.4k output (a ~40-token stub once masked), the answer."""
+    call = f"t{turn}"
+    return [
+        user(47),
+        assistant(47, (call,)),
+        Item("tool", output, tool_call_id=call, stub_tokens=40),
+        assistant(25),
+    ]
+
+
+def run_agent(policy: Policy, turns: int) -> tuple[int, int, list[BuildResult]]:
+    """Each turn's two requests (after the prompt, after the output) through the caller loop, masks written as
+    masks: (summaries written, crossings, results)."""
+    items: list[Item] = [system(5_600)]
+    spans: list[Span] = []
+    summaries = crossings = 0
+    results: list[BuildResult] = []
+    for turn in range(turns):
+        step = agent_turn(turn)
+        for request in (step[:1], step[1:3]):
+            items += request
+            for round_ in range(50):
+                result = build(items, spans, policy, compacting=round_ > 0)
+                if not isinstance(result, SpanNeeded):
+                    break
+                crossings += round_ == 0
+                if result.strategy == TOOL_RESULTS:
+                    spans = [s for s in spans if s.id not in result.replaces]
+                    spans.append(Span(len(spans) + 1_000 + round_, result.start, result.end, 0, TOOL_RESULTS))
+                    continue
+                tokens = policy.estimated_summary(input_tokens(items, result.parts))
+                spans = [s for s in spans if s.id not in result.replaces]
+                spans.append(Span(summaries + 1, result.start, result.end, tokens))
+                summaries += 1
+            results.append(result)
+        items.append(step[3])
+    return summaries, crossings, results
+
+
+def test_a_crossing_whose_target_is_out_of_reach_stops_at_its_masks_and_summarizes_rarely() -> None:
+    # Claude Code on a 32k model: ~5.6k of system prompt in an 11.4k budget, so the recent block (a turn with its
+    # 2.4k output) alone is over `compact_to` of the free space. Each turn crosses, and its masks bring the older
+    # outputs down to their stubs; a summary only when the masks no longer leave a turn's room.
+    policy = Policy(budget=11_400, strategies=(TOOL_RESULTS, SUMMARIZE), headroom_turns=8, summary_share=0.3)
+    summaries, crossings, results = run_agent(policy, 60)
+    assert all(isinstance(result, ContextLayout) for result in results)
+    assert crossings >= 30
+    assert 1 <= summaries <= 6
