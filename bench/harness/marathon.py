@@ -17,6 +17,7 @@ the last turn and their ratio, the proxy's time before its upstream calls per tu
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import statistics
@@ -41,7 +42,14 @@ from bench.harness.agents import (
 )
 from bench.harness.report import Report, add_json_option, columns
 from proxy.compaction.client_prompts import recognize
-from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
+from tests.support.fake_upstream import (
+    FakeUpstream,
+    Reply,
+    Served,
+    content_text,
+    prompt_token_ids,
+    token_ids,
+)
 from tests.support.proxy_server import ProxyProcess, make_config
 from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
 
@@ -364,6 +372,9 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                 added = [meter.added_per_turn(end) for end in windows]
                 marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
                 client_compaction_notes(result, fake, proxy.url, len(turns))
+                prompt_break_notes(result, fake)
+                if args.keep:
+                    dump_requests(fake, tmp / "upstream.jsonl")
     finally:
         if args.keep:
             result.notes.append(f"kept {tmp}")
@@ -394,6 +405,54 @@ def client_compaction_notes(report: Report, fake: FakeUpstream, proxy_url: str, 
         + ", ".join(f"{s['message_count']} messages" for s in sessions[:5])
         + ")"
     )
+
+
+def main_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
+    """The bodies of the main model's requests offering tools (the agent's loop), in the order received."""
+    return [
+        request.body
+        for request in fake.requests
+        if request.body.get("tools")
+        and request.body.get("model") == MAIN_MODEL_ID
+        and not is_summarizer_request(request.body)
+    ]
+
+
+def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The main-model requests (their index in `bodies`) whose messages do not begin with the previous request's
+    (the cached prefix broke), split in two: those whose prompt is shorter than the one before (a crossing: the
+    working context was compacted) and the others (a break between two crossings)."""
+    crossings: list[int] = []
+    others: list[int] = []
+    previous: tuple[list[str], list[str], int] | None = None
+    for index, body in enumerate(bodies):
+        tools = [json.dumps(tool, sort_keys=True) for tool in body.get("tools") or []]
+        messages = [json.dumps(message, sort_keys=True) for message in body.get("messages") or []]
+        size = len(prompt_token_ids(body))
+        if previous is not None:
+            before_tools, before, before_size = previous
+            if tools != before_tools or messages[: len(before)] != before:
+                (crossings if size < before_size else others).append(index)
+        previous = (tools, messages, size)
+    return crossings, others
+
+
+def prompt_break_notes(report: Report, fake: FakeUpstream) -> None:
+    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received."""
+    crossings, others = prompt_breaks(main_requests(fake))
+    report.ratios["prompt breaks between crossings"] = len(others)
+    report.notes.append(
+        f"prompt breaks (a main-model request not extending the previous one): {len(crossings) + len(others)}, "
+        f"{len(crossings)} at a crossing (the prompt shrank) at requests {crossings[:30]}, {len(others)} between "
+        f"crossings at requests {others[:30]}"
+    )
+
+
+def dump_requests(fake: FakeUpstream, path: Path) -> None:
+    """Every request body the fake received, one JSON a line (kept with `--keep`, to compare requests)."""
+    with path.open("w") as out:
+        for request in fake.requests:
+            out.write(json.dumps(request.body) + "\n")
 
 
 def cached_share(served: Sequence[Served]) -> float:

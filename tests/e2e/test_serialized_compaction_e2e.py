@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 from tests.support.proxy_server import ProxyServer
 
 SYSTEM = "You are a coding agent."
@@ -140,3 +140,52 @@ def test_pi_asking_again_with_nothing_new_is_answered_for_the_session_its_summar
     assert len(fake.requests) == calls
     assert "ctxinf1." in (answer.choices[0].message.content or "")
     assert len(sessions(proxy)) == 1
+
+
+def other_converse(client: openai.OpenAI, topic: str, turns: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(turns):
+        history.append({"role": "user", "content": f"{topic} {turn}: keep {topic.upper()}_{turn}"})
+        answer = client.chat.completions.create(model="fake", messages=history)  # type: ignore[arg-type]
+        history.append({"role": "assistant", "content": answer.choices[0].message.content})
+    return history
+
+
+def test_a_summary_request_showing_no_user_turn_is_answered_for_the_session_its_turns_come_from(
+    client: openai.OpenAI, proxy: ProxyServer, fake: FakeUpstream
+) -> None:
+    """A tenant with two sessions; the summary request shows only an answer of the older one (Pi's summary of a
+    turn's prefix, its user message kept): it is answered for that session, not the most recent."""
+    fake.responder = lambda body: Reply(content=f"noted: {content_text(body['messages'][-1]['content'])[::-1]}")
+    older = other_converse(client, "apples", 3)
+    other_converse(client, "pears", 3)
+    calls = len(fake.requests)
+    text = f"<conversation>\n[Assistant]: {older[-1]['content']}\n</conversation>\n\n{PI_PROMPT}"
+    answer = client.chat.completions.create(
+        model="fake", messages=[{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": text}]
+    )
+    assert len(fake.requests) == calls  # answered by the proxy
+    summary = answer.choices[0].message.content or ""
+    back = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"{PI_PREFIX}{summary}\n</summary>"},
+        {"role": "user", "content": "what did we keep?"},
+    ]
+    client.chat.completions.create(model="fake", messages=back)  # type: ignore[arg-type]
+    sent = [m.get("content") for m in fake.requests[-1].body["messages"]]
+    assert sent == [*(m["content"] for m in older), "what did we keep?"]
+
+
+def test_a_summary_request_that_names_no_session_goes_to_the_model_when_the_tenant_has_several(
+    client: openai.OpenAI, fake: FakeUpstream
+) -> None:
+    """Nothing in it tells which of the tenant's sessions it summarizes: answering for the most recent could hand
+    the client another conversation's reference, so the model answers it."""
+    other_converse(client, "apples", 2)
+    other_converse(client, "pears", 2)
+    calls = len(fake.requests)
+    text = f"<conversation>\n\n</conversation>\n\n{PI_PROMPT}"
+    client.chat.completions.create(
+        model="fake", messages=[{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": text}]
+    )
+    assert len(fake.requests) == calls + 1
