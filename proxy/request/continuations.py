@@ -70,7 +70,8 @@ async def _summarized(
 ) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
     reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
-    conversation it stands for. A reference to nothing of this tenant's is left as it is."""
+    conversation it stands for, in the form it was last sent in (so the upstream's cached prompt holds). A reference
+    to nothing of this tenant's is left as it is."""
     found = references.find(tenant, conversation.messages)
     if found is None:
         return conversation
@@ -83,7 +84,8 @@ async def _summarized(
     system = [message for message in own[:index] if message.get("role") in SYSTEM_ROLES]
     after = own[index + 1 :]
     end = len(path) - kept_tail(path[leading:], after)
-    messages = [*system, *(stored.message for stored in path[leading:end]), *after]
+    forms = history.recent.sent_forms(tenant, path)
+    messages = [*system, *forms[leading:end], *after]
     return replace(conversation, messages=messages)
 
 
