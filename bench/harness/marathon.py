@@ -42,6 +42,7 @@ from bench.harness.agents import (
 )
 from bench.harness.report import Report, add_json_option, columns
 from proxy.compaction.client_prompts import recognize
+from proxy.compaction.recall import RECALL_HEADER
 from tests.support.fake_upstream import (
     FakeUpstream,
     Reply,
@@ -418,33 +419,36 @@ def main_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
     ]
 
 
-def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
     """The main-model requests (their index in `bodies`) whose messages do not begin with the previous request's
-    (the cached prefix broke), split in two: those whose prompt is shorter than the one before (a crossing: the
-    working context was compacted) and the others (a break between two crossings)."""
-    crossings: list[int] = []
-    others: list[int] = []
-    previous: tuple[list[str], list[str], int] | None = None
+    (the cached prefix broke), by kind: `recall` where the first message that differs is a recall the proxy
+    placed before the previous question (the next turn's question no longer asks for it), `crossing` where the
+    prompt is otherwise shorter than the one before (the working context was compacted), `other` for the rest."""
+    kinds: dict[str, list[int]] = {"crossing": [], "recall": [], "other": []}
+    previous: tuple[list[str], list[str], list[dict[str, Any]], int] | None = None
     for index, body in enumerate(bodies):
         tools = [json.dumps(tool, sort_keys=True) for tool in body.get("tools") or []]
         messages = [json.dumps(message, sort_keys=True) for message in body.get("messages") or []]
         size = len(prompt_token_ids(body))
         if previous is not None:
-            before_tools, before, before_size = previous
+            before_tools, before, raw, before_size = previous
             if tools != before_tools or messages[: len(before)] != before:
-                (crossings if size < before_size else others).append(index)
-        previous = (tools, messages, size)
-    return crossings, others
+                differs = next((at for at, (x, y) in enumerate(zip(before, messages, strict=False)) if x != y), None)
+                text = content_text(raw[differs].get("content")) if differs is not None else ""
+                kind = "recall" if text.startswith(RECALL_HEADER) else "crossing" if size < before_size else "other"
+                kinds[kind].append(index)
+        previous = (tools, messages, body.get("messages") or [], size)
+    return kinds
 
 
 def prompt_break_notes(report: Report, fake: FakeUpstream) -> None:
     """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received."""
-    crossings, others = prompt_breaks(main_requests(fake))
-    report.ratios["prompt breaks between crossings"] = len(others)
+    kinds = prompt_breaks(main_requests(fake))
+    report.ratios["prompt breaks between crossings (recall drops)"] = len(kinds["recall"])
+    report.ratios["prompt breaks between crossings (other)"] = len(kinds["other"])
     report.notes.append(
-        f"prompt breaks (a main-model request not extending the previous one): {len(crossings) + len(others)}, "
-        f"{len(crossings)} at a crossing (the prompt shrank) at requests {crossings[:30]}, {len(others)} between "
-        f"crossings at requests {others[:30]}"
+        "prompt breaks (a main-model request not extending the previous one): "
+        + "; ".join(f"{kind} {len(found)} at requests {found[:24]}" for kind, found in kinds.items())
     )
 
 
