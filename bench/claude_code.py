@@ -23,9 +23,14 @@ one Bash command each (~`--tool-output-tokens` of output), the main model answer
 seconds and the proxy's summarizer (a separate model) after `--summarizer-latency`, the proxy in its own process;
 it prints per-turn latency, summarizer calls, rejections, tokens sent and cached, the proxy's CPU time and RSS,
 and whether the first turn's fact is still answered at the end. Issue 27's setting was
-`python bench/claude_code.py --marathon --window 32768 --turns 200`; Claude Code 2.1.197 sends a preamble of
-~25k tokens (its system prompt and 24 tools), which leaves a 32k model no room for a turn's ~2.4k-token tool
-output beside the recent messages (every turn is refused as too large), so run it with `--window 65536`.
+`python bench/claude_code.py --marathon --window 32768 --turns 200`. Claude Code 2.1.197 sends a preamble of
+~25.6k tokens by the proxy's count (a ~7k system prompt, 24 tools worth ~18.6k) and asks max_tokens=32000; the
+proxy gives the answer a quarter of what that preamble leaves of a 32k window (~1.4k, not below 1,024:
+`Budgets.fitted_output`), so a turn's ~2.4k-token tool output fits beside the recent messages. With the
+`fake-*` names Claude Code also puts a `system` reminder among the messages every few turns; each is kept
+verbatim and splits the summarizable past into pieces summarized apart, so at 32k the older turns stop fitting
+after ~60 turns (`--plain` sends none, and lasts). At 32k every turn is a crossing (the recent block alone is
+past `compact_to`), so the summarizer is called about once a turn; `--window 65536` has room for hundreds.
 
 Run by hand: `python bench/claude_code.py [--claude PATH] [--window N] [--turns N] [--plain]
 [--max-output-tokens N] [--keep] [--dump FILE] [--json PATH] [--marathon [--model-latency S]

@@ -30,7 +30,8 @@ from proxy import environment
 from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import Summarizer, WrittenSummary
-from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
 from proxy.store.database import Database

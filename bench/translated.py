@@ -25,7 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import environment
-from proxy.config.schema import ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import UpstreamConfig
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.protocol import UpstreamCall
 from tests.support.fake_anthropic_upstream import FakeAnthropicUpstream

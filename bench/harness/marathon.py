@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -465,6 +466,22 @@ def cached_share(served: Sequence[Served]) -> float:
     return sum(s.cached_tokens for s in main) / sent if sent else 0.0
 
 
+CACHE_SLACK = 512
+"""Tokens a request's cached prefix may fall short of the previous prompt without counting as a break: the end of
+a prompt (the last message's closing, the reply priming) is not in the next one, and the fake caches in blocks."""
+
+
+def prefix_breaks(served: Sequence[Served]) -> tuple[int, int]:
+    """How many main-model requests were not served their previous prompt from the cache, and how many of those
+    came between two crossings (issue 44: none should): a break where the prompt did not shrink is one no
+    compaction explains."""
+    main = [s for s in served if s.tools and s.model == MAIN_MODEL_ID]
+    breaks = [
+        (before, after) for before, after in pairwise(main) if after.cached_tokens + CACHE_SLACK < before.prompt_tokens
+    ]
+    return len(breaks), sum(1 for before, after in breaks if after.prompt_tokens >= before.prompt_tokens)
+
+
 def marathon_report(
     report: Report,
     turns: list[MarathonTurn],
@@ -499,6 +516,9 @@ def marathon_report(
     ratios = report.ratios
     ratios["cached share of the main model's input"] = round(cached_share(fake.served), 4)
     ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(turns), 2)
+    breaks, unexplained = prefix_breaks(fake.served)
+    ratios["prompt cache breaks"] = breaks
+    ratios["prompt cache breaks between two crossings"] = unexplained
     early_cpu = statistics.mean(t.cpu_s for t in turns if early.number - CPU_WINDOW < t.number <= early.number)
     last_cpu = statistics.mean(t.cpu_s for t in turns[-CPU_WINDOW:])
     ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(

@@ -25,7 +25,7 @@ from proxy.budget.corrections import DEFAULT_TTL_S, Correction, Refused, TokenCo
 from proxy.budget.limits import ModelInfoLookup, ModelLimits, model_limits, with_reported_window
 from proxy.budget.shared_corrections import SharedCorrections
 from proxy.canonical.types import Clock
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.history.settings import session_budget
 
@@ -34,7 +34,11 @@ log = logging.getLogger(__name__)
 DEFAULT_SAFETY_MARGIN = 0.05
 """Our count (tiktoken cl100k/o200k) differs from Anthropic's or Google's tokenizer by a few percent."""
 OUTPUT_SHARE = 4
-"""At most a quarter of a model's window is kept for the answer when a client asks for its own model's limit."""
+"""At most a quarter of a model's window, and of what the request's fixed part leaves of it, is kept for the answer
+when a client asks for its own model's limit."""
+OUTPUT_FLOOR = 1_024
+"""The least kept for such an answer when the fixed part leaves little room: an agent's step (a tool call, a
+short answer) fits."""
 
 
 @dataclass(frozen=True)
@@ -62,14 +66,18 @@ def effective_budget(
 ) -> Budget:
     """Input tokens = window - reserved output (request max_tokens, else the model's) - safety margin."""
     reserved = limits.max_output if requested_output is None else max(0, requested_output)
-    # round() first: 0.05 * 200_000 is 10000.000000000002 in some float paths and must not cost a token.
-    margin = math.ceil(round(safety_margin * limits.context_window, 6))
-    input_budget = max(0, limits.context_window - reserved - margin)
+    input_budget = max(0, limits.context_window - reserved - margin_tokens(limits, safety_margin))
     applied_cap: int | None = None
     if session_cap is not None and session_cap < input_budget:
         input_budget = max(0, session_cap)
         applied_cap = session_cap
     return Budget(limits=limits, reserved_output=reserved, input_budget=input_budget, session_cap=applied_cap)
+
+
+def margin_tokens(limits: ModelLimits, safety_margin: float) -> int:
+    """The safety margin in tokens."""
+    # round() first: 0.05 * 200_000 is 10000.000000000002 in some float paths and must not cost a token.
+    return math.ceil(round(safety_margin * limits.context_window, 6))
 
 
 class Budgets:
@@ -128,12 +136,17 @@ class Budgets:
             definitions,
         )
 
-    def fitted_output(self, entry: ModelEntry, requested: int) -> int:
-        """An output request within the model's output limit and `1 / OUTPUT_SHARE` of its window: clients that
-        ask for their own model's limit (Claude Code asks for 32k and more) would leave a small configured model
-        no room for input."""
+    def fitted_output(self, entry: ModelEntry, requested: int, fixed: int = 0) -> int:
+        """An output request within the model's output limit, `1 / OUTPUT_SHARE` of its window and of the room
+        the request's `fixed` part (its definitions and system messages, sent with every request of the session)
+        leaves past the safety margin, not below `OUTPUT_FLOOR` for that room: clients that ask for their own
+        model's limit (Claude Code asks for 32k and more) would leave a small configured model no room for the
+        conversation. Providers refuse a prompt whose max_tokens does not fit beside it; the answer then gives
+        way, as long as a step still fits."""
         limits = self.limits(entry)
-        return min(requested, limits.max_output, limits.context_window // OUTPUT_SHARE)
+        room = limits.context_window - margin_tokens(limits, self._safety_margin) - fixed
+        share = max(OUTPUT_FLOOR, room // OUTPUT_SHARE)
+        return min(requested, limits.max_output, limits.context_window // OUTPUT_SHARE, share)
 
     async def learn(self, entry: ModelEntry, refused: Refused, overflow: ContextOverflow) -> Correction | None:
         """The upstream refused `refused` as too many tokens for its window: shrink this model's budgets from now

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 
 DEFAULT_CONTEXT_WINDOW = 8_192
 """Unknown models get the smallest window still common today: too small wastes context, too big is a 400."""

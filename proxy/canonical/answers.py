@@ -100,18 +100,7 @@ class Replayed:
     step: StepRef
 
 
-@dataclass(frozen=True)
-class Compacted:
-    """A client's compaction request answered by the proxy: the conversation is stored, and `message_id` (its
-    last message) is what the client's reference to it names."""
-
-    message_id: str
-    report: ContextReport
-    step: StepRef
-    """No journal step answered it: its id is 0, its time the answer's."""
-
-
-Answer = Completed | Streaming | Replayed | Compacted
+Answer = Completed | Streaming | Replayed
 
 
 def usage_text(tokens: int, budget: int, summaries: int) -> str:

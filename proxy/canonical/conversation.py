@@ -46,9 +46,6 @@ class Conversation:
     continues: Continuation | None = None
     """A stored conversation this request continues (Responses' `previous_response_id`, a compaction item): it
     goes before the request's own messages."""
-    compaction: bool = False
-    """The client asks for its context to be compacted (Codex's `compaction_trigger`, `/v1/responses/compact`):
-    the proxy keeps what is new and answers with a reference to the stored conversation, without a model call."""
     instructions: int = 0
     """How many leading messages are the request's own instructions: a continued conversation goes after them."""
     fit_output: bool = False

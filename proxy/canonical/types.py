@@ -54,7 +54,7 @@ class NativeRequest:
     with the same `api` is sent, with the working context put in that API's form (`proxy.upstream.router`)."""
 
     api: str
-    """The API (`RESPONSES_API`, `MESSAGES_API`: `proxy.config.schema.UPSTREAM_APIS`), as a model entry's `api`
+    """The API (`RESPONSES_API`, `MESSAGES_API`: `proxy.config.models.UPSTREAM_APIS`), as a model entry's `api`
     names it and its client in `proxy.upstream.natives` declares it."""
     body: Mapping[str, Any]
     """The request's other fields, as sent."""

@@ -2,7 +2,8 @@
 conversation summarized, each citing the client and the version whose prompt it matches.
 
 Two shapes reach the proxy. `APPENDED`: the conversation itself, then a last user message asking for a summary
-(Claude Code, Codex's local compaction); the proxy stores the conversation and answers. `SERIALIZED`: a request of
+(Claude Code, Codex's local compaction, Gemini CLI's `<state_snapshot>` and its check of it, which sends the
+snapshot back as the model's turn); the proxy stores the conversation and answers. `SERIALIZED`: a request of
 its own whose one user message holds the conversation written out as text (`[User]: ...`, `[Assistant]: ...`) in
 `<conversation>` tags, then the prompt (Pi, OpenCode); the proxy answers for the stored session that text
 comes from. A serialized request from a client not listed here is recognized by its structure alone: no tools,
@@ -43,6 +44,9 @@ class Recognizer:
     """Or holds one of these."""
     tagged: bool = False
     """The client reads the summary from an `<analysis>` block and a `<summary>` block."""
+    acknowledgement: str = ""
+    """What the client writes itself as the model's reply to the summary it keeps: it goes with the summary when
+    the stored conversation takes their place (`proxy.request.continuations`)."""
 
     def matches(self, text: str) -> bool:
         return text.lstrip().startswith(self.openings) or any(phrase in text for phrase in self.phrases)
@@ -65,6 +69,14 @@ RECOGNIZERS = (
         "@openai/codex 0.169.0 (local compaction, custom provider)",
         Shape.APPENDED,
         openings=("You are performing a CONTEXT CHECKPOINT COMPACTION.",),
+    ),
+    Recognizer(
+        "Gemini CLI",
+        "@google/gemini-cli 0.61.0 (ChatCompressionService: the snapshot, then a second call checking it)",
+        Shape.APPENDED,
+        openings=("Critically evaluate the <state_snapshot> you just generated.",),
+        phrases=("First, reason in your scratchpad. Then, generate the updated <state_snapshot>.",),
+        acknowledgement="Got it. Thanks for the additional context!",
     ),
     Recognizer(
         "Pi",
@@ -117,16 +129,15 @@ def recognize(messages: Sequence[Message], tools: bool) -> ClientCompaction | No
     if not messages or messages[-1].get("role") != "user":
         return None
     text = content_text(messages[-1].get("content"), "\n")
-    users = [message for message in messages if message.get("role") == "user"]
     for recognizer in RECOGNIZERS:
         if not recognizer.matches(text):
             continue
         if recognizer.shape is Shape.APPENDED:
             return ClientCompaction(recognizer)
         serialized = _serialized(text)
-        if serialized is not None and len(users) == 1 and not tools:
+        if serialized is not None and not tools and _one_user_message(messages):
             return ClientCompaction(recognizer, serialized)
-    if tools or len(users) != 1 or not _ASKS_SUMMARY.search(text):
+    if tools or not _one_user_message(messages) or not _ASKS_SUMMARY.search(text):
         return None
     serialized = _serialized(text)
     if serialized is None or len(_TURN_MARK.findall(serialized)) < MIN_SERIALIZED_TURNS:
@@ -140,6 +151,14 @@ def shown_turns(conversation: str) -> list[tuple[str, str]]:
     marks = list(_TURN_MARK.finditer(conversation))
     ends = [mark.start() for mark in marks[1:]] + [len(conversation)] if marks else []
     return [(mark.group(1), conversation[mark.end() : end].strip()) for mark, end in zip(marks, ends, strict=True)]
+
+
+def is_acknowledgement(message: Message) -> bool:
+    """Whether `message` is a listed client's own reply to the summary it keeps (`Recognizer.acknowledgement`)."""
+    if message.get("role") != "assistant" or message.get("tool_calls"):
+        return False
+    text = content_text(message.get("content")).strip()
+    return any(text == recognizer.acknowledgement for recognizer in RECOGNIZERS if recognizer.acknowledgement)
 
 
 def last_user_turn(conversation: str) -> str | None:
@@ -163,6 +182,18 @@ def last_answer_turn(conversation: str) -> tuple[str, str] | None:
         if mark.startswith("Tool"):
             return "tool", _TRUNCATED.sub("", text)
     return None
+
+
+def _one_user_message(messages: Sequence[Message]) -> bool:
+    """Whether the last message is the only user message: read from the start and stopped at a second one, since
+    a long session's request (asked this every time) has one early."""
+    users = 0
+    for message in messages:
+        if message.get("role") == "user":
+            users += 1
+            if users > 1:
+                return False
+    return users == 1
 
 
 def _serialized(text: str) -> str | None:

@@ -10,31 +10,41 @@ Off the critical path, the spans the next crossing of the budget will need are w
 until then (`precompaction`); a crossing request first waits for them.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
-(`recall`), within `context.recall_tokens` and what the budget leaves.
+(`recall`), within `context.recall_tokens` and what the budget leaves; with `context.recall_fill` the room left
+is filled with hidden turns too, for that turn only (between crossings the context grows back from the crossing's
+target to the budget, and a question is asked anywhere in between).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from proxy.canonical.types import Clock, Message
-from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.builder import ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
+from proxy.compaction.groups import request_growth
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
 from proxy.compaction.recall import Recall, recall_message
+from proxy.compaction.recall_room import recall_room
 from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
-from proxy.compaction.stubs import marker_message, stubbed_message
+from proxy.compaction.stubs import stubbed_message
 from proxy.compaction.summarizer import Summarizer
-from proxy.compaction.summary_text import acknowledgement_message, summary_message
+from proxy.compaction.summary_text import acknowledgement_message
+from proxy.compaction.working_context import (
+    ContextView,
+    WorkingContext,
+    message_index,
+    rendered,
+    span_message,
+    with_recalled,
+)
 from proxy.config.schema import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, token_counts
@@ -42,7 +52,7 @@ from proxy.history.pins import Pins
 from proxy.store.database import Database
 from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
 
-__all__ = ["Allowance", "CompactionRequest", "Compactor", "WorkingContext"]
+__all__ = ["Allowance", "CompactionRequest", "Compactor"]
 
 FORCE_RATIO = 1e-9
 """Trigger and target of a forced compaction: nothing fits, so the builder picks the oldest eligible range."""
@@ -53,40 +63,6 @@ ROUNDS_PER_MESSAGE = 3
 no mask stubbed: a path of n messages is compacted in fewer than 3n rounds."""
 AHEAD_ROUNDS = 32
 """Spans one pre-compaction run may write: the crossing writes what more it needs."""
-UNRECALLED_SESSIONS = 4096
-"""Sessions whose latest question this process remembers sending without a recall (the least recent go first)."""
-
-
-@dataclass(frozen=True)
-class WorkingContext:
-    """The working context: the messages one request sends upstream for its session's path, and what they cost."""
-
-    messages: list[Message]
-    tokens: int
-    summaries: int
-    """Summaries (and markers) in the working context."""
-    written: int
-    """Spans written by this request."""
-    recalled: int = 0
-    """Archived passages recalled into the working context."""
-    ahead: bool = False
-    """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
-    floor: int = field(default=0, compare=False)
-    """What it sends whatever is compacted (`Policy.level`): system and pinned messages."""
-
-
-@dataclass(frozen=True)
-class ContextView:
-    """What a session's next request would send, worked out without writing anything (the inspection views)."""
-
-    spans: tuple[StoredSpan, ...]
-    """The summaries and markers in the working context, in order (masks are `stubs`)."""
-    stubs: Mapping[int, str]
-    """Path position → the stub sent in place of that tool output."""
-    tokens: int
-    """The working context's size; with `compacts` the whole history's."""
-    compacts: bool = False
-    """It does not fit as the spans stand: the next request writes more (spans: those in force, not held)."""
 
 
 class Compactor:
@@ -114,8 +90,6 @@ class Compactor:
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
         self._acknowledgements: dict[str, int] = {}
         """Encoding → what an acknowledgement costs: every request's policy asks."""
-        self._unrecalled: OrderedDict[tuple[str, str], str] = OrderedDict()
-        """(tenant, session) → the latest question, when this process last sent it without a recall."""
 
     def policy(
         self,
@@ -161,7 +135,6 @@ class Compactor:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
             messages = list(request.messages)  # shared, never changed in place (docs/architecture.md)
-            self._sent_unrecalled(request, _latest_question(request))
             return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
         state = await self._paths.read(request)
@@ -198,7 +171,9 @@ class Compactor:
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
-                return await self._recalled(request, result, self._render(request, result, stored, state, written))
+                return await self._recalled(
+                    request, result, state, rendered(request.messages, result, stored, state.stubs, written)
+                )
             fresh = await self._in_force(request)
             if not fresh.keys() <= known:
                 # Others compacting this path (sessions continuing one conversation, replicas) wrote spans since
@@ -260,9 +235,8 @@ class Compactor:
         """Start writing, in the background, the spans the session's next crossing of the budget will need, when
         this request leaves it past `context.precompact_ratio` (at most one task per session)."""
         policy = self._request_policy(request)
-        self._ahead.start(
-            request, policy, prepared.tokens, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries
-        )
+        grown = prepared.tokens - prepared.recall_tokens
+        self._ahead.start(request, policy, grown, prepared.floor, ahead=prepared.ahead, summaries=prepared.summaries)
 
     async def settled(self) -> None:
         """Until no pre-compaction is running (what a test or a benchmark waits for)."""
@@ -320,7 +294,7 @@ class Compactor:
     ) -> list[Message]:
         """The messages a span's parts stand for, as the model saw them: what the summarizer reads."""
         return [
-            _span_message(stored[part.id])
+            span_message(stored[part.id])
             if isinstance(part, Span)
             else stubbed_message(request.path[part].message, state.stubs[part])
             if part in need.stubbed
@@ -328,91 +302,47 @@ class Compactor:
             for part in need.parts
         ]
 
-    @staticmethod
-    def _render(
-        request: CompactionRequest,
-        context: ContextLayout,
-        stored: Mapping[int, StoredSpan],
-        state: PathState,
-        written: int,
-    ) -> WorkingContext:
-        messages: list[Message] = []
-        summaries = 0
-        acknowledged = frozenset(context.acknowledgements)
-        for index, part in enumerate(context.parts):
-            if index in acknowledged:
-                messages.append(acknowledgement_message())
-            if isinstance(part, Span):
-                messages.append(_span_message(stored[part.id]))
-                summaries += 1
-            elif part in context.stubbed:
-                messages.append(stubbed_message(request.messages[part], state.stubs[part]))
-            else:
-                messages.append(request.messages[part])
-        return WorkingContext(
-            messages, context.tokens, summaries, written, ahead=context.held_back, floor=context.floor
-        )
-
     async def _recalled(
-        self, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext
+        self, request: CompactionRequest, context: ContextLayout, state: PathState, prepared: WorkingContext
     ) -> WorkingContext:
         """The working context with the archived passages the latest user message refers to, placed just before
         that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
         the budget leaves. Nothing is recalled while every original is sent."""
-        latest = _latest_question(request)
-        if self._recall is None or self._config.recall_tokens <= 0 or latest is None:
+        if self._recall is None or self._config.recall_tokens <= 0 or (not prepared.summaries and not context.stubbed):
             return prepared
-        # A question sent without a recall keeps none through its turn: a crossing in the middle of the turn hides
-        # what it followed, and a recall placed before it then would go at the next question, a break of the
-        # prompt the upstream cached.
-        unrecalled = self._unrecalled.get((request.tenant, request.session_id))
-        if latest < len(request.path) - 1 and unrecalled == request.path[latest].id:
-            return prepared
-        recalled = await self._recall_before(self._recall, request, context, prepared, latest)
-        self._sent_unrecalled(request, None if recalled.recalled else latest)
-        return recalled
-
-    def _sent_unrecalled(self, request: CompactionRequest, latest: int | None) -> None:
-        """Remember that the session's latest question (at `latest`; None: it had a recall) went without one."""
-        session = (request.tenant, request.session_id)
-        self._unrecalled.pop(session, None)
-        if latest is None or self._recall is None:
-            return
-        self._unrecalled[session] = request.path[latest].id
-        while len(self._unrecalled) > UNRECALLED_SESSIONS:
-            self._unrecalled.popitem(last=False)
-
-    async def _recall_before(
-        self, recall: Recall, request: CompactionRequest, context: ContextLayout, prepared: WorkingContext, latest: int
-    ) -> WorkingContext:
-        """`_recalled`'s passages for the question at `latest`, placed before it."""
-        if not prepared.summaries and not context.stubbed:
-            return prepared
+        latest = next((p for p in range(len(request.path) - 1, -1, -1) if request.path[p].role == "user"), None)
         shown = {part for part in context.parts if isinstance(part, int) and part not in context.stubbed}
-        if latest not in shown:
+        if latest is None or latest not in shown:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
-        room = min(self._config.recall_tokens, request.budget - prepared.tokens - 2 * acknowledgement)
-        at = _message_index(context, latest)
+        at = message_index(context, latest)
+        room = recall_room(
+            budget=request.budget,
+            tokens=prepared.tokens,
+            turn=sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :]),
+            growth=request_growth(state.items, state.cuts, end=latest),
+            acknowledgements=2 * acknowledgement,
+            limit=self._config.recall_tokens,
+            fill=self._config.recall_fill,
+        )
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
         # recall come and go between the turn's requests, and with it their cached prefix.
         visible = "\n".join(content_text(message.get("content")) for message in prepared.messages[:at])
         query = content_text(request.path[latest].message.get("content"))
-        passages = await recall.passages(
-            request.tenant, request.session_id, request.path, shown, visible, query, room, request.encoding
+        passages = await self._recall.passages(
+            request.tenant,
+            request.session_id,
+            request.path,
+            shown,
+            visible,
+            query,
+            room.tokens,
+            request.encoding,
+            fill=room.fill,
         )
         if not passages:
             return prepared
-        recalled = recall_message(passages)
-        before = prepared.messages[:at]
-        previous = next((m for m in reversed(before) if m.get("role") not in SYSTEM_ROLES), None)
-        inserted = [recalled, acknowledgement_message()]
-        if previous is not None and previous.get("role") == "user":
-            inserted.insert(0, acknowledgement_message())
-        tokens = prepared.tokens + count_message(recalled, request.encoding) + (len(inserted) - 1) * acknowledgement
-        return replace(
-            prepared, messages=[*before, *inserted, *prepared.messages[at:]], tokens=tokens, recalled=len(passages)
-        )
+        return with_recalled(prepared, at, recall_message(passages), len(passages), request.encoding, acknowledgement)
 
 
 def most_rounds(messages: int) -> int:
@@ -429,19 +359,3 @@ def most_rounds(messages: int) -> int:
 def _superseded(stored: Mapping[int, StoredSpan], need: SpanNeeded, summary: StoredSpan) -> dict[int, StoredSpan]:
     """The spans in force once `summary` (written for `need`) replaced the ones it covers."""
     return {**{key: value for key, value in stored.items() if key not in need.replaces}, summary.id: summary}
-
-
-def _span_message(summary: StoredSpan) -> Message:
-    return marker_message(summary.content) if summary.strategy == SLIDING_WINDOW else summary_message(summary.content)
-
-
-def _latest_question(request: CompactionRequest) -> int | None:
-    """Where the path's latest user message is."""
-    path = request.path
-    return next((at for at in range(len(path) - 1, -1, -1) if path[at].role == "user"), None)
-
-
-def _message_index(context: ContextLayout, position: int) -> int:
-    """Where item `position` is in the rendered messages (acknowledgements included)."""
-    index = context.parts.index(position)
-    return index + sum(1 for acknowledged in context.acknowledgements if acknowledged <= index)

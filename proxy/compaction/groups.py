@@ -140,13 +140,16 @@ def recent_block(items: Sequence[Item], policy: Policy, cuts: Cuts) -> int:
     return turn if turn_tokens <= room else recent
 
 
-def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW) -> int:
+def request_growth(items: Sequence[Item], cuts: Cuts, window: int = GROWTH_WINDOW, end: int | None = None) -> int:
     """About what one turn adds to the path: the latest `window` messages (system messages aside) over the user
     turns among them (a chat turn: a user message and its reply; an agent's turn: a user message and every tool
     step it set off, so an agent's crossing makes room for whole turns and its prompt stays cacheable between
-    crossings as before). What a crossing makes room for is counted in these."""
-    start = max(0, len(items) - window)
-    tokens = cuts.prefix[len(items)] - cuts.prefix[start]
-    tokens -= sum(items[position].tokens for position in cuts.system[bisect_left(cuts.system, start) :])
-    turns = sum(1 for position in range(start, len(items)) if items[position].role == "user")
+    crossings as before). What a crossing makes room for is counted in these. `end`: the messages before it only
+    (a turn's own steps aside)."""
+    end = len(items) if end is None else end
+    start = max(0, end - window)
+    tokens = cuts.prefix[end] - cuts.prefix[start]
+    system = cuts.system[bisect_left(cuts.system, start) : bisect_left(cuts.system, end)]
+    tokens -= sum(items[position].tokens for position in system)
+    turns = sum(1 for position in range(start, end) if items[position].role == "user")
     return max(1, tokens // max(1, turns))

@@ -6,7 +6,9 @@ user message (an identifier, a name, a content word: `recall_terms`) is not show
 question's terms are looked up in a full-text index (SQLite FTS5 or a PostgreSQL tsvector, `m009_recall`) over
 the session's hidden messages — summarized, omitted or stubbed —, ranked (bm25, ts_rank), and those that pass the
 threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
-answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing.
+answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing,
+unless asked to `fill` the room: then the hidden turns sharing any of its terms come next (best first, with their
+neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show).
 
 The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
 since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
@@ -78,6 +80,14 @@ RANKED_FIRST = 8 * MAX_CANDIDATES
 
 
 @dataclass(frozen=True)
+class _Tier:
+    """Positions to recall, best first, and whether each comes with its hidden neighbours."""
+
+    positions: Iterable[int]
+    neighbours: bool
+
+
+@dataclass(frozen=True)
 class Passage:
     position: int
     """Index of the message in the path."""
@@ -112,10 +122,35 @@ SESSIONS_CHECKED = 4096
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._indexed: OrderedDict[str, None] = OrderedDict()
-        """Ids of messages known to be in the index (an indexed message stays indexed; an id is a content
-        address under its tenant's root, so no two tenants share one)."""
+        self._indexed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(tenant, message id) of messages known to be in the index: an indexed message stays indexed until its
+        session or tenant is deleted (`forget_tenant`)."""
         self._checked: OrderedDict[tuple[str, str], _Checked] = OrderedDict()
+        self._epochs: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        """Tenant → its span epoch and last clearing as of this process's last look (`_forget_if_cleared`)."""
+
+    def forget_tenant(self, tenant: str) -> None:
+        """After a deletion of the tenant's rows (`proxy.lifecycle`): the index entries of what it remembers may
+        be gone, and the same messages sent again (the same ids) must be indexed again."""
+        for key in [key for key in self._indexed if key[0] == tenant]:
+            del self._indexed[key]
+        for key in [key for key in self._checked if key[0] == tenant]:
+            del self._checked[key]
+        self._epochs.pop(tenant, None)
+
+    async def _forget_if_cleared(self, tenant: str) -> None:
+        """A deletion by another process (a replica, the CLI) moves the tenant's span epoch past a clearing, or
+        takes its row with a purge (`proxy.lifecycle.forget`): what this process remembers of the tenant's index
+        is then forgotten. One read by key, when recall looks something up."""
+        row = await self._db.fetchone("SELECT epoch, cleared FROM span_epochs WHERE tenant = ?", (tenant,))
+        now = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        seen = self._epochs.get(tenant)
+        if seen is not None and (now[1] > seen[1] or now[0] < seen[0]):
+            self.forget_tenant(tenant)
+        self._epochs[tenant] = now
+        self._epochs.move_to_end(tenant)
+        while len(self._epochs) > SESSIONS_CHECKED:
+            self.forget_tenant(next(iter(self._epochs)))  # a tenant no longer watched keeps nothing
 
     async def passages(
         self,
@@ -127,6 +162,8 @@ class Recall:
         query: str,
         limit_tokens: int,
         encoding: str,
+        *,
+        fill: bool = False,
     ) -> list[Passage]:
         """Best-matching passages among the messages of `path` the working context does not send verbatim (not
         at `shown`: summarized, omitted or stubbed) for the latest user message `query`, in path order.
@@ -138,48 +175,67 @@ class Recall:
         if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
         asked = await compute(len(query) + len(visible_text), lookup, query, visible_text)
-        if not asked.unseen:
+        if not asked.unseen and not fill:
             return []
-        await self._index(tenant, session_id, path, shown)
+        hits: list[int] = []
+        related: list[int] = []
+        if asked.terms:
+            await self._index(tenant, session_id, path, shown)
+        if asked.unseen:
+            ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, asked.unseen))
+            texts = [message_text(path[position].message) for position in ranked]
+            answering = await compute(sum(map(len, texts)), _answering, asked, texts)
+            hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
+        if fill and asked.terms:
+            ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, None))
+            related = [position for position in ranked if position not in hits][:MAX_HITS]
+        tiers = [_Tier(hits, neighbours=True)]
+        if fill:
+            recent = (p for p in range(len(path) - 1, -1, -1) if p not in shown and path[p].role in NEIGHBOUR_ROLES)
+            tiers += [_Tier(related, neighbours=True), _Tier(recent, neighbours=False)]
+        return await self._chosen(path, shown, tiers, asked.terms, limit_tokens, encoding)
+
+    def _expression(self, terms: Sequence[Term], required: Sequence[Term] | None) -> str:
         if self._db.dialect == "sqlite":
-            expression = match_expression(asked.terms, asked.unseen)
-        else:
-            expression = tsquery(asked.terms, asked.unseen)
-        ranked = await self._rank(tenant, path, shown, expression)
-        texts = [message_text(path[position].message) for position in ranked]
-        answering = await compute(sum(map(len, texts)), _answering, asked, texts)
-        hits = [position for position, answers in zip(ranked, answering, strict=True) if answers][:MAX_HITS]
-        return await self._chosen(path, shown, hits, asked.terms, limit_tokens, encoding)
+            return match_expression(terms, required)
+        return tsquery(terms, required)
 
     async def _chosen(
         self,
         path: Sequence[StoredMessage],
         shown: Set[int],
-        hits: Sequence[int],
+        tiers: Sequence[_Tier],
         terms: Sequence[Term],
         limit_tokens: int,
         encoding: str,
     ) -> list[Passage]:
-        """The hits, best first, each followed by its hidden neighbours, while they fit `limit_tokens`; the least
-        ranked dropped while the whole message does not fit; in path order."""
-        chosen: list[tuple[tuple[int, int], Passage]] = []
+        """The tiers' positions in turn, best first, each followed by its hidden neighbours where its tier says,
+        while they fit `limit_tokens`; the least ranked dropped while the whole message does not fit; in path
+        order."""
+        chosen: list[tuple[tuple[int, int, int], Passage]] = []
         taken: set[int] = set()
         used = count_message(recall_message([]), encoding)
-        for rank, hit in enumerate(hits):
-            for near, position in enumerate((hit, hit - 1, hit + 1)):
-                if position in taken or position in shown or not 0 <= position < len(path):
-                    continue
-                stored = path[position]
-                if near and stored.role not in NEIGHBOUR_ROLES:
-                    continue
-                room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
-                widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
-                passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
-                if passage is None:
-                    continue
-                chosen.append(((rank, near), passage))
-                taken.add(position)
-                used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
+        for tier, group in enumerate(tiers):
+            for rank, hit in enumerate(group.positions):
+                if used >= limit_tokens:
+                    break
+                around = (hit, hit - 1, hit + 1) if group.neighbours else (hit,)
+                for near, position in enumerate(around):
+                    if position in taken or position in shown or not 0 <= position < len(path):
+                        continue
+                    stored = path[position]
+                    if near and stored.role not in NEIGHBOUR_ROLES:
+                        continue
+                    room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
+                    widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
+                    passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
+                    if passage is None:
+                        continue
+                    chosen.append(((tier, rank, near), passage))
+                    taken.add(position)
+                    used += count_text(_label(passage.position, passage.role) + passage.text, encoding)
+                if not group.neighbours and hit not in taken and hit not in shown:
+                    break  # the latest hidden turns, newest first, as far as they fit: no gap
         # The sum of the parts is a close estimate; the whole message is what the working context pays.
         while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
             chosen.remove(max(chosen, key=lambda item: item[0]))
@@ -189,6 +245,7 @@ class Recall:
         """Index the hidden messages not indexed yet. What the session's last request left indexed carries over
         when `path` extends its path (a node's id hashes its ancestors', so one id says so): only the messages
         past it, and those it showed that are hidden now, are looked at, not a long path's every message."""
+        await self._forget_if_cleared(tenant)
         key = (tenant, session_id)
         checked = self._checked.pop(key, None)
         if (
@@ -202,7 +259,7 @@ class Recall:
         else:
             looked = [position for position in range(len(path)) if position not in shown]
         known = self._indexed
-        unknown = [position for position in looked if path[position].id not in known]
+        unknown = [position for position in looked if (tenant, path[position].id) not in known]
         left = await self._index_messages(tenant, [path[position] for position in unknown]) if unknown else set()
         end = min((position for position in unknown if path[position].id in left), default=len(path))
         if end:
@@ -220,7 +277,7 @@ class Recall:
             (tenant, id_array(message.id for message in unknown)),
         )
         indexed = {row[0] for row in rows}
-        self._remember(indexed)
+        self._remember(tenant, indexed)
         batch: list[StoredMessage] = []
         size = 0
         # Newest first: what was hidden last is what a question most likely reaches back for.
@@ -253,12 +310,12 @@ class Recall:
         except failures as exc:
             log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
             return left
-        self._remember([message_id for message_id, _ in documents])
+        self._remember(tenant, [message_id for message_id, _ in documents])
         return left - {message_id for message_id, _ in documents}
 
-    def _remember(self, message_ids: Iterable[str]) -> None:
+    def _remember(self, tenant: str, message_ids: Iterable[str]) -> None:
         for message_id in message_ids:
-            self._indexed[message_id] = None
+            self._indexed[(tenant, message_id)] = None
         while len(self._indexed) > INDEXED_IDS:
             self._indexed.popitem(last=False)
 
@@ -331,7 +388,7 @@ def _label(position: int, role: str) -> str:
     return f"Message {position} ({role}):\n"
 
 
-def _in_order(chosen: Sequence[tuple[tuple[int, int], Passage]]) -> list[Passage]:
+def _in_order(chosen: Sequence[tuple[tuple[int, int, int], Passage]]) -> list[Passage]:
     return sorted((passage for _, passage in chosen), key=lambda passage: passage.position)
 
 

@@ -29,7 +29,8 @@ from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.stubs import marker_message, marker_text
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import summary_message
-from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import GOAL_BATCH, SLIDING_WINDOW, TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredPath
 from proxy.history.settings import session_strategies
 from proxy.offload import compute

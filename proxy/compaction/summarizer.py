@@ -20,7 +20,8 @@ from proxy.compaction.breaker import SummarizerBreaker
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.compaction.summary_text import summarizer_messages
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.cost import TokenCost
 from proxy.errors import UpstreamError
 from proxy.observability.metrics import Metrics

@@ -16,18 +16,13 @@ from typing import Any
 
 import yaml
 
+from proxy.config.models import ModelEntry, model_entries
 from proxy.config.sections import ConfigError as ConfigError  # raised by `load_config`: callers catch it from here
 from proxy.config.sections import Section, expand, file_key, read_fields, setting
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_STORE_PATH = "context-infinity.db"
-CHAT_API = "chat"
-RESPONSES_API = "responses"
-MESSAGES_API = "messages"
-UPSTREAM_APIS = (CHAT_API, RESPONSES_API, MESSAGES_API)
-"""`models[].api` (compared without case): chat, any provider through LiteLLM, and the native APIs, each spoken by
-the one client that declares it (`proxy.upstream.natives.NATIVE_CLIENTS`, which a test holds to this list)."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 20_000
 DEFAULT_MAX_BODY_VALUES = 1_000_000
@@ -158,23 +153,6 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
-class ModelEntry:
-    """One model clients may ask for: `name` is what they send, `model` the LiteLLM model string."""
-
-    name: str
-    model: str
-    api_base: str | None = None
-    api_key: str | None = setting(None, repr=False)
-    context_window: int | None = setting(None, minimum=256)
-    max_output: int | None = setting(None, minimum=1)
-    api: str = setting(CHAT_API, choices=tuple(api.upper() for api in UPSTREAM_APIS))
-    """What the upstream speaks natively: `chat` (chat completions through LiteLLM, any provider: every door
-    reaches it), `responses` (OpenAI's Responses API itself, for the Responses door: input items, encrypted
-    reasoning and ids reach it as the client sent them) or `messages` (Anthropic's Messages API itself, for the
-    Messages door: blocks, thinking signatures and `cache_control` as sent). Other doors use chat."""
-
-
-@dataclass(frozen=True)
 class ContextConfig:
     preserve_recent: int = setting(4, minimum=0)
     target_ratio: float = setting(0.15, low=0.0, high=1.0)
@@ -205,6 +183,9 @@ class ContextConfig:
     recall_tokens: int = setting(DEFAULT_RECALL_TOKENS, minimum=0)
     """Tokens of archived originals (hits and the turns around them) recalled into the working context when the
     latest user message asks about what only they hold; 0: no recall."""
+    recall_fill: bool = True
+    """What room `recall_tokens` and the budget leave a turn is filled too, for that turn only: hidden turns that
+    share a word with the latest user message, then the latest hidden turns (what a sliding window still shows)."""
     correction_ttl_s: float = setting(DEFAULT_CORRECTION_TTL_S, low=60.0, high=30 * 86400.0)
     """How long a correction learned from an upstream's context-window refusal holds before the upstream has to
     confirm it by refusing again (`proxy.budget.corrections`)."""
@@ -339,7 +320,7 @@ def parse_config(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> Config
         store=read_fields(
             StoreConfig, store, path=store_path, url=store_url, tenant_retention_days=_tenant_retention(store)
         ),
-        models=_models(root),
+        models=model_entries(root),
         context=context,
         journal=read_fields(JournalConfig, root.section("journal")),
         request_limits=read_fields(RequestLimits, root.section("limits")),
@@ -409,24 +390,3 @@ def _patterns(context: Section, name: str) -> tuple[re.Pattern[str], ...]:
         except re.error as exc:
             raise ConfigError(f"{context.key(name)}[{index}]: not a regular expression ({exc})") from exc
     return tuple(compiled)
-
-
-def _models(root: Section) -> tuple[ModelEntry, ...]:
-    raw = root.data.get("models", [])
-    if not isinstance(raw, list):
-        raise ConfigError("models: must be a list of model entries")
-    entries: list[ModelEntry] = []
-    seen: set[str] = set()
-    for index, item in enumerate(raw):
-        entry = read_fields(ModelEntry, Section(item, f"models[{index}]"))
-        if entry.name in seen:
-            raise ConfigError(f"models[{index}].name: {entry.name!r} is listed twice")
-        if (
-            entry.context_window is not None
-            and entry.max_output is not None
-            and entry.max_output >= entry.context_window
-        ):
-            raise ConfigError(f"models[{index}].max_output must be smaller than its context_window")
-        seen.add(entry.name)
-        entries.append(entry)
-    return tuple(entries)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
 
-from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, StreamGroups
+from proxy.canonical.answers import Answer, Completed, Replayed, StreamGroups
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.pieces import Received
 from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
@@ -84,7 +84,6 @@ def render(answer: Answer, stream: bool, *, usage: bool = True) -> Response:
         if not stream:
             return JSONResponse(answer.chunks[0], headers=headers)
         return sse_response(_replay_events(answer, usage), headers)
-    assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
     return RelayedStream(answer.groups, _stream_events(answer.groups, usage), headers)
 
 

@@ -6,8 +6,10 @@ shape. It declares, as a class, its paths (Starlette patterns: Gemini's model an
 its key arrives (`proxy.auth.KeyPlace`) and its mounts. Everything else a request goes through is done once,
 here, for every door (`serve`): authenticate, read the body within its limit, parse it off the event loop, read
 the X-Context-* options and the client's own names for its conversation, name the model for the metrics, forward
-the client's API headers to a native upstream, ask the pipeline, render. A door may add routes of its own
-(`Door.routes`: stored responses, `count_tokens`); their handlers get the caller already authenticated.
+the client's API headers to a native upstream, ask the pipeline, render. A door that answers some requests by
+itself (Responses' socket warm-ups and compactions) takes them first (`respond`, `respond_on_socket`), so no
+other door, and no canonical answer, knows of them. A door may add routes of its own (`Door.routes`: stored
+responses, `count_tokens`); their handlers get the caller already authenticated.
 
 A door refuses, before anything is written, what its API refuses and the proxy can see — a number that is not
 finite, a content part of a type the role does not take, a tool output that answers no call, a call the
@@ -37,7 +39,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from proxy.auth import BEARER, NO_QUERY, Caller, KeyPlace, authenticate
 from proxy.canonical.answers import Answer, Streaming
-from proxy.canonical.conversation import Conversation
+from proxy.canonical.conversation import ContextOptions, Conversation
 from proxy.canonical.pieces import Received
 from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
@@ -71,8 +73,15 @@ class RequestView:
 
     @classmethod
     def of(cls, connection: HTTPConnection, body: Received | bytes) -> RequestView:
-        params, query, headers = dict(connection.path_params), dict(connection.query_params), dict(connection.headers)
-        return cls(body, connection.url.path, params, query, headers)
+        """Read from the ASGI scope: Starlette's `url` parses the Host header into a URL and `dict(headers)` scans
+        the header list once per name, on every request, for what the scope holds as it is. A repeated header
+        keeps its first value, as `connection.headers[name]` would give."""
+        scope = connection.scope
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        query = dict(connection.query_params) if scope.get("query_string") else {}
+        return cls(body, scope["path"], dict(connection.path_params), query, headers)
 
 
 @dataclass(frozen=True)
@@ -151,18 +160,39 @@ class Door(Generic[R]):
         """A failure as the event its socket sends; the socket stays open for the next request."""
         raise NotImplementedError
 
-    def warm_up(self, request: DoorRequest[R]) -> tuple[str, list[JSONBody]] | None:
-        """A socket request the door answers by itself, with no model call (Responses' `generate: false`, sent
-        to warm a connection up): the id a later request on the socket may continue, and the events. None: a
-        request to answer."""
-        return None
+    async def respond(self, caller: Caller, parsed: DoorRequest[R], request: Request) -> Response:
+        """An HTTP request answered: the pipeline's answer, rendered. A door that answers some of its requests
+        otherwise (Responses' compaction) takes those here first."""
+        answer, parsed = await self.answer(caller, parsed, request)
+        return self.render(answer, parsed)
+
+    async def respond_on_socket(
+        self, caller: Caller, parsed: DoorRequest[R], websocket: WebSocket, socket: SocketContinuations
+    ) -> None:
+        """A socket request answered: the pipeline's answer, its events sent a group at a time as each becomes
+        durable. A door that answers some of its socket requests otherwise (Responses' warm-up and compaction)
+        takes those here first."""
+        answer, parsed = await self.answer(caller, parsed, websocket)
+        socket.answered.add(answer.step.id)
+        try:
+            async for events in self.events(answer, parsed):
+                await send_events(websocket, events)
+        finally:
+            if isinstance(answer, Streaming):
+                await answer.groups.aclose()
 
     async def answer(
         self, caller: Caller, parsed: DoorRequest[R], connection: HTTPConnection
     ) -> tuple[Answer, DoorRequest[R]]:
-        """What every door does with a parsed request, on HTTP and on a socket alike: the client's API headers kept
-        for a native upstream, the X-Context-* options and the client's own names for its conversation, the
-        model named for the metrics, the pipeline's answer."""
+        """The pipeline's answer to a parsed request (`asked`), and the request as it was asked."""
+        conversation, options = self.asked(parsed, connection)
+        answer = await self.pipeline.answer(caller.tenant, conversation, options)
+        return answer, replace(parsed, conversation=conversation)
+
+    def asked(self, parsed: DoorRequest[R], connection: HTTPConnection) -> tuple[Conversation, ContextOptions]:
+        """What every door does with a parsed request before the pipeline, on HTTP and on a socket alike: the
+        client's API headers kept for a native upstream, the X-Context-* options and the client's own names for
+        its conversation, the model named for the metrics."""
         headers = connection.headers
         conversation = _with_native_headers(parsed.conversation, self.native_headers, headers)
         options = context_options(headers)
@@ -171,8 +201,7 @@ class Door(Generic[R]):
             hints = tuple(key for key in (header, *parsed.session_keys) if key is not None and is_session_id(key))
             options = replace(options, session_hints=hints)
         observe_model(connection.scope, conversation.model)
-        answer = await self.pipeline.answer(caller.tenant, conversation, options)
-        return answer, replace(parsed, conversation=conversation)
+        return conversation, options
 
     @staticmethod
     def error(exc: BaseException) -> ErrorReply:
@@ -226,8 +255,7 @@ class Doors:
         parsed = await parse_off_loop(
             raw, lambda raw: door.parse(RequestView.of(request, raw), limits, caller.tenant), door.lane
         )
-        answer, parsed = await door.answer(caller, parsed, request)
-        return door.render(answer, parsed)
+        return await door.respond(caller, parsed, request)
 
     async def serve_socket(self, name: str, websocket: WebSocket) -> None:
         """A door's API over a WebSocket: the handshake authenticated like a request and counted against the
@@ -268,23 +296,7 @@ class Doors:
         limits = self.config.request_limits
         parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits), door.lane)
         parsed = replace(parsed, conversation=socket.resolve(parsed.conversation))
-        warm = door.warm_up(parsed)
-        if warm is not None:
-            reference, events = warm
-            conversation, _ = await self.pipeline.continued(caller.tenant, parsed.conversation)
-            socket.warm(reference, conversation)
-            for event in events:
-                await websocket.send_text(_json(event))
-            return
-        answer, parsed = await door.answer(caller, parsed, websocket)
-        socket.answered.add(answer.step.id)
-        try:
-            async for events in door.events(answer, parsed):
-                for event in events:
-                    await websocket.send_text(_json(event))
-        finally:
-            if isinstance(answer, Streaming):
-                await answer.groups.aclose()
+        await door.respond_on_socket(caller, parsed, websocket, socket)
 
     async def call(self, name: str, handler: str, request: Request) -> Response:
         """A door's own route (`DoorRoute`), for an authenticated caller."""
@@ -302,6 +314,11 @@ async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"A client event is {len(data)} bytes; the limit is {max_bytes} bytes.")
     return data
+
+
+async def send_events(websocket: WebSocket, events: Sequence[JSONBody]) -> None:
+    for event in events:
+        await websocket.send_text(_json(event))
 
 
 def _json(event: JSONBody) -> str:

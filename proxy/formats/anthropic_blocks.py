@@ -55,14 +55,18 @@ def anthropic_request(
     client's own breakpoints (its system prompt, its latest turns) sit before it or move with every turn: a
     `cache_control` breakpoint is added after the last summary (or marker), when the client's, its `tools`
     included, leave room for one, so that a crossing that only stubs tool outputs still reads the summaries
-    from the cache."""
+    from the cache. A recall (for its turn only, docs/architecture.md invariant 6) gets one just before it, where
+    the part the next turn sends again ends, taken first when only one fits."""
     system: list[Block] | str | None = None
     turns: list[dict[str, Any]] = []
     stable: int | None = None
+    recall: int | None = None
     for message in messages:
         role = message.get("role")
         if origin(message) in (Origin.SUMMARY, Origin.MARKER):
             stable = len(turns) if not turns or turns[-1]["role"] != "user" else len(turns) - 1
+        if origin(message) == Origin.RECALL and turns:
+            recall = len(turns) - 1 if turns[-1]["role"] != "user" else None
         if role in SYSTEM_ROLES and not turns:
             system = _merged(system, _plain(message) if ITEMS not in message else _blocks(message))
             continue
@@ -74,10 +78,11 @@ def anthropic_request(
             turns[-1]["content"] = _merged(turns[-1]["content"], content)
         else:
             turns.append({"role": side, "content": content})
-    if stable is not None and _breakpoints([*tools, *_as_blocks(system or []), *_turn_blocks(turns)]) < MAX_BREAKPOINTS:
-        blocks = _as_blocks(turns[stable]["content"])
-        blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
-        turns[stable] = {**turns[stable], "content": blocks}
+    for at in dict.fromkeys(turn for turn in (recall, stable) if turn is not None):
+        if _breakpoints([*tools, *_as_blocks(system or []), *_turn_blocks(turns)]) < MAX_BREAKPOINTS:
+            blocks = _as_blocks(turns[at]["content"])
+            blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+            turns[at] = {**turns[at], "content": blocks}
     return system, turns
 
 

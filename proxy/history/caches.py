@@ -88,6 +88,17 @@ class PathMatch:
     """The cached path matched: its first `reused` entries are the very first objects of `entries` (so that
     caching the request's path after it needs no identity pass over them: `RecentPaths.put`)."""
     reused: int = 0
+    left_out: tuple[int, int] = (0, 0)
+    """(where, how many): the opening user turns the request left out of the cached path it otherwise re-sends
+    whole, which `entries` holds in their place (`_left_out`)."""
+
+    def restored(self, messages: list[Message]) -> list[Message]:
+        """The request's messages with those it left out put back, as `entries` holds them (a new list)."""
+        at, count = self.left_out
+        if not count:
+            return messages
+        kept = [json_copy(entry.private) for entry in self.entries[at : at + count]]
+        return [*messages[:at], *kept, *messages[at:]]
 
 
 NO_MATCH = PathMatch(None, [], {}, whole=False)
@@ -320,22 +331,78 @@ def _match(
     matched = entries[:shared]
     variants: dict[int, Message] = {}
     reused = shared  # leading entries that are the cached ones, neither a variant nor replaced
-    for position in range(shared, min(len(messages), len(entries))):
-        message, entry = messages[position], entries[position]
-        if message != entry.private:
-            normal = chain.normalize(message)
-            if normal != entry.private:
-                if chain.identity(normal) != chain.identity(entry.private) and not chain.is_masked_form(
-                    normal, entry.private
-                ):
-                    break
-                variants[position] = normal
+    at = skipped = 0  # the opening user turns the request left out: where, how many
+    position = shared  # in `entries`; the request's message there is `position - skipped`
+    while position < len(entries) and position - skipped < len(messages):
+        message, entry = messages[position - skipped], entries[position]
+        same, variant = _same(message, entry)
+        if not same:
+            left_out = 0 if skipped else _left_out(entries, position, message)
+            if not left_out:
+                break
+            at, skipped = position, left_out
+            for omitted in entries[position : position + left_out]:
+                if reused == len(matched):
+                    reused += 1
+                matched.append(omitted)
+            position += left_out
+            continue
+        if variant is not None:
+            variants[position] = variant
         if entry.stored.message != entry.private:
             entry = replace(entry, stored=replace(entry.stored, message=json_copy(entry.private)))
         if reused == position and entry is entries[position] and position not in variants:
             reused += 1
         matched.append(entry)
-    return PathMatch(session_id, matched, variants, whole=len(matched) == len(entries), base=entries, reused=reused)
+        position += 1
+    if skipped and len(matched) < len(entries):
+        # Left out, but the rest is not the cached path whole: an edit, matched up to where it starts.
+        matched = matched[:at]
+        variants = {place: form for place, form in variants.items() if place < at}
+        reused, skipped = min(reused, at), 0
+    return PathMatch(
+        session_id,
+        matched,
+        variants,
+        whole=len(matched) == len(entries),
+        base=entries,
+        reused=reused,
+        left_out=(at, skipped),
+    )
+
+
+def _same(message: Mapping[str, Any], entry: CachedMessage) -> tuple[bool, Message | None]:
+    """Whether `message` is the cached entry's node, and its normal form when it was sent in another form (a
+    variant: `chain.identity`, `chain.is_masked_form`)."""
+    if message == entry.private:
+        return True, None
+    normal = chain.normalize(message)
+    if normal == entry.private:
+        return True, None
+    if chain.identity(normal) == chain.identity(entry.private) or chain.is_masked_form(normal, entry.private):
+        return True, normal
+    return False, None
+
+
+def _left_out(entries: Sequence[CachedMessage], position: int, message: Mapping[str, Any]) -> int:
+    """How many of the cached path's opening user turns, from `position`, a request left out when `message` is
+    the node after them, else 0.
+
+    Only there, right after the system messages: Gemini CLI 0.61.0, once it has masked old tool outputs, merges
+    its record of the first user turn into its `<session_context>`, which a resumed session skips, so every later
+    request lacks that turn (and the fact it gave). The request is still that session's next turn when it re-sends
+    the rest of the path whole (`_match` checks); what it left out stays on the path, in its place. A message
+    dropped further on is an edit, and starts a branch as before."""
+    opening = next((i for i, entry in enumerate(entries) if entry.stored.role not in SYSTEM_ROLES), len(entries))
+    if position != opening:
+        return 0
+    end = position
+    while end < len(entries) and entries[end].stored.role == "user":
+        end += 1
+    for count in range(1, end - position + 1):
+        if position + count < len(entries) and _same(message, entries[position + count])[0]:
+            return count
+    return 0
 
 
 def json_copy(value: Any) -> Any:

@@ -105,7 +105,8 @@ class Located:
     variants: list[tuple[str, str, str, float]]
     """(message id, digest, body, created_at) of forms not stored yet."""
     messages: Sequence[Message] = ()
-    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`)."""
+    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`).
+    With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
     matched: PathMatch = NO_MATCH
     """The cached entries `entries` start with (`RecentPaths.match`)."""
 
@@ -154,13 +155,21 @@ class History(HistoryReads):
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
+        messages = found.restored(messages)  # the opening turns a client left out, back in place (`caches._match`)
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
         size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))
         entries, variants = await compute(size, self._reused, found, encoding, now)
         after = entries[-1].stored.id if entries else None
         encoded = await compute(size, _encode, chain.root_parent(tenant) if after is None else after, rest)
-        known = await self._known(tenant, [node_id for node_id, _, _ in encoded], encoding)
+        # The cached path's last node is looked up with the new ones (no query more): gone, the session was
+        # deleted since it was cached, maybe by another process (`proxy.lifecycle`), and the request is located
+        # afresh from the store, as on the process that deleted it. Only a request located before a deletion is
+        # refused (`save`).
+        known = await self._known(tenant, [node_id for node_id, _, _ in encoded] + ([after] if after else []), encoding)
+        if after is not None and after not in known and await self._gone(after):
+            self.recent.forget_tenant(tenant)
+            return await self.locate(tenant, session_id, messages, encoding)
         stored_before = len(entries) + next(
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )
@@ -349,6 +358,15 @@ class History(HistoryReads):
         depth = {stored.id: stored.depth for stored in path}
         deepest = max(rows, key=lambda row: depth[row[1]])  # max keeps the first of equals: the most recent
         return str(deepest[0])
+
+    async def _gone(self, node_id: str) -> bool:
+        """Whether a node a read did not find is really gone: asked of the writer, which sees every commit (a read
+        may run in an older snapshot, that of another request's statement still open on SQLite's reader)."""
+
+        def gone(connection: Connection) -> bool:
+            return connection.execute(BUILT_ON_SQL, (node_id,)).fetchone() is None
+
+        return await self._db.write(gone, atomic=False)
 
     async def _known(self, tenant: str, ids: list[str], encoding: str) -> dict[str, KnownNode]:
         """Which of `ids` are stored, with what the request needs of them: one query."""

@@ -15,7 +15,8 @@ from proxy.budget.budgets import Budgets
 from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.groups import cut_points, with_tool_groups
 from proxy.compaction.path_items import builder_item, pinned_groups
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import InvalidRequest, json_type
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins

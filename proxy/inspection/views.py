@@ -17,12 +17,14 @@ from typing import Any
 from proxy.budget.budgets import Budgets
 from proxy.budget.limits import ModelLimits
 from proxy.canonical.answers import usage_text
-from proxy.compaction.compactor import CompactionRequest, Compactor, ContextView
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.path_items import pinned_groups
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.summarizer_calls import SummarizerCalls
-from proxy.config.schema import Config, ModelEntry
+from proxy.compaction.working_context import ContextView
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history.messages import Session, StoredMessage, StoredPath, token_counts
 from proxy.history.pins import Pins

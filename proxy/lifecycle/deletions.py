@@ -3,13 +3,15 @@
 A session's deletion holds the session's lock (in this process and, on PostgreSQL, across replicas), so it falls
 between two of its requests' saves: a request located before it is refused when it is saved (`SessionDeleted`),
 never stored on a half-deleted session. The rows go in one write job (`forget.forget`), on the writer thread;
-then the space is given back (`Database.reclaim`), also off the event loop.
+then the space is given back (`Database.reclaim`), also off the event loop. What this process remembers of the
+tenant's rows between requests (its recent paths, recall's indexed ids: `ProcessCache`) is forgotten with them.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Protocol
 
 from proxy.errors import NotFound
 from proxy.history.store import History
@@ -17,10 +19,20 @@ from proxy.lifecycle.forget import Forgotten, forget
 from proxy.store.database import Database
 
 
+class ProcessCache(Protocol):
+    """What a process keeps of a tenant's stored rows between requests, to skip reading them again: after a
+    deletion it may name rows that are gone (a path, an indexed message), so the tenant's part is forgotten."""
+
+    def forget_tenant(self, tenant: str) -> None: ...
+
+
 class Deletions:
-    def __init__(self, db: Database, history: History) -> None:
+    def __init__(self, db: Database, history: History, caches: Sequence[ProcessCache] = ()) -> None:
+        """`caches`: this process's caches beside the history's recent paths (recall's indexed ids), given by the
+        serving layer that builds both, so no stage imports another's."""
         self._db = db
         self._history = history
+        self._caches: tuple[ProcessCache, ...] = (history.recent, *caches)
 
     async def delete_session(self, tenant: str, session_id: str) -> Forgotten:
         """Everything the tenant's session stored; NotFound, as for any unknown id, if the tenant has no such
@@ -57,5 +69,6 @@ class Deletions:
         )
         forgotten = await self._db.write(work, bulk=True)
         if forgotten.rows:
-            self._history.recent.forget_tenant(tenant)
+            for cache in self._caches:
+                cache.forget_tenant(tenant)
         return forgotten

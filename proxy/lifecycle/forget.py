@@ -14,7 +14,8 @@ contentless index is told each document's text to forget), and the sessions' own
 compaction events and summarizer calls. A tenant's purge is the same with nothing kept.
 
 Other processes notice through the store: the tenant's span epoch moves past a clearing (`span_epochs.cleared`),
-so a replica's spans read before are read again, and a request a replica located on nodes deleted since is
+so a replica's spans read before are read again and recall's indexed ids are forgotten; a path a replica cached is
+found gone when a request is located on it (`History.locate`), and a request it located before the deletion is
 refused when it is saved (`History.save`) rather than building on nothing.
 """
 

@@ -12,10 +12,18 @@ from proxy.budget.budgets import Budget, Budgets
 from proxy.canonical.conversation import Conversation
 from proxy.canonical.vocabulary import SYSTEM_ROLES
 from proxy.compaction.compactor import Compactor
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import ContextTooLarge, NotFound
 from proxy.offload import compute
-from proxy.tokens import count_definitions, count_message, count_prompt, encoding_for_model, rough_size
+from proxy.tokens import (
+    TOKENS_PER_MESSAGE,
+    count_definitions,
+    count_message,
+    count_prompt,
+    encoding_for_model,
+    rough_size,
+)
 
 TOOL_CHARS = 2_000
 """About what one tool definition of an agent's holds: how the work of counting them is sized (`offload`)."""
@@ -32,13 +40,21 @@ def model_entry(config: Config, model: str) -> ModelEntry:
     return entry
 
 
-def fit_output(budgets: Budgets, entry: ModelEntry, conversation: Conversation) -> Conversation:
+async def fit_output(budgets: Budgets, entry: ModelEntry, conversation: Conversation) -> Conversation:
     """The output request within what the configured model can give, when the client asked for its own model's
-    (`Conversation.fit_output`)."""
+    (`Conversation.fit_output`), beside what the request sends every time: its definitions (counted:
+    `counted`) and its system messages, counted only when they could lower it (`Budgets.fitted_output`)."""
     requested = conversation.max_output
     if not conversation.fit_output or requested is None:
         return conversation
-    fitted = budgets.fitted_output(entry, requested)
+    fixed = conversation.definitions
+    fitted = budgets.fitted_output(entry, requested, fixed)
+    system = [message for message in conversation.messages if message.get("role") in SYSTEM_ROLES]
+    size = sum(map(rough_size, system)) + TOKENS_PER_MESSAGE * len(system)  # about a bound on their tokens
+    if system and budgets.fitted_output(entry, requested, fixed + size) < fitted:
+        encoding = encoding_for_model(entry.model)
+        fixed += await compute(size, lambda: sum(count_message(message, encoding) for message in system))
+        fitted = budgets.fitted_output(entry, requested, fixed)
     if fitted == requested:
         return conversation
     params = {**conversation.params, conversation.max_output_param: fitted}

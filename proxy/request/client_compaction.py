@@ -11,13 +11,19 @@ context of the whole conversation instead (`proxy.request.continuations`): one s
 its own (Pi, OpenCode) is answered for the stored session that text comes from; the reference then names that
 session's head, and the turns the client keeps after its summary are found in the stored path
 (`proxy.request.continuations`). The switch is `context.client_compaction`.
+
+A client of the Responses API asks for a compaction instead (Codex's `compaction_trigger`, `/v1/responses/compact`)
+and expects an item back, not a summary: the pipeline stores the conversation and hands its door a
+`StoredConversation` (`Pipeline.compact`), which that door renders as its item (`proxy.doors.responses`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from proxy.canonical.answers import ContextReport
 from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_answer_turn, last_user_turn
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
@@ -34,6 +40,16 @@ REST_TOKENS = 600
 REST_MESSAGES = 64
 """At most the last this many of them are read for it: a client that compacts every turn (Pi told a small
 `maxTokens`) must not cost a pass over a long path each time."""
+
+
+@dataclass(frozen=True)
+class StoredConversation:
+    """A conversation the proxy stored for a client's compaction request, answered without a model call or a
+    journal step: `message_id`, its last message, is what the client's reference to it names."""
+
+    message_id: str
+    report: ContextReport
+    """What the proxy holds of the conversation (nothing was sent upstream: `prompt_tokens` is 0)."""
 
 
 async def summarized_session(

@@ -17,6 +17,7 @@ from proxy.canonical.conversation import Conversation
 from proxy.canonical.tool_pairs import unanswered_output
 from proxy.canonical.types import Message
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
+from proxy.compaction.client_prompts import is_acknowledgement
 from proxy.errors import InvalidRequest, NotFound
 from proxy.history import chain
 from proxy.history.messages import StoredMessage
@@ -70,7 +71,8 @@ async def _summarized(
 ) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
     reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
-    conversation it stands for, in the form it was last sent in (so the upstream's cached prompt holds). A reference
+    conversation it stands for, in the form it was last sent in (so the upstream's cached prompt holds); so does a
+    model turn the client wrote itself to acknowledge the summary (`client_prompts.is_acknowledgement`). A reference
     to nothing of this tenant's is left as it is."""
     found = references.find(tenant, conversation.messages)
     if found is None:
@@ -83,6 +85,8 @@ async def _summarized(
     leading = next((at for at, stored in enumerate(path) if stored.role not in SYSTEM_ROLES), len(path))
     system = [message for message in own[:index] if message.get("role") in SYSTEM_ROLES]
     after = own[index + 1 :]
+    if after and is_acknowledgement(after[0]):
+        after = after[1:]  # the client's own reply to its summary (Gemini CLI's) goes with it
     end = len(path) - kept_tail(path[leading:], after)
     forms = history.recent.sent_forms(tenant, path)
     messages = [*system, *forms[leading:end], *after]

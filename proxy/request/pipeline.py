@@ -19,23 +19,23 @@ messages cannot fit the model is stored first and then refused: what a client se
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from proxy.budget.budgets import Budgets
 from proxy.budget.corrections import Refused
-from proxy.canonical.answers import Answer, Compacted, Completed, StepRef, Streaming
+from proxy.canonical.answers import Answer, Completed, StepRef, Streaming
 from proxy.canonical.conversation import ContextMode, ContextOptions, Conversation
 from proxy.canonical.types import Chunk
 from proxy.compaction.client_prompts import ClientCompaction, Shape, recognize
-from proxy.compaction.compactor import Allowance, CompactionRequest, Compactor, WorkingContext
-from proxy.config.schema import Config, ModelEntry
+from proxy.compaction.compactor import Compactor
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.errors import AnswerTooLarge, StepKept, StoreUnavailable, UpstreamError, error_fields
-from proxy.history.messages import Reconciled
-from proxy.history.settings import BUDGET_SETTING, STRATEGIES_SETTING, session_budget, session_strategies
 from proxy.history.store import History
 from proxy.journal.assembly import Assembly, assemble
 from proxy.journal.keys import request_fingerprint
@@ -46,10 +46,10 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.request import continuations
 from proxy.request.budget import count_tokens, counted, fit_output, model_entry, request_budget
-from proxy.request.client_compaction import summarized_session, summary_text
-from proxy.request.plan import Plan
+from proxy.request.client_compaction import StoredConversation, summarized_session, summary_text
+from proxy.request.plan import Plan, Planner
 from proxy.request.references import References
-from proxy.tokens import content_text, encoding_for_model
+from proxy.tokens import content_text
 from proxy.upstream.context_window import unquoted
 from proxy.upstream.deadlines import StreamDeadlines, deadline_exceeded
 from proxy.upstream.local import LocalAnswer
@@ -80,13 +80,13 @@ class Pipeline:
         """The conversation with what it continues put in, and that answer's session (`proxy.request.continuations`)."""
         return await continuations.continued(self.reader, self.history, self.references, tenant, conversation)
 
+    @functools.cached_property
+    def planner(self) -> Planner:
+        return Planner(self.history, self.budgets, self.compactor, self.config.context.preserve_recent)
+
     async def answer(self, tenant: str, conversation: Conversation, options: ContextOptions) -> Answer:
         received = time.monotonic()
-        entry = model_entry(self.config, conversation.model)
-        conversation = await counted(entry, fit_output(self.budgets, entry, conversation))
-        request_budget(
-            self.budgets, entry, conversation, {}
-        )  # refuses a max_tokens that leaves no input room, before any write
+        entry, conversation = await self._checked(conversation)
         key = options.idempotency_key
         # Only a keyed request is ever compared with another: hashing a long body costs ~1.5 ms per 500 messages.
         fingerprint = "" if key is None else request_fingerprint(tenant, conversation.identity)
@@ -104,13 +104,11 @@ class Pipeline:
         if planned is None:
             conversation, continued_session = await self.continued(tenant, conversation)
             options = options.with_session(continued_session)
-            if conversation.compaction:
-                return await self._compacted(tenant, conversation, options, entry)
             if asked is not None and asked.shape is Shape.APPENDED:
                 planned = await self._summary_plan(tenant, conversation, options, entry, asked)
         if planned is None:
             upstream = self.upstream
-            plan = await self._plan(tenant, conversation, options, entry, self.compactor.allowance())
+            plan = await self.planner.plan(tenant, conversation, options, entry, self.compactor.allowance())
         else:
             plan, upstream = planned
         step_begun = asyncio.create_task(
@@ -143,19 +141,28 @@ class Pipeline:
                 raise
             raise told from exc
 
-    async def _compacted(
-        self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry
-    ) -> Compacted:
-        """A client's request for a compaction item (Responses): the proxy keeps every message and compacts by
-        itself, so it stores what is new (no model call) and names the stored conversation, which the client
-        sends back in its place."""
+    async def compact(self, tenant: str, conversation: Conversation, options: ContextOptions) -> StoredConversation:
+        """A client's request for its context compacted (the Responses door's compaction item): the proxy keeps
+        every message and compacts by itself, so it stores what is new, with no model call and no journal step,
+        and names the stored conversation, which the client sends back in its place. Bad input is refused as
+        `answer` refuses it, before the first write. It holds no Idempotency-Key: asked again, it stores nothing
+        more and names the same conversation."""
+        entry, conversation = await self._checked(conversation)
+        conversation, continued_session = await self.continued(tenant, conversation)
         conversation = await continuations.with_instructions(self.history, tenant, conversation)
-        plan = await self._saved(tenant, conversation, options, entry)
+        plan = await self.planner.saved(tenant, conversation, options.with_session(continued_session), entry)
         self.journal.metrics.client_compactions.labels("item").inc()
         kept = len(plan.reconciled.path)
         log.info("client compaction answered: session %s, %d messages kept", plan.reconciled.session.id, kept)
-        report = replace(plan.report, prompt_tokens=0)
-        return Compacted(plan.reconciled.end_id, report, StepRef(0, time.time()))
+        return StoredConversation(plan.reconciled.end_id, replace(plan.report, prompt_tokens=0))
+
+    async def _checked(self, conversation: Conversation) -> tuple[ModelEntry, Conversation]:
+        """The request's model entry, and the request with its output fitted and its definitions counted; a
+        max_tokens that leaves no input room is refused, before any write."""
+        entry = model_entry(self.config, conversation.model)
+        conversation = await fit_output(self.budgets, entry, await counted(entry, conversation))
+        request_budget(self.budgets, entry, conversation, {})
+        return entry, conversation
 
     def _client_compaction(self, conversation: Conversation) -> ClientCompaction | None:
         """The client's own compaction the request asks for (`proxy.compaction.client_prompts`), when the proxy
@@ -174,7 +181,9 @@ class Pipeline:
     ) -> tuple[Plan, Upstream]:
         """A client's request for a summary of its conversation (`proxy.request.client_compaction`): the conversation
         without the request's prompt is stored, and answered by the proxy from its own spans, with no model call."""
-        plan = await self._saved(tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry)
+        plan = await self.planner.saved(
+            tenant, replace(conversation, messages=conversation.messages[:-1]), options, entry
+        )
         return plan, await self._summary(tenant, plan, asked)
 
     async def _serialized_plan(
@@ -195,7 +204,7 @@ class Pipeline:
             return None
         session_id, path = found
         stored = replace(conversation, messages=self.history.recent.sent_forms(tenant, path))
-        plan = await self._saved(tenant, stored, replace(options, session_id=session_id), entry)
+        plan = await self.planner.saved(tenant, stored, replace(options, session_id=session_id), entry)
         return plan, await self._summary(tenant, plan, asked)
 
     async def _summary(self, tenant: str, plan: Plan, asked: ClientCompaction) -> Upstream:
@@ -210,17 +219,6 @@ class Pipeline:
             len(path),
         )
         return LocalAnswer(text, plan.report.history_tokens)
-
-    async def _saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
-        """The conversation stored, and the plan of a request that sends nothing upstream."""
-        encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
-            reconciled = await self._remember_settings(reconciled, options)
-        budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
-        nothing = WorkingContext([], 0, summaries=0, written=0)
-        return Plan(entry, reconciled, budget, nothing, encoding, self.compactor.allowance(), conversation.door_state)
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
@@ -244,61 +242,6 @@ class Pipeline:
         except Exception as again:
             log.error("could not record step %d as failed: %s", step.id, again)
         return told
-
-    async def _plan(
-        self,
-        tenant: str,
-        conversation: Conversation,
-        options: ContextOptions,
-        entry: ModelEntry,
-        allowance: Allowance,
-    ) -> Plan:
-        """`allowance` is the summarizer work this request may still wait for: one per request, so a healing
-        retry does not get a second."""
-        encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
-            reconciled = await self._remember_settings(reconciled, options)
-            budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
-            prepared = await self._prepare(
-                CompactionRequest.for_session(
-                    tenant,
-                    reconciled.path,
-                    reconciled.settings,
-                    session_id=reconciled.session.id,
-                    messages=conversation.messages,
-                    entry=entry,
-                    encoding=encoding,
-                    budget=budget.for_messages,
-                    preserve_recent=self.config.context.preserve_recent,
-                    allowance=allowance,
-                ),
-                options,
-            )
-        return Plan(entry, reconciled, budget, prepared, encoding, allowance, conversation.door_state)
-
-    async def _remember_settings(self, reconciled: Reconciled, options: ContextOptions) -> Reconciled:
-        """Attach a changed X-Context-Budget or X-Context-Strategy where this request's conversation ends (only a
-        change: a tool that sends the headers on every request writes nothing)."""
-        changes: dict[str, Any] = {}
-        in_force = session_budget(reconciled.settings)
-        if options.reset_budget and in_force is not None:
-            changes[BUDGET_SETTING] = None
-        elif options.budget is not None and options.budget != in_force:
-            changes[BUDGET_SETTING] = options.budget
-        if options.strategies is not None and options.strategies != session_strategies(reconciled.settings):
-            changes[STRATEGIES_SETTING] = list(options.strategies)
-        return await self.history.attach_settings(reconciled, changes) if changes else reconciled
-
-    async def _prepare(self, request: CompactionRequest, options: ContextOptions) -> WorkingContext:
-        if options.mode == ContextMode.OFF:
-            return WorkingContext(list(request.messages), request.path.tokens, summaries=0, written=0)
-        if options.preserve_recent is not None:
-            request = replace(request, preserve_recent=options.preserve_recent)
-        prepared = await self.compactor.prepare(request)
-        self.compactor.precompact(request, prepared)
-        return prepared
 
     async def _forward(
         self,
@@ -338,7 +281,9 @@ class Pipeline:
                 learned.factor,
                 learned.window or "as configured",
             )
-            plan = await self._plan(plan.reconciled.session.tenant, conversation, options, plan.entry, plan.allowance)
+            plan = await self.planner.plan(
+                plan.reconciled.session.tenant, conversation, options, plan.entry, plan.allowance
+            )
             return plan, await self._timed(conversation, plan, call)
 
     async def _timed(self, conversation: Conversation, plan: Plan, call: Callable[[Plan], Awaitable[T]]) -> T:

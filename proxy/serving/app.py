@@ -31,10 +31,11 @@ from proxy.doors.paging import page_params
 from proxy.doors.registry import DOORS
 from proxy.errors import InvalidRequest, NotFound, ProxyError, StoreUnavailable
 from proxy.inspection.pinning import checked_ids
+from proxy.lifecycle.retention import SWEPT_CHARS
 from proxy.numbers import parse_integer
 from proxy.observability.metrics import CONTENT_TYPE, Metrics
 from proxy.observability.requests import ObservedRequests
-from proxy.offload import Lane, json_pieces
+from proxy.offload import Lane, compute, json_pieces
 from proxy.serving.heap import freeze_loaded
 from proxy.serving.services import Services, open_services
 from proxy.tokens import encoding_for_model, load_encoding
@@ -310,7 +311,9 @@ async def _retention(request: Request) -> Response:
         )
     dry_run = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
     sweep = await services.retention.sweep(dry_run=dry_run)
-    return JSONResponse(sweep.as_json(time.time()))
+    # A sweep (a dry run above all) may list every session of a large store: listed and encoded off the loop.
+    listed = await compute(len(sweep.sessions) * SWEPT_CHARS, sweep.as_json, time.time())
+    return StreamingResponse(json_pieces(listed), media_type="application/json")
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:

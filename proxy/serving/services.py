@@ -107,9 +107,8 @@ async def open_services(
         summarizer = Summarizer(
             upstream, config.model(name) if name else None, budgets, config.context, metrics, summarizer_calls
         )
-        compactor = Compactor(
-            config.context, summaries, summarizer, events=events, pins=pins, recall=Recall(db), locks=db
-        )
+        recall = Recall(db)
+        compactor = Compactor(config.context, summaries, summarizer, events=events, pins=pins, recall=recall, locks=db)
         reader = JournalReader(db, journal.unrecorded)
         pipeline = Pipeline(config, history, journal, reader, upstream, compactor, budgets, background)
         inspector = Inspector(config, history, summaries, reader, compactor, budgets, pins, events, summarizer_calls)
@@ -118,7 +117,7 @@ async def open_services(
             maintenance.append(asyncio.create_task(_sweep_periodically(recovery, owners), name="journal-owners"))
             maintenance.append(asyncio.create_task(_settle_unrecorded(recovery, journal), name="journal-unrecorded"))
             maintenance.append(asyncio.create_task(_refresh_periodically(budgets), name="shared-corrections"))
-        deletions = Deletions(db, history)
+        deletions = Deletions(db, history, caches=(recall,))
         retention = Retention(db, deletions, config.store)
         if owners is not None and retention.enabled:
             maintenance.append(asyncio.create_task(sweep_periodically(retention), name="retention"))

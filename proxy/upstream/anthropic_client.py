@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE
-from proxy.config.schema import MESSAGES_API, ModelEntry
+from proxy.config.models import MESSAGES_API, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
 from proxy.upstream.native_client import NativeClient, model_id

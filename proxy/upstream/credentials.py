@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from proxy import environment
-from proxy.config.schema import Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import Config
 from proxy.upstream.natives import native_client
 from proxy.upstream.redaction import Redactor
 

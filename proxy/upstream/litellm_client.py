@@ -37,7 +37,8 @@ import httpx
 from proxy import environment
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import chat_messages
-from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, UpstreamConfig
 from proxy.errors import ProxyError, UpstreamError
 from proxy.upstream.bounded_bodies import BoundedBodies, answer_too_large
 from proxy.upstream.connection_retry import upstream_transport

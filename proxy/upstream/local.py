@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from proxy.canonical.types import Chunk
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.upstream.protocol import UpstreamCall
 
 LOCAL_ID_PREFIX = "chatcmpl-proxy-"

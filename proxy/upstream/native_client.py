@@ -22,7 +22,8 @@ from typing import Any, ClassVar, Protocol
 import httpx
 
 from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
-from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.formats.sse import DONE, sse_events
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies
@@ -42,7 +43,7 @@ class NativeClient:
     """`proxy.upstream.protocol.Upstream` for the models that speak one native API (a subclass each)."""
 
     api: ClassVar[str]
-    """The API it speaks, as a model entry's `api` and a `NativeRequest` name it (`proxy.config.schema`)."""
+    """The API it speaks, as a model entry's `api` and a `NativeRequest` name it (`proxy.config.models`)."""
     key_variables: ClassVar[tuple[str, ...]]
     """The environment variables its key is read from when the model entry has no `api_key`, first set first
     (the credentials check and the redactor read the same: `proxy.upstream.credentials`)."""

@@ -27,7 +27,8 @@ import httpx
 
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import chat_messages
-from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, UpstreamConfig
 from proxy.errors import AnswerTooLarge, UpstreamError
 from proxy.formats.sse import DONE, SSEEvent, sse_events
 from proxy.upstream.bounded_bodies import EVENT_STREAM, BoundedBodies

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.canonical.types import Chunk, Message, NativeRequest, RawList
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 
 
 @dataclass(frozen=True)

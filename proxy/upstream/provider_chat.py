@@ -26,7 +26,7 @@ import orjson
 
 from proxy.canonical.types import Chunk, Message
 from proxy.canonical.vocabulary import chat_messages
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.upstream.bounded_bodies import EVENT_STREAM
 from proxy.upstream.failures import malformed_answer
 from proxy.upstream.openai_chat import OpenAIChat

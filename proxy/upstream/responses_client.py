@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.canonical.types import Chunk, JSONObject, Message, NativeRequest
 from proxy.canonical.vocabulary import ANSWER, EVENT, RESPONSE, Origin, origin
-from proxy.config.schema import RESPONSES_API, ModelEntry
+from proxy.config.models import RESPONSES_API, ModelEntry
 from proxy.errors import UpstreamError
 from proxy.formats.responses_items import CUSTOM_INPUT, assistant_message, input_items, qualified_name
 from proxy.upstream.native_client import NativeClient, model_id

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from proxy.canonical.types import Chunk
-from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import DEFAULT_MAX_ANSWER_CHARS, UpstreamConfig
 from proxy.upstream.litellm_client import LiteLLMUpstream
 from proxy.upstream.native_client import NativeClient
 from proxy.upstream.natives import NATIVE_CLIENTS

@@ -19,7 +19,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy import environment
-from proxy.config.schema import ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import UpstreamConfig
 from proxy.errors import ContextOverflow, UpstreamError
 from proxy.upstream.context_window import context_overflow, reported_counts
 from proxy.upstream.failures import upstream_error

@@ -167,3 +167,80 @@ def test_a_tool_using_session_of_several_resumed_turns_is_one_session_holding_ev
     stored = httpx.get(f"{proxy.url}/sessions/{listed[0]['id']}", timeout=10).json()["messages"]
     turn = ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert [message["role"] for message in stored] == ["system", "system", *turn, *turn, "user", "assistant"]
+
+
+GEMINI_2_MODEL = "gemini-2.5-flash"
+"""A name Gemini CLI treats as a Gemini 2 model: it then merges consecutive turns of one role in its history."""
+FLOOD_CALLS = 11
+FLOOD_COMMAND = "seq -f 'row %g of print {n}: alpha beta gamma delta' 1 900"
+"""~36k characters (~9k tokens by Gemini CLI's estimate): under its 40k-character truncation, and eleven of them
+pass the ~80k tokens of tool outputs past which it masks the older ones (`ToolOutputMaskingService`)."""
+LARGE_WINDOW = 400_000
+
+
+class Flood:
+    """The model's side: on a prompt, `FLOOD_CALLS` shell calls in a row printing `FLOOD_COMMAND` (each its own:
+    Gemini CLI stops a loop of the same call), then "Done."; asked for the fact, what it finds in the conversation
+    it was sent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        messages: list[dict[str, Any]] = body["messages"]
+        last = messages[-1]
+        if last["role"] == "user" and FACT_QUESTION in content_text(last.get("content")):
+            found = re.search(
+                r"PROJECT_CODENAME=(\w+)", " ".join(content_text(m.get("content")) for m in messages[:-1])
+            )
+            return Reply(content=found.group(1) if found else "I do not know.")
+        prompt = max(i for i, message in enumerate(messages) if message["role"] == "user")
+        if sum(message["role"] == "tool" for message in messages[prompt:]) >= FLOOD_CALLS:
+            return Reply(content="Done.")
+        self.calls += 1
+        arguments = {"command": FLOOD_COMMAND.format(n=self.calls), "description": "Print rows."}
+        call = {
+            "id": f"call_f{self.calls}",
+            "type": "function",
+            "function": {"name": "run_shell_command", "arguments": json.dumps(arguments)},
+        }
+        return Reply(tool_calls=[call], finish_reason="tool_calls")
+
+
+def test_a_session_whose_client_masked_its_outputs_and_lost_its_first_turn_stays_one_holding_that_turn(
+    serve_proxy: ServeProxy, fake: FakeUpstream, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Past ~80k tokens of tool outputs Gemini CLI masks the older ones in its own history; a Gemini 2 model's
+    history has its first user turn merged into the `<session_context>` turn by then, so the session it resumes
+    afterwards has lost that turn (it skips `<session_context>` turns). The proxy still holds one session, puts the
+    turn back in its place, and the fact given there is answered."""
+    cli = gemini_cli()
+    fake.responder = Flood()
+    fake.context_window = LARGE_WINDOW
+    model = {"name": GEMINI_2_MODEL, "model": "openai/fake-model", "api_base": fake.url, "api_key": "sk-upstream"}
+    proxy = serve_proxy(models=[{**model, "context_window": LARGE_WINDOW, "max_output": 4096}])
+    env = {**cli_env, "GOOGLE_GEMINI_BASE_URL": proxy.url}
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+
+    def turn(prompt: str, resume: bool) -> dict[str, Any]:
+        argv = [str(cli), "-m", GEMINI_2_MODEL, "-p", prompt, "--yolo", "-o", "json"]
+        argv += ["--resume", "latest"] if resume else []
+        done = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-2000:]
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    assert turn(f"Print the rows a few times. Note: {FACT}.", resume=False)["response"] == "Done."
+    first_process = [request.body["messages"] for request in fake.requests]
+    assert any("<tool_output_masked>" in content_text(m.get("content")) for m in first_process[-1])
+    assert turn("Print them again.", resume=True)["response"] == "Done."
+    resumed = fake.requests[len(first_process)].body["messages"]
+    assert resumed[2]["content"].startswith("Print the rows a few times.")  # the turn Gemini CLI no longer sent
+    answer = turn(FACT_QUESTION, resume=True)
+    assert answer["response"] == "BLUE_HERON_42"
+    assert fake.rejected == []
+    listed = httpx.get(f"{proxy.url}/sessions", timeout=10).json()["data"]
+    assert len(listed) == 1, listed
+    stored = httpx.get(f"{proxy.url}/sessions/{listed[0]['id']}", timeout=10).json()["messages"]
+    assert [message["role"] for message in stored].count("user") == 3

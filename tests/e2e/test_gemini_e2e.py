@@ -243,3 +243,74 @@ def test_a_failure_after_the_stream_started_is_its_last_element(sdk: genai.Clien
     with pytest.raises(errors.APIError) as failed:
         list(sdk.models.generate_content_stream(model="fake", contents="Stream then fail"))
     assert failed.value.code >= 500
+
+
+SESSION_CONTEXT = "<session_context>\nThis is the Gemini CLI. Today is Wednesday.\n</session_context>"
+SNAPSHOT_SYSTEM = (  # @google/gemini-cli 0.61.0, getCompressionPrompt: its opening
+    "You are a specialized system component responsible for distilling chat history into a structured XML "
+    "<state_snapshot>."
+)
+SNAPSHOT_PROMPT = (
+    "Generate a new <state_snapshot> based on the provided history.\n\nFirst, reason in your scratchpad. Then, "
+    "generate the updated <state_snapshot>."
+)
+SNAPSHOT_CHECK = (
+    "Critically evaluate the <state_snapshot> you just generated. Did you omit any specific technical details, file "
+    "paths, tool results, or user constraints mentioned in the history? If anything is missing or could be more "
+    "precise, generate a FINAL, improved <state_snapshot>. Otherwise, repeat the exact same <state_snapshot> again."
+)
+ACKNOWLEDGED = "Got it. Thanks for the additional context!"
+
+
+def test_gemini_clis_own_compression_is_answered_from_the_store_and_its_snapshot_brings_the_conversation_back(
+    proxy: ProxyServer, sdk: genai.Client, fake: FakeUpstream
+) -> None:
+    """Gemini CLI 0.61.0 compresses its history by itself (`ChatCompressionService`, at half its window): the older
+    part of its history with a snapshot prompt, then that history, the snapshot as the model's turn and a prompt to
+    check it; then it keeps the snapshot as a user turn, a model turn of its own acknowledging it, and its recent
+    turns. Both calls are answered with no model call, and the next request sends the upstream every original
+    again, in one session, without the snapshot or the acknowledgement."""
+    main = types.GenerateContentConfig(system_instruction="You are Gemini CLI.")
+    history: list[types.Content] = []
+    for turn in range(3):
+        text = types.Part(text=f"turn {turn}: remember FACT_{turn}")
+        parts = [types.Part(text=SESSION_CONTEXT), text] if turn == 0 else [text]
+        history.append(types.Content(role="user", parts=parts))
+        answer = sdk.models.generate_content(model="fake", contents=history, config=main)
+        history.append(types.Content(role="model", parts=[types.Part(text=answer.text)]))
+    calls = len(fake.requests)
+    older, kept = history[:4], history[4:]
+    snapshot = types.GenerateContentConfig(system_instruction=SNAPSHOT_SYSTEM)
+    ask = types.Content(role="user", parts=[types.Part(text=SNAPSHOT_PROMPT)])
+    first = sdk.models.generate_content(model="fake", contents=[*older, ask], config=snapshot)
+    check = [*older, types.Content(role="model", parts=[types.Part(text=first.text)])]
+    check.append(types.Content(role="user", parts=[types.Part(text=SNAPSHOT_CHECK)]))
+    final = sdk.models.generate_content(model="fake", contents=check, config=snapshot)
+    assert len(fake.requests) == calls  # no model call
+    assert final.text is not None
+    assert "ctxinf1." in final.text
+    assert "FACT_1" in final.text
+
+    compressed = [
+        types.Content(role="user", parts=[types.Part(text=SESSION_CONTEXT), types.Part(text=final.text)]),
+        types.Content(role="model", parts=[types.Part(text=ACKNOWLEDGED)]),
+        *kept,
+        types.Content(role="user", parts=[types.Part(text="turn 3: which FACT came first?")]),
+    ]
+    sdk.models.generate_content(model="fake", contents=compressed, config=main)
+    sent = fake.requests[-1].body["messages"]
+    texts = [str(message.get("content")) for message in sent]
+    assert texts[0] == "You are Gemini CLI."
+    assert texts[1].startswith("<session_context>")
+    assert texts[2:] == [
+        "turn 0: remember FACT_0",
+        "echo: turn 0: remember FACT_0",
+        "turn 1: remember FACT_1",
+        "echo: turn 1: remember FACT_1",
+        "turn 2: remember FACT_2",
+        "echo: turn 2: remember FACT_2",
+        "turn 3: which FACT came first?",
+    ]
+    (session,) = sessions(proxy)
+    stored = httpx.get(f"{proxy.url}/sessions/{session['id']}", timeout=10).json()["messages"]
+    assert [message["role"] for message in stored] == ["system", "system", *["user", "assistant"] * 4]

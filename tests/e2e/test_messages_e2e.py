@@ -300,6 +300,62 @@ def test_claude_codes_requests_are_served(serve_proxy: ServeProxy, fake: FakeUps
     assert httpx.head(f"{proxy.url}/", timeout=5).status_code == 200
 
 
+def words(lines: int, tag: str) -> str:
+    return "".join(f"{tag} {line}: alpha beta gamma delta epsilon zeta eta theta\n" for line in range(lines))
+
+
+def claude_code_sized(tool_output_lines: int) -> dict[str, Any]:
+    """A request shaped as Claude Code 2.1.197 sends one: 24 tools worth ~18.6k tokens and a system prompt of
+    ~7k, which leave a 32k model ~5.5k past the safety margin; the latest message is a tool output."""
+    tools = [
+        {"name": f"tool_{n}", "description": words(54, "use"), "input_schema": {"type": "object", "properties": {}}}
+        for n in range(24)
+    ]
+    return {
+        "model": "small",
+        "max_tokens": 32_000,
+        "system": [{"type": "text", "text": words(500, "rule")}],
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": "Run the listing."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "tool_0", "input": {}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": words(tool_output_lines, "row")}
+                ],
+            },
+        ],
+    }
+
+
+def test_a_client_preamble_filling_most_of_a_small_window_leaves_its_answer_the_rest(
+    serve_proxy: ServeProxy, fake: FakeUpstream
+) -> None:
+    """Claude Code's preamble on a 32k model: its 32,000 max_tokens is lowered below the model's 4,096 to what
+    the preamble leaves (a quarter of it), so the conversation keeps room for a 2.4k tool output; a tool output
+    that fits beside no answer of at least 1,024 tokens is a 400 in Anthropic's shape naming the numbers."""
+    model = {
+        "name": "small",
+        "model": "openai/fake-model",
+        "api_base": fake.url,
+        "api_key": "k",
+        "context_window": 32_768,
+    }
+    fake.context_window = 32_768
+    proxy = serve_proxy(models=[model])
+    response = httpx.post(f"{proxy.url}/v1/messages?beta=true", json=claude_code_sized(171), timeout=30)
+    assert response.status_code == 200, response.text
+    sent = fake.requests[-1].body
+    assert 1_024 <= sent["max_tokens"] < 1_500
+    assert not fake.rejected
+    response = httpx.post(f"{proxy.url}/v1/messages?beta=true", json=claude_code_sized(400), timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "most recent messages need" in error["message"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_idempotency_key_retry_is_answered_from_the_journal(
     proxy: ProxyServer, fake: FakeUpstream, stream: bool

@@ -19,9 +19,11 @@ import anthropic
 import httpx
 import pytest
 
+from proxy.compaction.recall import RECALL_HEADER
 from tests.conftest import ServeProxy
 from tests.support.fake_anthropic_upstream import AnthropicReply, FakeAnthropicUpstream
 from tests.support.proxy_server import ProxyServer
+from tests.support.scripted_session import extends
 
 WINDOW = 4096
 TOOL = {
@@ -103,6 +105,19 @@ def test_a_native_stream_and_tool_loop(sdk: anthropic.Anthropic, native: FakeAnt
     assert native.rejected == []
 
 
+def without_breakpoints(message: Any) -> str:
+    """A message as JSON without its `cache_control` marks: where the proxy puts one moves with the recall."""
+
+    def bare(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: bare(item) for key, item in value.items() if key != "cache_control"}
+        if isinstance(value, list):
+            return [bare(item) for item in value]
+        return value
+
+    return json.dumps(bare(message), sort_keys=True)
+
+
 def test_a_long_native_conversation_compacts_alternating_without_a_refusal(
     served: ProxyServer, sdk: anthropic.Anthropic, native: FakeAnthropicUpstream
 ) -> None:
@@ -123,14 +138,17 @@ def test_a_long_native_conversation_compacts_alternating_without_a_refusal(
     assert len(last) < len(messages)  # compacted
     assert [m["role"] for m in last] == ["user", "assistant"] * (len(last) // 2) + ["user"] * (len(last) % 2)
     assert "Earlier conversation" in json.dumps(last)
-    # A cache breakpoint where the summaries end (the client's own is on its system prompt only).
+    # A cache breakpoint where the summaries end (the client's own is on its system prompt only), and one just
+    # before the recall that fills the room left, for this turn only (the next turn sends what is before it again).
     summary_turns = [f"messages.{i}.content.0" for i, m in enumerate(last) if "Earlier conversation" in json.dumps(m)]
-    assert [path for path, _ in proxied[-1].cache_breakpoints] == ["system.0", summary_turns[-1]]
+    recalled = [i for i, m in enumerate(last) if RECALL_HEADER in json.dumps(m)]
+    before_recall = [f"messages.{i - 1}.content.{len(last[i - 1]['content']) - 1}" for i in recalled]
+    assert [path for path, _ in proxied[-1].cache_breakpoints] == ["system.0", summary_turns[-1], *before_recall]
     # Prompt caching: each request's system prompt, up to its breakpoint, is the previous one's; and between
-    # compactions each prompt extends the previous one (the compactions are the only breaks).
+    # compactions each prompt extends the previous one but for its recall (the compactions are the only breaks).
     assert all(body["system"] == system for body in bodies)
     extending = sum(
-        1 for before, after in pairwise(bodies) if after["messages"][: len(before["messages"])] == before["messages"]
+        1 for before, after in pairwise(bodies) if extends(before["messages"], after["messages"], without_breakpoints)
     )
     compactions = sum(1 for r in native.requests if "litellm" in r.headers.get("user-agent", ""))
     print(f"prefix-extending requests: {extending}/{len(bodies) - 1}; summarizer calls: {compactions}")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from proxy import environment
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.upstream.credentials import missing_keys
 from tests.conftest import ServeProxy
 from tests.support.fake_upstream import FakeUpstream, Fault, error_body

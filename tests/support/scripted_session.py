@@ -17,13 +17,14 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
+from proxy.compaction.recall import RECALL_HEADER
 from proxy.compaction.stubs import STUB_PREFIX
-from proxy.compaction.summary_text import INSTRUCTION, SUMMARY_HEADER
+from proxy.compaction.summary_text import ACKNOWLEDGEMENT, INSTRUCTION, SUMMARY_HEADER
 from tests.support.fake_upstream import FakeUpstream, Reply, content_text
 
 SYSTEM_PROMPT = "You are a helpful engineering assistant. Answer briefly."
@@ -293,17 +294,58 @@ def comparable(message: Mapping[str, Any]) -> tuple[Any, ...]:
     return message.get("role"), content_text(message.get("content")), calls, message.get("tool_call_id")
 
 
+M = TypeVar("M", bound=Mapping[str, Any])
+
+
 def prefix_breaks(turns: Sequence[TurnRecord]) -> list[int]:
-    """Turns whose chat request does not extend the previous chat request plus its answer (invariant 6)."""
+    """Turns whose chat request does not extend the previous chat request plus its answer (invariant 6; a
+    recall is for its turn only: `extends`)."""
     breaks: list[int] = []
-    previous: list[tuple[Any, ...]] | None = None
+    previous: list[Mapping[str, Any]] | None = None
     for turn in turns:
         for request, answer in zip(turn.chat_requests, turn.answers, strict=True):
-            current = [comparable(message) for message in request]
-            if previous is not None and current[: len(previous)] != previous:
+            if previous is not None and not extends(previous, request, comparable):
                 breaks.append(turn.number)
-            previous = [*current, comparable(answer)]
+            previous = [*request, answer]
     return breaks
+
+
+def recall_taken_out(messages: Sequence[M]) -> list[M]:
+    """The messages without the recall and the acknowledgements the proxy put around it (just before the latest
+    user message)."""
+    recalled = [i for i, m in enumerate(messages) if content_text(m.get("content")).startswith(RECALL_HEADER)]
+    if not recalled:
+        return list(messages)
+    [at] = recalled
+    start, end = at, at + 1
+    if end < len(messages) and _acknowledges(messages[end]):
+        end += 1
+    if start >= 2 and _acknowledges(messages[start - 1]) and messages[start - 2].get("role") == "user":
+        start -= 1
+    return [*messages[:start], *messages[end:]]
+
+
+def _acknowledges(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "assistant" and content_text(message.get("content")) == ACKNOWLEDGEMENT
+
+
+def extends(
+    earlier: Sequence[Mapping[str, Any]], later: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Any]
+) -> bool:
+    """Is `later` (by `key`) an extension of `earlier`, as a provider's prompt cache sees it? Strictly; or, on a
+    new turn (a user message more), once each is without its recall: a recall stands just before its turn's user
+    message for that turn only (invariant 6), so the cache reuses what came before it. Within a turn the recall
+    must stay as it was."""
+    if [key(m) for m in later[: len(earlier)]] == [key(m) for m in earlier]:
+        return True
+    before, after = recall_taken_out(earlier), recall_taken_out(later)
+    if _users(after) <= _users(before):
+        return False
+    return [key(m) for m in after[: len(before)]] == [key(m) for m in before]
+
+
+def _users(messages: Sequence[Mapping[str, Any]]) -> int:
+    return sum(1 for message in messages if message.get("role") == "user")
 
 
 def shrinking(turns: Sequence[TurnRecord]) -> list[int]:
@@ -339,6 +381,11 @@ def after_system_prompt(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 
     Summaries are kept: they belong to the part of the prompt that a provider's cache can reuse.
     """
+    return [as_sent(message) for message in messages[system_prompt_length(messages) :]]
+
+
+def system_prompt_length(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading messages are the client's system messages (a summary is not one)."""
     start = 0
     while (
         start < len(messages)
@@ -346,11 +393,16 @@ def after_system_prompt(messages: Sequence[Mapping[str, Any]]) -> list[str]:
         and not is_summary_message(messages[start])
     ):
         start += 1
-    return [json.dumps(without_nulls(message), sort_keys=True) for message in messages[start:]]
+    return start
+
+
+def as_sent(message: Mapping[str, Any]) -> str:
+    """A message as JSON without null fields."""
+    return json.dumps(without_nulls(message), sort_keys=True)
 
 
 def prefix_extensions(requests: Sequence[Sequence[Mapping[str, Any]]]) -> list[bool]:
     """For each pair of consecutive requests: are the earlier one's messages after the system prompt a prefix of
-    the later one's? (Invariant 6 whatever the system prompt does; one entry per pair, in order.)"""
-    parts = [after_system_prompt(messages) for messages in requests]
-    return [later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(parts)]
+    the later one's (`extends`)? (Invariant 6 whatever the system prompt does; one entry per pair, in order.)"""
+    parts = [messages[system_prompt_length(messages) :] for messages in requests]
+    return [extends(earlier, later, as_sent) for earlier, later in itertools.pairwise(parts)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.canonical.types import Chunk, Message, NativeRequest
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.errors import CONTEXT_LENGTH_EXCEEDED, ContextOverflow, UpstreamError
 from proxy.upstream.protocol import UpstreamCall
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.auth import BEARER, QUERY_KEY, X_GOOG_API_KEY, Caller, KeyPlace
-from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Completed, Replayed
 from proxy.config.schema import RequestLimits
 from proxy.doors.body import parse_json_object, parse_off_loop, request_body
 from proxy.doors.context_headers import answer_headers
@@ -83,7 +83,6 @@ class Gemini(Door[Delivery]):
             return StreamingResponse(
                 _framed(_at_once(events), sse), media_type=_media_type(sse), headers={**SSE_HEADERS, **headers}
             )
-        assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
         body = _framed(relayed_events(ResponseStream(shape), answer.groups), sse)
         return RelayedStream(answer.groups, body, headers, _media_type(sse))
 

@@ -7,8 +7,8 @@ come as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`; `?beta=true` 
 
 The session is `X-Session-Id`, else Claude Code's `X-Claude-Code-Session-Id`, else derived as for chat.
 `max_tokens` is lowered to what the configured model can give (`Conversation.fit_output`: its output limit, a
-quarter of its window at most): Anthropic clients ask for their Claude model's limit, whatever the model behind
-the proxy.
+quarter of its window and of what the request's tools and system prompt leave of it, at most): Anthropic clients
+ask for their Claude model's limit, whatever the model behind the proxy.
 
 `count_tokens` reports what the proxy would send for the conversation (`Pipeline.count_tokens`): the request
 as it stands while it fits, else about the share the proxy compacts to (`context.compact_to` of the model's
@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.auth import BEARER, X_API_KEY, Caller, KeyPlace
-from proxy.canonical.answers import Answer, Compacted, Completed, Replayed
+from proxy.canonical.answers import Answer, Completed, Replayed
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import RequestLimits
@@ -61,7 +61,6 @@ class Messages(Door[None]):
             if isinstance(answer, Completed) or not conversation.stream:
                 return JSONResponse(_message_object(shape, completion), headers=headers)
             return sse_response(replayed(MessageEvents(shape), answer.chunks), headers)
-        assert not isinstance(answer, Compacted), "only the Responses door asks for a compaction"
         return RelayedStream(answer.groups, relayed(MessageEvents(shape), answer.groups), headers)
 
     @staticmethod

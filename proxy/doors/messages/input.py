@@ -32,7 +32,8 @@ from proxy.canonical.pieces import Received
 from proxy.canonical.tool_pairs import MAX_SHOWN_ID_CHARS, shown_ids, unanswered_calls, unanswered_output
 from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS
-from proxy.config.schema import MESSAGES_API, RequestLimits
+from proxy.config.models import MESSAGES_API
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_shape
 from proxy.doors.resent import Conversion, TenantLists, parse_listed
 from proxy.errors import InvalidRequest, json_type

@@ -9,7 +9,9 @@ The session is `X-Session-Id`, else the session of the `previous_response_id`, e
 conversation key — Codex's `session-id` header, else `prompt_cache_key` — else derived from the conversation, as
 for chat. Keys that could not be served back by `/sessions/{id}` are not used as session ids. A
 `previous_response_id` continues the stored conversation (`proxy.request.continuations`), whatever the upstream; stored
-responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`).
+responses are read back and deleted through this door's own routes (`proxy.doors.responses.stored`). A client's
+compaction (`compaction_trigger`, `POST /v1/responses/compact`) is this door's alone: the pipeline stores the
+conversation (`Pipeline.compact`) and the door answers with one compaction item (`proxy.doors.responses.compaction`).
 """
 
 from __future__ import annotations
@@ -17,20 +19,21 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket
 
 from proxy.auth import Caller
-from proxy.canonical.answers import Answer, Compacted, Completed, Replayed, Streaming
+from proxy.canonical.answers import Answer, Completed, Replayed, Streaming
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
-from proxy.doors.context_headers import answer_headers
-from proxy.doors.door import Door, DoorRequest, DoorRoute, RequestView
+from proxy.doors.context_headers import answer_headers, report_headers
+from proxy.doors.door import Door, DoorRequest, DoorRoute, RequestView, send_events
 from proxy.doors.event_streams import Event, frames, relayed, relayed_events, replayed, replayed_events
 from proxy.doors.responses.compaction import compaction_item
 from proxy.doors.responses.fields import ToolNames
@@ -42,6 +45,7 @@ from proxy.doors.sse import RelayedStream, sse_response
 from proxy.errors import InvalidRequest, JSONBody, openai_error
 from proxy.numbers import parse_integer
 from proxy.offload import Lane
+from proxy.request.continuations import SocketContinuations
 from proxy.request.pipeline import Pipeline
 
 
@@ -52,6 +56,8 @@ class Echo:
     body: dict[str, object]
     tools: ToolNames
     generate: bool = True
+    compact: bool = False
+    """The input ends with a `compaction_trigger`: the answer is one compaction item (`Pipeline.compact`)."""
 
 
 class Responses(Door[Echo]):
@@ -77,15 +83,36 @@ class Responses(Door[Echo]):
     def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
         return _door_request(parse_socket_event(raw, limits))
 
+    async def respond(self, caller: Caller, parsed: DoorRequest[Echo], request: Request) -> Response:
+        """An input ending in `compaction_trigger` is answered by its compaction item: a response object, or the
+        events of a stream."""
+        if not parsed.rendering.compact:
+            return await super().respond(caller, parsed, request)
+        events, headers = await self._compacted(caller, parsed, request)
+        if not parsed.conversation.stream:
+            return JSONResponse(events[-1]["response"], headers=headers)
+        return sse_response(_frames(events), headers)
+
+    async def respond_on_socket(
+        self, caller: Caller, parsed: DoorRequest[Echo], websocket: WebSocket, socket: SocketContinuations
+    ) -> None:
+        """`generate: false`: the socket is warmed with the request (Codex sends one before each turn) and
+        answered at once, with an id of its own that the next request continues. A compaction is answered at
+        once too, by its item."""
+        if not parsed.rendering.generate:
+            reference, events = _warm_up(parsed)
+            conversation, _ = await self.pipeline.continued(caller.tenant, parsed.conversation)
+            socket.warm(reference, conversation)
+            await send_events(websocket, events)
+        elif parsed.rendering.compact:
+            await send_events(websocket, (await self._compacted(caller, parsed, websocket))[0])
+        else:
+            await super().respond_on_socket(caller, parsed, websocket, socket)
+
     def render(self, answer: Answer, request: DoorRequest[Echo]) -> Response:
         conversation = request.conversation
         shape = _shape(answer, request)
         headers = answer_headers(answer)
-        if isinstance(answer, Compacted):
-            events = _compaction_events(shape, answer)
-            if not conversation.stream:
-                return JSONResponse(events[-1]["response"], headers=headers)
-            return sse_response(_frames(events), headers)
         if isinstance(answer, Completed | Replayed):
             completion = answer.response if isinstance(answer, Completed) else answer.chunks[0]
             if isinstance(answer, Completed) or not conversation.stream:
@@ -96,9 +123,7 @@ class Responses(Door[Echo]):
     async def events(self, answer: Answer, request: DoorRequest[Echo]) -> AsyncIterator[list[JSONBody]]:
         shape = _shape(answer, request)
         renderer = EventStream(shape)
-        if isinstance(answer, Compacted):
-            yield _compaction_events(shape, answer)
-        elif isinstance(answer, Streaming):
+        if isinstance(answer, Streaming):
             async for events in relayed_events(renderer, answer.groups):
                 yield events
         else:
@@ -113,17 +138,6 @@ class Responses(Door[Echo]):
         if headers:
             event["headers"] = {name.lower(): value for name, value in headers.items()}
         return event
-
-    def warm_up(self, request: DoorRequest[Echo]) -> tuple[str, list[JSONBody]] | None:
-        """`generate: false`: the socket is warmed with the request (Codex sends one before each turn) and
-        answered at once, with an id of its own that the next request continues."""
-        if request.rendering.generate:
-            return None
-        reference = f"{RESPONSE_ID_PREFIX}warm_{secrets.token_hex(12)}"
-        echo = request.rendering
-        shape = ResponseShape(0, time.time(), request.conversation.model, echo.body, echo.tools, reference)
-        renderer = EventStream(shape)
-        return reference, [*renderer.start(), *renderer.finish()]
 
     async def stored_response(self, request: Request, caller: Caller) -> Response:
         """`GET /v1/responses/{id}`; `DELETE` hides it from this API (the conversation keeps it)."""
@@ -158,30 +172,45 @@ class Responses(Door[Echo]):
         parsed = await parse_off_loop(
             raw, lambda raw: self.parse(RequestView.of(request, raw), limits, caller.tenant), self.lane
         )
-        conversation = replace(parsed.conversation, compaction=True, stream=False)
-        answer, parsed = await self.answer(caller, replace(parsed, conversation=conversation), request)
-        assert isinstance(answer, Compacted)
-        completed = _compaction_events(_shape(answer, parsed), answer)[-1]["response"]
+        events, headers = await self._compacted(caller, parsed, request)
+        completed = events[-1]["response"]
         compacted = {key: completed[key] for key in ("id", "created_at", "output", "usage")}
-        return JSONResponse({**compacted, "object": "response.compaction"}, headers=answer_headers(answer))
+        return JSONResponse({**compacted, "object": "response.compaction"}, headers=headers)
+
+    async def _compacted(
+        self, caller: Caller, parsed: DoorRequest[Echo], connection: HTTPConnection
+    ) -> tuple[list[Event], dict[str, str]]:
+        """A client's compaction, answered with no model call and no journal step (`Pipeline.compact`): the
+        stored conversation as one `compaction` item, in the events of a response named after it (its time now),
+        and the X-Context-* headers."""
+        conversation, options = self.asked(parsed, connection)
+        stored = await self.pipeline.compact(caller.tenant, conversation, options)
+        name = f"cmp_{stored.message_id[:24]}"
+        echo = parsed.rendering
+        shape = ResponseShape(0, time.time(), conversation.model, echo.body, echo.tools, RESPONSE_ID_PREFIX + name)
+        renderer = EventStream(shape)
+        renderer.usage = {"prompt_tokens": stored.report.history_tokens, "completion_tokens": 0}
+        return renderer.whole([compaction_item(stored.message_id, name)]), report_headers(stored.report)
 
 
 def _door_request(parsed: ResponsesRequest) -> DoorRequest[Echo]:
     keys = () if parsed.session_key is None else (parsed.session_key,)
-    return DoorRequest(parsed.conversation, Echo(dict(parsed.body), parsed.tools, parsed.generate), keys)
+    echo = Echo(dict(parsed.body), parsed.tools, parsed.generate, parsed.compact)
+    return DoorRequest(parsed.conversation, echo, keys)
 
 
 def _shape(answer: Answer, request: DoorRequest[Echo]) -> ResponseShape:
     echo = request.rendering
-    reference = f"{RESPONSE_ID_PREFIX}cmp_{answer.message_id[:24]}" if isinstance(answer, Compacted) else None
-    model = request.conversation.model
-    return ResponseShape(answer.step.id, answer.step.created_at, model, echo.body, echo.tools, reference)
+    return ResponseShape(answer.step.id, answer.step.created_at, request.conversation.model, echo.body, echo.tools)
 
 
-def _compaction_events(shape: ResponseShape, answer: Compacted) -> list[Event]:
+def _warm_up(request: DoorRequest[Echo]) -> tuple[str, list[JSONBody]]:
+    """A warm-up's own id, which the next request on the socket may continue, and the events answering it."""
+    reference = f"{RESPONSE_ID_PREFIX}warm_{secrets.token_hex(12)}"
+    echo = request.rendering
+    shape = ResponseShape(0, time.time(), request.conversation.model, echo.body, echo.tools, reference)
     renderer = EventStream(shape)
-    renderer.usage = {"prompt_tokens": answer.report.history_tokens, "completion_tokens": 0}
-    return renderer.whole([compaction_item(answer.message_id, f"cmp_{answer.message_id[:24]}")])
+    return reference, [*renderer.start(), *renderer.finish()]
 
 
 async def _frames(events: list[Event]) -> AsyncIterator[bytes]:

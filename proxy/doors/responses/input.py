@@ -14,7 +14,8 @@ from proxy.canonical.conversation import Continuation, Conversation
 from proxy.canonical.pieces import Received
 from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
-from proxy.config.schema import RESPONSES_API, RequestLimits
+from proxy.config.models import RESPONSES_API
+from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
 from proxy.doors.resent import Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
@@ -64,6 +65,8 @@ class ResponsesRequest:
     """The client's own conversation key (`prompt_cache_key`), a session id when no header names one."""
     generate: bool = True
     """False: a socket warm-up (`generate: false`), answered without a model call."""
+    compact: bool = False
+    """The input ends with a `compaction_trigger`: the client asks for a compaction item, not a response."""
 
 
 def parse_responses_request(
@@ -171,11 +174,11 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             door_state={"door": "responses", "store": store, "request": echoed(body), "input_from": len(instructions)},
             continues=continues,
             instructions=len(instructions),
-            compaction=compacted.trigger,
         ),
         tools=names,
         body=body,
         session_key=key if isinstance(key, str) else None,
+        compact=compacted.trigger,
     )
 
 

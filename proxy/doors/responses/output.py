@@ -47,7 +47,7 @@ class ResponseShape:
     request: Mapping[str, Any]
     tools: ToolNames
     reference: str | None = None
-    """The response's id when no journal step answered it (a warm-up); else the step's."""
+    """The response's id when no journal step answered it (a warm-up, a compaction); else the step's."""
 
     @property
     def id(self) -> str:

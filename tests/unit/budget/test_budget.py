@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.budget.budgets import Budget, effective_budget
+from proxy.budget.budgets import OUTPUT_FLOOR, Budget, Budgets, effective_budget
 from proxy.budget.limits import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_OUTPUT,
@@ -17,7 +17,7 @@ from proxy.budget.limits import (
     prefix_limits,
     with_reported_window,
 )
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 
 
 def unknown(model: str) -> Mapping[str, Any] | None:
@@ -160,3 +160,37 @@ def test_no_room_left_is_a_zero_budget_for_the_caller_to_report() -> None:
 def test_a_reported_window_keeps_the_output_limit_below_it() -> None:
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 4096) == ModelLimits(4096, 2048, "upstream")
     assert with_reported_window(ModelLimits(8192, 4096, "config"), 16384) == ModelLimits(8192, 4096, "config")
+
+
+CLAUDE_CODE_FIXED = 18_646 + 6_999
+"""What Claude Code 2.1.197 sends with every request by the proxy's count: its 24 tools and its system prompt."""
+
+
+def budgets(context_window: int, max_output: int | None = None) -> tuple[Budgets, ModelEntry]:
+    model = entry("openai/fake-model", context_window, max_output)
+    return Budgets((model,), unknown, 0.05), model
+
+
+def test_a_fitted_output_keeps_the_model_limit_and_a_quarter_of_the_window() -> None:
+    small, model = budgets(32_768)
+    assert small.fitted_output(model, 32_000) == DEFAULT_MAX_OUTPUT
+    assert small.fitted_output(model, 500) == 500
+    large, model = budgets(200_000, 64_000)
+    assert large.fitted_output(model, 32_000, CLAUDE_CODE_FIXED) == 32_000
+
+
+def test_a_fitted_output_leaves_the_conversation_room_beside_what_every_request_sends() -> None:
+    """Claude Code on a 32k model: its tools and system prompt leave 5,484 tokens of the window past the safety
+    margin; the answer takes a quarter of them, not the model's 4,096 (which left the conversation 1,388, less
+    than one tool output)."""
+    small, model = budgets(32_768)
+    room = 32_768 - 1_639 - CLAUDE_CODE_FIXED
+    assert small.fitted_output(model, 32_000, CLAUDE_CODE_FIXED) == room // 4 == 1_371
+
+
+def test_a_fitted_output_never_falls_below_the_floor_nor_above_the_request() -> None:
+    small, model = budgets(32_768)
+    assert small.fitted_output(model, 32_000, 29_000) == OUTPUT_FLOOR
+    assert small.fitted_output(model, 600, 29_000) == 600
+    tiny, model = budgets(2_048)
+    assert tiny.fitted_output(model, 32_000) == 2_048 // 4

@@ -22,7 +22,7 @@ from proxy.budget.corrections import (
 )
 from proxy.budget.limits import ModelLimits
 from proxy.budget.shared_corrections import SharedCorrections
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.errors import ContextOverflow
 from proxy.store.database import Database
 from proxy.upstream.context_window import context_overflow, unquoted

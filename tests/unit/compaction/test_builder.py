@@ -82,8 +82,9 @@ class Loop:
         raise AssertionError(f"no working context after {rounds} rounds")
 
 
-def pinned_and_recent(items: Sequence[Item], policy: Policy) -> tuple[int, int]:
-    recent = recent_block(items, policy, Cuts.of(items))
+def pinned_and_recent(items: Sequence[Item], policy: Policy, cuts: Cuts | None = None) -> tuple[int, int]:
+    """The recent block's start and what it costs with the pinned messages; `cuts`: `Cuts.of(items)`, when known."""
+    recent = recent_block(items, policy, Cuts.of(items) if cuts is None else cuts)
     pinned = sum(item.tokens for item in items[:recent] if item.role == "system")
     return recent, pinned + sum(item.tokens for item in items[recent:]) + PRIMING
 
@@ -95,7 +96,8 @@ def tool_pairs(items: Sequence[Item]) -> list[tuple[int, int]]:
     for position, item in enumerate(items):
         if item.tool_call_id in owner:
             pairs.append((owner[item.tool_call_id], position))
-        owner.update((call, position) for call in item.tool_call_ids)
+        for call in item.tool_call_ids:
+            owner[call] = position
     return pairs
 
 
@@ -114,7 +116,8 @@ def check_needs_summary(items: Sequence[Item], spans: Sequence[Span], policy: Po
     assert need.target == read or policy.summary_min <= need.target <= policy.summary_target(stands)
 
 
-def check_context(items: Sequence[Item], policy: Policy, context: ContextLayout) -> None:
+def check_context(items: Sequence[Item], policy: Policy, context: ContextLayout, cuts: Cuts | None = None) -> None:
+    """The working context's invariants; `cuts`: `Cuts.of(items)`, when the caller carries them (a replayed chat)."""
     assert context.tokens <= policy.budget
     acknowledgements = len(context.acknowledgements) * policy.acknowledgement_tokens
     assert context.tokens == input_tokens(items, context.parts) + acknowledgements + PRIMING
@@ -126,7 +129,7 @@ def check_context(items: Sequence[Item], policy: Policy, context: ContextLayout)
     assert sorted(where) == list(range(len(items)))
     order = [p if isinstance(p, int) else p.start for p in context.parts]
     assert order == sorted(order)
-    recent, _ = pinned_and_recent(items, policy)
+    recent, _ = pinned_and_recent(items, policy, cuts)
     assert recent <= max(0, len(items) - policy.preserve_recent)
     for position, item in enumerate(items):
         if item.role == "system" or position >= recent:

@@ -41,15 +41,19 @@ class Session:
     spans: list[Span] = field(default_factory=list)
     crossings: int = 0
     next_id: int = 1
+    cuts: Cuts | None = None
 
     def request(self, user: int) -> ContextLayout:
         self.items.append(Item("user", user))
+        # As the compactor does: the cut points carried from the previous request's path, only new items read.
+        known = 0 if self.cuts is None else len(self.cuts.items)
+        self.cuts = Cuts.of(tuple(self.items), self.cuts, known)
         written = False
         for round_ in range(200):
-            result = build(self.items, self.spans, self.policy, compacting=round_ > 0)
+            result = build(self.items, self.spans, self.policy, compacting=round_ > 0, cuts=self.cuts)
             if isinstance(result, ContextLayout):
                 self.crossings += written
-                check_context(self.items, self.policy, result)
+                check_context(self.items, self.policy, result, self.cuts)
                 return result
             assert isinstance(result, SpanNeeded), result
             self.spans = [span for span in self.spans if span.id not in result.replaces]
@@ -178,3 +182,19 @@ def test_a_chats_crossing_aims_near_the_budget() -> None:
     assert growth == 100
     assert policy.target(floor, growth) == policy.budget - DEFAULT_HEADROOM_TURNS * 100
     assert policy.target(floor, growth) > policy.level(policy.compact_to, floor)
+
+
+def test_a_turn_s_growth_can_be_read_before_its_own_steps() -> None:
+    """A recall's room keeps one turn's growth as of the turn's question: the steps that follow it are not read, so
+    the room stays the same through them (`compaction.recall_room`)."""
+    items = [SYSTEM]
+    for _ in range(40):
+        items += [Item("user", 40), Item("assistant", 60)]
+    question = len(items)
+    call = "call-1"
+    items += [Item("user", 40), Item("assistant", 30, tool_call_ids=(call,)), Item("tool", 2_000, tool_call_id=call)]
+    cuts = Cuts.of(items)
+    assert request_growth(items, cuts, end=question) == 100
+    assert request_growth(items, cuts) > 100
+    items.append(Item("system", 500))
+    assert request_growth(items, Cuts.of(items), end=question) == 100

@@ -11,6 +11,7 @@ from proxy.compaction.client_prompts import (
     RECOGNIZERS,
     UNKNOWN_CLIENT,
     Shape,
+    is_acknowledgement,
     last_answer_turn,
     last_user_turn,
     recognize,
@@ -63,6 +64,18 @@ OPENCODE_PROMPTS = (  # SessionCompaction: a first summary, and one over a prior
 )
 
 
+GEMINI_CLI_PROMPTS = (  # @google/gemini-cli 0.61.0, ChatCompressionService.compress: the snapshot, then its check
+    "Generate a new <state_snapshot> based on the provided history.\n\nFirst, reason in your scratchpad. Then, "
+    "generate the updated <state_snapshot>.",
+    "A previous <state_snapshot> exists in the history. You MUST integrate all still-relevant information from that "
+    "snapshot into the new one, updating it with the more recent events. Do not lose established constraints or "
+    "critical knowledge.\n\nFirst, reason in your scratchpad. Then, generate the updated <state_snapshot>.",
+    "Critically evaluate the <state_snapshot> you just generated. Did you omit any specific technical details, file "
+    "paths, tool results, or user constraints mentioned in the history? If anything is missing or could be more "
+    "precise, generate a FINAL, improved <state_snapshot>. Otherwise, repeat the exact same <state_snapshot> again.",
+)
+
+
 def pi_request(prompt: str) -> list[dict[str, Any]]:
     text = f"<conversation>\n{PI_CONVERSATION}\n</conversation>\n\n{prompt}"
     return [{"role": "system", "content": PI_SYSTEM}, {"role": "user", "content": [{"type": "text", "text": text}]}]
@@ -79,7 +92,7 @@ def client_of(messages: list[dict[str, Any]], tools: bool = False) -> str | None
 
 
 def test_every_recognizer_names_its_client_and_version() -> None:
-    assert {recognizer.client for recognizer in RECOGNIZERS} == {"Claude Code", "Codex", "Pi", "OpenCode"}
+    assert {recognizer.client for recognizer in RECOGNIZERS} == {"Claude Code", "Codex", "Pi", "OpenCode", "Gemini CLI"}
     assert all(recognizer.version and (recognizer.openings or recognizer.phrases) for recognizer in RECOGNIZERS)
 
 
@@ -93,6 +106,24 @@ def test_claude_codes_prompt_after_the_conversation() -> None:
 
 def test_codexs_prompt_after_the_conversation() -> None:
     assert client_of([*CONVERSATION, {"role": "user", "content": CODEX}], tools=True) == "Codex"
+
+
+@pytest.mark.parametrize("prompt", GEMINI_CLI_PROMPTS)
+def test_gemini_clis_state_snapshot_and_its_check_after_the_conversation(prompt: str) -> None:
+    """Sent without tools, under a system prompt of their own (`getCompressionPrompt`)."""
+    snapshot = "You are a specialized system component responsible for distilling chat history into a structured XML"
+    messages = [{"role": "system", "content": snapshot}, *CONVERSATION[1:], {"role": "user", "content": prompt}]
+    found = recognize(messages, tools=False)
+    assert found is not None
+    assert found.recognizer.client == "Gemini CLI"
+    assert found.shape is Shape.APPENDED
+    assert not found.recognizer.tagged
+
+
+def test_a_clients_acknowledgement_of_the_summary_it_keeps_is_known_by_its_words() -> None:
+    assert is_acknowledgement({"role": "assistant", "content": "Got it. Thanks for the additional context!"})
+    assert not is_acknowledgement({"role": "user", "content": "Got it. Thanks for the additional context!"})
+    assert not is_acknowledgement({"role": "assistant", "content": "Got it."})
 
 
 @pytest.mark.parametrize("prompt", PI_PROMPTS)

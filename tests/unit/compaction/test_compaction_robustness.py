@@ -42,7 +42,8 @@ from proxy.compaction.summary_text import (
     summarizer_messages,
     summary_message,
 )
-from proxy.config.schema import ConfigError, ContextConfig, ModelEntry, parse_config
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ConfigError, ContextConfig, parse_config
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
 from proxy.history.store import History

@@ -14,18 +14,21 @@ from typing import Any
 import pytest
 
 from proxy.canonical.vocabulary import ITEMS
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.events import CompactionEvents
 from proxy.compaction.recall import RECALL_HEADER, Recall
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.stubs import MARKER_PREFIX, STUB_PREFIX
 from proxy.compaction.summarizer import EPISODE_INSTRUCTION, WrittenSummary
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.compaction.working_context import WorkingContext
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage
 from proxy.history.pins import Pins
 from proxy.history.store import History
 from proxy.store.database import Database
+from proxy.tokens import count_message
 from tests.unit.compaction.test_span_store import (
     TENANT,
     FakeSummarizer,
@@ -290,32 +293,32 @@ async def test_an_ordinary_question_recalls_the_same_passages_through_its_turn_s
     assert second.recalled == first.recalled
 
 
-async def test_a_question_sent_without_a_recall_gets_none_later_in_its_turn(
+async def test_the_room_a_turn_is_left_is_filled_with_hidden_turns_before_its_question(
     history: History, summaries: SpanStore, db: Database
 ) -> None:
-    """A crossing in the middle of a turn hides what the question followed; a recall placed before the question
-    then would go again at the next question, breaking the prompt the upstream cached (Pi's marathon: one break
-    after each such crossing). The question went upstream without one, so it stays without one through its turn."""
-    messages = conversation(20)
-    messages[3] = {"role": "user", "content": "I went to a LGBTQ support group yesterday and it was so powerful."}
-    messages.append({"role": "user", "content": "When did I go to the support group?"})
+    """Between crossings the context grows back from the crossing's target to the budget; what a question's
+    request has left (less one turn's growth, kept for the turn's own steps) is filled with hidden turns, just
+    before the question, for that turn only: the prompt before them is the one sent before."""
+    messages = conversation(30)
+    messages.append({"role": "user", "content": "And then?"})
     path = await stored_path(history, messages)
-    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, FakeSummarizer(), recall=Recall(db))
-    first = await engine.prepare(request(path, total(path) * 2))
-    assert first.recalled == 0  # every original sent
-    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"q": "x"}'}}
-    messages += [
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "c1", "content": "done"},
-    ]
-    later = await stored_path(history, messages)
-    second = await engine.prepare(request(later, total(path) // 2))
+    budget = total(path) // 2
+    config = ContextConfig(strategies=("summarize",), recall_tokens=budget)
+    filled = Compactor(config, summaries, FakeSummarizer(), recall=Recall(db))
+    unfilled = Compactor(replace(config, recall_fill=False), summaries, FakeSummarizer(), recall=Recall(db))
+    without = await unfilled.prepare(request(path, budget))
+    prepared = await filled.prepare(request(path, budget))
 
-    assert second.summaries >= 1
-    assert second.recalled == 0
-    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Was the LGBTQ meeting powerful?"}]
-    third = await engine.prepare(request(await stored_path(history, messages), total(path) // 2))
-    assert third.recalled >= 1  # a new question is judged as ever
+    assert without.recalled == 0
+    assert prepared.recalled >= 1
+    turn = max(count_message(m) for m in messages[1:])
+    assert budget - 3 * turn <= prepared.tokens <= budget
+    assert prepared.tokens > without.tokens
+    [recalled] = [m for m in prepared.messages if str(m["content"]).startswith(RECALL_HEADER)]
+    at = prepared.messages.index(recalled)
+    assert prepared.messages[:at] == without.messages[:at]
+    assert prepared.messages[-1] == messages[-1]
+    assert alternates(prepared.messages)
 
 
 async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
@@ -325,7 +328,8 @@ async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
     messages[-2] = {"role": "user", "content": "Set DEPLOY_REGION=eu-west-3 please."}
     messages.append({"role": "user", "content": "Which DEPLOY_REGION did we pick?"})
     path = await stored_path(history, messages)
-    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, FakeSummarizer(), recall=Recall(db))
+    config = ContextConfig(strategies=("summarize",), recall_fill=False)
+    engine = Compactor(config, summaries, FakeSummarizer(), recall=Recall(db))
     prepared = await engine.prepare(request(path, total(path) // 2))
 
     assert prepared.summaries >= 1

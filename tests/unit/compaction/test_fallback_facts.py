@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.extractive import extractive_summary, fallback_summary
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
-from proxy.config.schema import ContextConfig, ModelEntry
+from proxy.compaction.working_context import WorkingContext
+from proxy.config.models import ModelEntry
+from proxy.config.schema import ContextConfig
 from proxy.history.store import History
 from proxy.store.database import Database
 from proxy.tokens import content_text, count_message, count_text

@@ -16,7 +16,8 @@ from proxy.compaction.groups import Cuts
 from proxy.compaction.path_items import PathReader, pinned_groups, pinned_positions
 from proxy.compaction.spans import CompactionRequest
 from proxy.compaction.stubs import tool_stub, tool_stubs
-from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.pins import Pins
 

@@ -475,3 +475,47 @@ async def test_neighbours_give_way_to_the_hit_when_the_limit_is_tight(history: H
         "t", "s", path, shown(path, [3, 4]), visible(path, [3, 4]), question, 500, ENCODING
     )
     assert [p.position for p in passages] == [3, 4]
+
+
+# --- filling the room a turn has left ------------------------------------------------------------------------------
+
+
+async def test_a_fill_brings_the_hidden_turns_sharing_a_word_then_the_latest_hidden_turns(
+    history: History, recall: Recall
+) -> None:
+    """A question whose every term the context shows recalls nothing for itself; with `fill` the room is still
+    used: the hidden turns sharing its words (with their neighbours) first, then the latest hidden turns back
+    from the shown ones, without a gap, as far as they fit."""
+    question = "When did Caroline go to the support group?"
+    later = ("Caroline: My group meets on Tuesdays.", "Melanie: And the support you get there?")
+    path = await stored(history, [*chat(*later), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    assert await recall.passages("t", "s", path, shown(path, hidden), view, question, 500, ENCODING) == []
+
+    related = await recall.passages("t", "s", path, shown(path, hidden), view, question, 130, ENCODING, fill=True)
+    assert {2, 3, 4} <= {p.position for p in related}
+    assert count_message(recall_message(related), ENCODING) <= 130
+
+    roomy = await recall.passages("t", "s", path, shown(path, hidden), view, question, 5000, ENCODING, fill=True)
+    assert [p.position for p in roomy] == hidden  # every hidden turn fits: all of them, in order
+
+    unrelated = "And what about the weather?"
+    path = await stored(history, [*chat(*later), {"role": "user", "content": unrelated}])
+    view = visible(path, hidden)
+    latest = await recall.passages("t", "s", path, shown(path, hidden), view, unrelated, 60, ENCODING, fill=True)
+    positions = [p.position for p in latest]
+    assert positions
+    assert positions == list(range(11 - len(positions), 11))  # the latest hidden ones, no gap
+    assert count_message(recall_message(latest), ENCODING) <= 60
+
+
+async def test_a_fill_is_the_same_for_the_same_turn(history: History, recall: Recall) -> None:
+    question = "What did Melanie say about her paintings?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    first = await recall.passages("t", "s", path, shown(path, hidden), view, question, 300, ENCODING, fill=True)
+    again = await recall.passages("t", "s", path, shown(path, hidden), view, question, 300, ENCODING, fill=True)
+    assert first == again
+    assert recall_message(first) == recall_message(again)

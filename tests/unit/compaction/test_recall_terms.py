@@ -24,7 +24,8 @@ from proxy.compaction.recall_terms import (
     term_pattern,
     tsquery,
 )
-from proxy.store.migrations import m001_history, m009_recall
+from proxy.store.initial_schema import m001_history
+from proxy.store.migrations import m009_recall
 
 QUESTION = "what was the DEPLOY_REGION we agreed on?"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proxy.compaction.layout import RecentTooLarge
 from proxy.compaction.refusals import too_large
 from proxy.compaction.spans import CompactionRequest
-from proxy.config.schema import ModelEntry
+from proxy.config.models import ModelEntry
 from proxy.history.messages import StoredPath
 
 ENTRY = ModelEntry("small", "openai/small", "http://127.0.0.1:9/v1", None, 4096, 512)

@@ -22,7 +22,8 @@ from proxy.compaction.layout import SpanNeeded
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
 from proxy.compaction.summarizer import Summarizer
-from proxy.config.schema import SUMMARIZE, ContextConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import SUMMARIZE, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -12,11 +13,13 @@ from typing import Any
 import pytest
 
 from proxy.budget.budgets import Budgets
-from proxy.compaction.compactor import CompactionRequest, Compactor, WorkingContext
+from proxy.compaction.compactor import CompactionRequest, Compactor
 from proxy.compaction.span_store import ENDING_ON_SQL, SpanStore, StoredSpan, in_force
 from proxy.compaction.summarizer import FALLBACK_MODEL, Summarizer, WrittenSummary
 from proxy.compaction.summary_text import SUMMARY_HEADER, summary_message
-from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, ModelEntry, UpstreamConfig
+from proxy.compaction.working_context import WorkingContext
+from proxy.config.models import ModelEntry
+from proxy.config.schema import SUMMARIZE, TOOL_RESULTS, ContextConfig, UpstreamConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
@@ -34,7 +37,13 @@ WORDS = _TEXT.split()
 
 
 def text(tag: str, words: int = 90) -> str:
-    return f"{tag}: " + " ".join(WORDS[i % len(WORDS)] for i in range(words)) + "."
+    return f"{tag}: {_body(words)}."
+
+
+@functools.cache
+def _body(words: int) -> str:
+    """`words` words of `_TEXT`, over and over: made once per length (long test conversations ask thousands)."""
+    return " ".join(WORDS[i % len(WORDS)] for i in range(words))
 
 
 def conversation(turns: int, tag: str = "") -> list[dict[str, Any]]:

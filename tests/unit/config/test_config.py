@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from proxy.config.models import ModelEntry
 from proxy.config.schema import (
     DEFAULT_KEEP_EVENTS_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -18,7 +19,6 @@ from proxy.config.schema import (
     DEFAULT_TIMEOUT_S,
     Config,
     ConfigError,
-    ModelEntry,
     RequestLimits,
     load_config,
     parse_config,

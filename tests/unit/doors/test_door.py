@@ -1,11 +1,12 @@
 """`proxy.doors.door`: which door's shape an error takes, by route; the registry's doors; what a socket holds
-(a key's open sockets against its cap)."""
+(a key's open sockets against its cap); the request view a door parses."""
 
 from __future__ import annotations
 
 import pytest
+from starlette.requests import Request
 
-from proxy.doors.door import OpenSockets, error_door
+from proxy.doors.door import OpenSockets, RequestView, error_door
 from proxy.doors.gemini import Gemini
 from proxy.doors.messages import Messages
 from proxy.doors.registry import DOORS
@@ -66,3 +67,31 @@ def test_a_socket_that_fails_while_held_gives_its_room_back() -> None:
     with pytest.raises(RuntimeError), sockets.slot("a", 1):
         raise RuntimeError("the socket broke")
     assert sockets.count("a") == 0
+
+
+@pytest.mark.parametrize("query", [b"", b"key=k1&alt=sse&key=k2"])
+def test_the_request_view_is_what_starlette_reads_of_the_request(query: bytes) -> None:
+    """Read from the scope directly (it is built on every request): the same path, path parameters, query and
+    headers as Starlette's own accessors give, a repeated header's first value included."""
+    headers = [(b"host", b"proxy:8080"), (b"x-goog-api-key", b"first"), (b"x-goog-api-key", b"second"), (b"a", b"\xe9")]
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8080),
+        "path": "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+        "root_path": "",
+        "query_string": query,
+        "headers": headers,
+        "path_params": {"model": "gemini-2.5-pro", "method": "streamGenerateContent"},
+    }
+    request = Request(scope)
+
+    view = RequestView.of(request, b"{}")
+
+    assert view.body == b"{}"
+    assert view.path == request.url.path
+    assert view.path_params == dict(request.path_params)
+    assert view.query == dict(request.query_params)
+    assert view.headers == dict(request.headers)
+    assert view.headers["x-goog-api-key"] == "first"

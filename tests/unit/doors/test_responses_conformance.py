@@ -287,9 +287,9 @@ def test_an_output_without_its_call_is_refused_naming_the_input() -> None:
 
 
 def test_a_compaction_trigger_is_read_not_kept() -> None:
-    conversation = parse([user(), example(TYPES[TRIGGER])]).conversation
-    assert conversation.compaction is True
-    assert input_items(conversation.messages) == [user()]
+    parsed = parse([user(), example(TYPES[TRIGGER])])
+    assert parsed.compact is True
+    assert input_items(parsed.conversation.messages) == [user()]
 
 
 def test_a_compaction_item_of_the_proxy_is_read_and_another_is_refused_naming_it() -> None:

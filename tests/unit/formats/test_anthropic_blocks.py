@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from proxy.canonical.vocabulary import ITEMS, Origin
-from proxy.formats.anthropic_blocks import anthropic_request, assistant_from_blocks
+from proxy.formats.anthropic_blocks import EPHEMERAL, anthropic_request, assistant_from_blocks
 from proxy.history import chain
 
 THINKING: dict[str, Any] = {"type": "thinking", "thinking": "Check the weather tool.", "signature": "sig-abc"}
@@ -175,6 +175,29 @@ def test_a_breakpoint_follows_the_last_summary_only_while_the_client_leaves_room
 
     _system, turns = anthropic_request([system, latest], tools)  # nothing of the proxy's: nothing added
     assert turns == [{"role": "user", "content": [marked("go on")]}]
+
+
+def test_a_recall_gets_a_breakpoint_before_it_first_and_the_summaries_theirs_while_room_is_left() -> None:
+    """What the next turn sends again ends just before the recall (for this turn only): a breakpoint there lets
+    it read everything before from the cache."""
+    summary = {"role": "user", "content": "[Summary] one", "origin": Origin.SUMMARY}
+    acknowledgement = {"role": "assistant", "content": "Understood.", "origin": Origin.ACKNOWLEDGEMENT}
+    answer = {"role": "assistant", "content": "It was Tuesday."}
+    recall = {"role": "user", "content": "[Recalled] the support group", "origin": Origin.RECALL}
+    latest = {"role": "user", "content": "go on"}
+    system = {"role": "system", "content": "Rules.", ITEMS: [marked("Rules.")]}
+    asked = {"role": "user", "content": "when?"}
+    context = [system, summary, acknowledgement, asked, answer, recall, acknowledgement, latest]
+    tools = [{"name": "Bash", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]
+
+    _system, turns = anthropic_request(context, tools)  # two of the client's: both fit
+    assert turns[3]["content"] == [{"type": "text", "text": "It was Tuesday.", "cache_control": EPHEMERAL}]
+    assert turns[0]["content"] == [{"type": "text", "text": "[Summary] one", "cache_control": EPHEMERAL}]
+
+    many = [{**tool, "name": f"Tool{n}"} for n, tool in enumerate(tools * 2)]
+    _system, turns = anthropic_request(context, many)  # three of the client's: the recall's only
+    assert turns[3]["content"] == [{"type": "text", "text": "It was Tuesday.", "cache_control": EPHEMERAL}]
+    assert turns[0]["content"] == "[Summary] one"
 
 
 def test_an_empty_item_list_falls_back_to_the_message_s_text() -> None:

@@ -665,3 +665,75 @@ async def test_a_stored_path_reads_back_in_the_form_the_tenant_last_sent_it(hist
     assert path[1].message != sent[1]  # stored as the model answered it
     assert history.recent.sent_forms("t", path) == sent
     assert history.recent.sent_forms("other", path) == [stored.message for stored in path]
+
+
+def opened_session(*turns: str) -> list[dict[str, Any]]:
+    """A tool-using session as Gemini CLI sends it: its system prompt, its `<session_context>` (a system message,
+    `doors.gemini.input`), then a user turn, a call, its output and an answer per turn."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "system", "content": "<session_context>today</session_context>"},
+    ]
+    for number, turn in enumerate(turns):
+        call = {"id": f"call_{number}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        messages += [
+            {"role": "user", "content": turn},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{number}", "content": f"output {number}"},
+            {"role": "assistant", "content": f"done {number}"},
+        ]
+    return messages
+
+
+async def test_a_request_leaving_out_its_opening_user_turn_continues_the_session_with_it(
+    db: Database, history: History
+) -> None:
+    """Gemini CLI 0.61.0 loses its first user turn from the history it resumes once it masked old outputs (its
+    record of the turn is merged into the `<session_context>` it then skips): the request re-sends the rest of the
+    session's path whole, so it is that session's next turn, and the turn it left out stays in place."""
+    first = await history.reconcile("t", None, opened_session("Turn 1. Note: CODE=42", "Turn 2"), MODEL, ENCODING)
+    resent = opened_session("Turn 1. Note: CODE=42", "Turn 2", "Turn 3")
+    del resent[2]
+    located = await history.locate("t", None, resent, ENCODING)
+    second = await history.save(located, MODEL)
+
+    assert second.session.id == first.session.id
+    assert [m.id for m in second.path[: len(first.path)]] == [m.id for m in first.path]
+    assert second.stored_before == len(first.path)
+    assert second.path[2].message["content"] == "Turn 1. Note: CODE=42"
+    assert [m["content"] for m in located.messages if m["role"] == "user"] == [
+        "Turn 1. Note: CODE=42",
+        "Turn 2",
+        "Turn 3",
+    ]
+    assert len(located.messages) == len(resent) + 1
+    assert await count(db, "messages") == len(first.path) + 4
+    assert await count(db, "sessions") == 1
+
+    # The next request leaves it out again: the same session, nothing written twice
+    again = opened_session("Turn 1. Note: CODE=42", "Turn 2", "Turn 3", "Turn 4")
+    del again[2]
+    third = await history.reconcile("t", None, again, MODEL, ENCODING)
+    assert third.session.id == first.session.id
+    assert third.stored_before == len(second.path)
+    assert await count(db, "sessions") == 1
+
+
+async def test_a_request_leaving_out_a_later_message_or_not_resending_the_whole_path_is_another_branch(
+    history: History,
+) -> None:
+    """Only the opening user turns may be left out, and only by a request that re-sends the rest of the path
+    whole: a message dropped further on is an edit, a branch of its own, as before."""
+    first = await history.reconcile("t", None, opened_session("Turn 1", "Turn 2", "Turn 3"), MODEL, ENCODING)
+    later = opened_session("Turn 1", "Turn 2", "Turn 3", "Turn 4")
+    del later[6]  # "Turn 2"
+    edited = await history.reconcile("t", None, later, MODEL, ENCODING)
+    assert edited.stored_before == 6
+    assert len(edited.path) == len(later)
+
+    shorter = opened_session("Turn 1", "Turn 2", "Turn 3")[:8]
+    del shorter[2]
+    cut = await history.reconcile("t", None, [*shorter, {"role": "user", "content": "Another way"}], MODEL, ENCODING)
+    assert cut.stored_before == 2
+    assert cut.path[2].message["role"] == "assistant"
+    assert first.path[2].message["content"] == "Turn 1"

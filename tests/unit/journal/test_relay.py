@@ -16,7 +16,8 @@ import pytest
 
 from proxy.canonical.answers import Journaled
 from proxy.canonical.types import Chunk
-from proxy.config.schema import JournalConfig, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import JournalConfig
 from proxy.errors import ClientTooSlow, StepKept, StoreUnavailable, UpstreamError, error_fields
 from proxy.history.answers import Answers
 from proxy.history.store import History

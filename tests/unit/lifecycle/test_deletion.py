@@ -24,6 +24,7 @@ from proxy.journal.reader import JournalReader
 from proxy.journal.writer import Journal
 from proxy.lifecycle.deletions import Deletions
 from proxy.store.database import Database
+from tests.unit.compaction.test_recall import FACT, QUESTION, conversation, shown, visible
 
 ENCODING = "cl100k_base"
 MODEL = "gpt-4"
@@ -355,3 +356,63 @@ async def test_a_session_branching_from_the_middle_of_the_deleted_one_keeps_its_
     assert [m.id for m in branch[:5]] == [m.id for m in doomed[:5]]
     assert await parts.rows("messages", "WHERE id = ?", (doomed[5].id,)) == 0
     assert await parts.rows("messages") == 5 + 4 + 20 * 2  # b's path, and each other session's own pair
+
+
+async def test_a_turn_sent_after_the_deletion_is_stored_anew_on_another_replica_as_on_this_one(parts: Parts) -> None:
+    """Another replica (its own caches over the same store) still remembers the session's path: the deleted id
+    names nothing there either, so its next turn is a new session, stored whole, as on the replica that deleted it
+    (only a request located before the deletion is refused)."""
+    messages = [*opening("x"), *turns("a", 2)]
+    other = History(parts.db)
+    await other.reconcile("t", "a", messages, MODEL, ENCODING)
+    await parts.session("u", "a", messages)
+
+    await parts.deletions.delete_session("u", "a")
+    here = await parts.history.reconcile("u", "a", [*messages, *turns("a+", 1)], MODEL, ENCODING)
+    await parts.deletions.delete_session("t", "a")
+    there = await other.reconcile("t", "a", [*messages, *turns("a+", 1)], MODEL, ENCODING)
+
+    assert here.stored_before == there.stored_before == 0
+    assert [stored.message for stored in there.path] == [*messages, *turns("a+", 1)]
+    assert await parts.rows("messages") == 2 * (len(messages) + 2)
+
+
+async def test_a_deleted_session_sent_again_is_indexed_again_and_recalled(db: Database) -> None:
+    """Recall remembers which messages it indexed (`Recall.forget_tenant`): a deletion takes their index entries,
+    so the same conversation sent again under the same id (the same nodes: ids are content addresses) is indexed
+    again and recalled from, not skipped as indexed."""
+    history, recall = History(db), Recall(db)
+    deletions = Deletions(db, history, caches=(recall,))
+    hidden = list(range(1, 12))
+
+    async def recalled() -> list[str]:
+        path = (await history.reconcile("t", "s", conversation(8), MODEL, ENCODING)).path
+        passages = await recall.passages(
+            "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
+        )
+        return [passage.text for passage in passages]
+
+    first = await recalled()
+    assert any(FACT in text for text in first)
+    await deletions.delete_session("t", "s")
+    assert await recalled() == first
+
+
+async def test_a_session_deleted_on_another_replica_sent_again_is_indexed_again_and_recalled(db: Database) -> None:
+    """The replica that did not delete (its own caches over the same store) learns of the deletion from the store
+    (the tenant's span epoch moves past a clearing): it indexes the conversation sent again too."""
+    history, recall = History(db), Recall(db)
+    deleting = History(db)
+    hidden = list(range(1, 12))
+
+    async def recalled() -> list[str]:
+        path = (await history.reconcile("t", "s", conversation(8), MODEL, ENCODING)).path
+        passages = await recall.passages(
+            "t", "s", path, shown(path, hidden), visible(path, hidden), QUESTION, 500, ENCODING
+        )
+        return [passage.text for passage in passages]
+
+    first = await recalled()
+    assert any(FACT in text for text in first)
+    await Deletions(db, deleting).delete_session("t", "s")
+    assert await recalled() == first

@@ -533,3 +533,28 @@ async def test_a_compacted_request_leaves_its_messages_as_the_door_parsed_them(r
     again = parse_chat_request(raw, resent=lists)
     assert again.messages[1] is conversation.messages[1]  # shared with the next request
     assert again.messages == as_parsed
+
+
+async def test_a_compaction_stores_the_conversation_and_names_it_with_no_step_and_no_model_call(rig: Rig) -> None:
+    """`Pipeline.compact` (a client's compaction, the Responses door's item): what is new is stored, nothing goes
+    upstream and no journal step begins; the value names the stored conversation's last message."""
+    async with asyncio.timeout(WAIT_S):
+        stored = await rig.pipeline.compact(TENANT, request(), context_options({}))
+    assert rig.upstream.calls == []
+    assert rig.counts() == (2, 1, 0)
+    path = await rig.history.path_to(stored.message_id)
+    assert [entry.message["content"] for entry in path] == ["be brief", "hello"]
+    assert stored.report.prompt_tokens == 0 < stored.report.history_tokens
+    head_id, _ = await rig.head_message(stored.report.session_id)
+    assert head_id == stored.message_id
+    async with asyncio.timeout(WAIT_S):
+        again = await rig.pipeline.compact(TENANT, request(), context_options({"idempotency-key": "k"}))
+    assert again.message_id == stored.message_id
+    assert rig.counts() == (2, 1, 0)
+
+
+async def test_a_compaction_with_no_room_for_its_output_is_refused_before_any_write(rig: Rig) -> None:
+    with pytest.raises(ContextTooLarge) as raised:
+        await rig.pipeline.compact(TENANT, request(max_tokens=WINDOW), context_options({}))
+    assert raised.value.param == "max_tokens"
+    assert rig.counts() == (0, 0, 0)

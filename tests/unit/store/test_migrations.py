@@ -17,7 +17,8 @@ import pytest
 
 from proxy.store import sqlite as database_module
 from proxy.store.database import Database, StoreRefused, check_store
-from proxy.store.migrations import MIGRATIONS, m001_history
+from proxy.store.initial_schema import m001_history
+from proxy.store.migrations import MIGRATIONS
 from proxy.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
 from proxy.store.sqlite import migrate as _migrate
 from tests.support.postgres_server import PostgresServer

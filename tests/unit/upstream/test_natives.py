@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.schema import CHAT_API, UPSTREAM_APIS, Config, ModelEntry, UpstreamConfig
+from proxy.config.models import CHAT_API, UPSTREAM_APIS, ModelEntry
+from proxy.config.schema import Config, UpstreamConfig
 from proxy.upstream import credentials
 from proxy.upstream.natives import NATIVE_CLIENTS, native_client
 from proxy.upstream.redaction import REDACTED

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from proxy import environment
-from proxy.config.schema import ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import UpstreamConfig
 from proxy.errors import UpstreamError
 from proxy.upstream.litellm_client import LiteLLMUpstream, openai_json
 from proxy.upstream.protocol import UpstreamCall

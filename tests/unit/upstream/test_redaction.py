@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.schema import AuthConfig, Config, ModelEntry
+from proxy.config.models import ModelEntry
+from proxy.config.schema import AuthConfig, Config
 from proxy.upstream import credentials
 from proxy.upstream.failures import upstream_error
 from proxy.upstream.redaction import CUT_MARK, MAX_TEXT_CHARS, REDACTED, Redactor

@@ -9,7 +9,8 @@ import pytest
 
 from proxy.canonical.types import NativeRequest
 from proxy.canonical.vocabulary import EVENT, RESPONSE
-from proxy.config.schema import ModelEntry, UpstreamConfig
+from proxy.config.models import ModelEntry
+from proxy.config.schema import UpstreamConfig
 from proxy.upstream.anthropic_client import AnthropicClient
 from proxy.upstream.protocol import UpstreamCall
 from proxy.upstream.router import UpstreamRouter
