@@ -17,6 +17,7 @@ the last turn and their ratio, the proxy's time before its upstream calls per tu
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import statistics
@@ -42,7 +43,15 @@ from bench.harness.agents import (
 )
 from bench.harness.report import Report, add_json_option, columns
 from proxy.compaction.client_prompts import recognize
-from tests.support.fake_upstream import FakeUpstream, Reply, Served, content_text, token_ids
+from proxy.compaction.recall import RECALL_HEADER
+from tests.support.fake_upstream import (
+    FakeUpstream,
+    Reply,
+    Served,
+    content_text,
+    prompt_token_ids,
+    token_ids,
+)
 from tests.support.proxy_server import ProxyProcess, make_config
 from tests.support.scripted_session import fact_keeping_summary, is_summarizer_request
 
@@ -367,6 +376,9 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                 added = [meter.added_per_turn(end) for end in windows]
                 marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
                 client_compaction_notes(result, fake, proxy.url, len(turns))
+                prompt_break_notes(result, fake)
+                if args.keep:
+                    dump_requests(fake, tmp / "upstream.jsonl")
     finally:
         if args.keep:
             result.notes.append(f"kept {tmp}")
@@ -397,6 +409,57 @@ def client_compaction_notes(report: Report, fake: FakeUpstream, proxy_url: str, 
         + ", ".join(f"{s['message_count']} messages" for s in sessions[:5])
         + ")"
     )
+
+
+def main_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
+    """The bodies of the main model's requests offering tools (the agent's loop), in the order received."""
+    return [
+        request.body
+        for request in fake.requests
+        if request.body.get("tools")
+        and request.body.get("model") == MAIN_MODEL_ID
+        and not is_summarizer_request(request.body)
+    ]
+
+
+def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """The main-model requests (their index in `bodies`) whose messages do not begin with the previous request's
+    (the cached prefix broke), by kind: `recall` where the first message that differs is a recall the proxy
+    placed before the previous question (the next turn's question no longer asks for it), `crossing` where the
+    prompt is otherwise shorter than the one before (the working context was compacted), `other` for the rest."""
+    kinds: dict[str, list[int]] = {"crossing": [], "recall": [], "other": []}
+    previous: tuple[list[str], list[str], list[dict[str, Any]], int] | None = None
+    for index, body in enumerate(bodies):
+        tools = [json.dumps(tool, sort_keys=True) for tool in body.get("tools") or []]
+        messages = [json.dumps(message, sort_keys=True) for message in body.get("messages") or []]
+        size = len(prompt_token_ids(body))
+        if previous is not None:
+            before_tools, before, raw, before_size = previous
+            if tools != before_tools or messages[: len(before)] != before:
+                differs = next((at for at, (x, y) in enumerate(zip(before, messages, strict=False)) if x != y), None)
+                text = content_text(raw[differs].get("content")) if differs is not None else ""
+                kind = "recall" if text.startswith(RECALL_HEADER) else "crossing" if size < before_size else "other"
+                kinds[kind].append(index)
+        previous = (tools, messages, body.get("messages") or [], size)
+    return kinds
+
+
+def prompt_break_notes(report: Report, fake: FakeUpstream) -> None:
+    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received."""
+    kinds = prompt_breaks(main_requests(fake))
+    report.ratios["prompt breaks between crossings (recall drops)"] = len(kinds["recall"])
+    report.ratios["prompt breaks between crossings (other)"] = len(kinds["other"])
+    report.notes.append(
+        "prompt breaks (a main-model request not extending the previous one): "
+        + "; ".join(f"{kind} {len(found)} at requests {found[:24]}" for kind, found in kinds.items())
+    )
+
+
+def dump_requests(fake: FakeUpstream, path: Path) -> None:
+    """Every request body the fake received, one JSON a line (kept with `--keep`, to compare requests)."""
+    with path.open("w") as out:
+        for request in fake.requests:
+            out.write(json.dumps(request.body) + "\n")
 
 
 def cached_share(served: Sequence[Served]) -> float:

@@ -145,6 +145,14 @@ def recognize(messages: Sequence[Message], tools: bool) -> ClientCompaction | No
     return ClientCompaction(UNKNOWN_CLIENT, serialized)
 
 
+def shown_turns(conversation: str) -> list[tuple[str, str]]:
+    """The turns written in a serialized conversation: each one's mark (`User`, `Assistant`, `Tool result`, ...)
+    and its text (up to the next turn mark)."""
+    marks = list(_TURN_MARK.finditer(conversation))
+    ends = [mark.start() for mark in marks[1:]] + [len(conversation)] if marks else []
+    return [(mark.group(1), conversation[mark.end() : end].strip()) for mark, end in zip(marks, ends, strict=True)]
+
+
 def is_acknowledgement(message: Message) -> bool:
     """Whether `message` is a listed client's own reply to the summary it keeps (`Recognizer.acknowledgement`)."""
     if message.get("role") != "assistant" or message.get("tool_calls"):
@@ -155,11 +163,24 @@ def is_acknowledgement(message: Message) -> bool:
 
 def last_user_turn(conversation: str) -> str | None:
     """The text of the last `[User]: ` turn written in a serialized conversation (up to the next turn mark)."""
-    marks = list(_TURN_MARK.finditer(conversation))
-    for index in range(len(marks) - 1, -1, -1):
-        if marks[index].group(1) == "User":
-            end = marks[index + 1].start() if index + 1 < len(marks) else len(conversation)
-            return conversation[marks[index].end() : end].strip()
+    return next((text for mark, text in reversed(shown_turns(conversation)) if mark == "User"), None)
+
+
+_TRUNCATED = re.compile(r"\n*\[\.\.\. \d+ more characters truncated\]$")
+"""Pi's mark of a tool result cut for its summary request (`truncateForSummary`, 0.74.2)."""
+
+
+def last_answer_turn(conversation: str) -> tuple[str, str] | None:
+    """For a serialized conversation that shows no user turn: its last assistant text (`assistant`, the text) or
+    tool result (`tool`, the text as shown, which may be the start of the result), the turn a stored session
+    must hold for the request to be about it."""
+    for mark, text in reversed(shown_turns(conversation)):
+        if not text:
+            continue
+        if mark == "Assistant":
+            return "assistant", text
+        if mark.startswith("Tool"):
+            return "tool", _TRUNCATED.sub("", text)
     return None
 
 

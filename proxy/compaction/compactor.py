@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -64,6 +65,8 @@ ROUNDS_PER_MESSAGE = 3
 no mask stubbed: a path of n messages is compacted in fewer than 3n rounds."""
 AHEAD_ROUNDS = 32
 """Spans one pre-compaction run may write: the crossing writes what more it needs."""
+UNRECALLED_SESSIONS = 4096
+"""Sessions whose latest question this process remembers sending without a recall (the least recent go first)."""
 
 
 class Compactor:
@@ -91,6 +94,8 @@ class Compactor:
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
         self._acknowledgements: dict[str, int] = {}
         """Encoding → what an acknowledgement costs: every request's policy asks."""
+        self._unrecalled: OrderedDict[tuple[str, str], str] = OrderedDict()
+        """(tenant, session) → the latest question, when this process last sent it without a recall."""
 
     def policy(
         self,
@@ -136,6 +141,7 @@ class Compactor:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
             messages = list(request.messages)  # shared, never changed in place (docs/architecture.md)
+            self._sent_unrecalled(request, _latest_question(request))
             return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
         state = await self._paths.read(request)
@@ -309,11 +315,43 @@ class Compactor:
         """The working context with the archived passages the latest user message refers to, placed just before
         that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
         the budget leaves. Nothing is recalled while every original is sent."""
-        if self._recall is None or self._config.recall_tokens <= 0 or (not prepared.summaries and not context.stubbed):
+        latest = _latest_question(request)
+        if self._recall is None or self._config.recall_tokens <= 0 or latest is None:
             return prepared
-        latest = next((p for p in range(len(request.path) - 1, -1, -1) if request.path[p].role == "user"), None)
+        # A question sent without a recall keeps none through its turn: a crossing in the middle of the turn hides
+        # what it followed, and a recall placed before it then would go at the next question, a break of the
+        # prompt the upstream cached.
+        unrecalled = self._unrecalled.get((request.tenant, request.session_id))
+        if latest < len(request.path) - 1 and unrecalled == request.path[latest].id:
+            return prepared
+        recalled = await self._recall_before(self._recall, request, context, state, prepared, latest)
+        self._sent_unrecalled(request, None if recalled.recalled else latest)
+        return recalled
+
+    def _sent_unrecalled(self, request: CompactionRequest, latest: int | None) -> None:
+        """Remember that the session's latest question (at `latest`; None: it had a recall) went without one."""
+        session = (request.tenant, request.session_id)
+        self._unrecalled.pop(session, None)
+        if latest is None or self._recall is None:
+            return
+        self._unrecalled[session] = request.path[latest].id
+        while len(self._unrecalled) > UNRECALLED_SESSIONS:
+            self._unrecalled.popitem(last=False)
+
+    async def _recall_before(
+        self,
+        recall: Recall,
+        request: CompactionRequest,
+        context: ContextLayout,
+        state: PathState,
+        prepared: WorkingContext,
+        latest: int,
+    ) -> WorkingContext:
+        """`_recalled`'s passages for the question at `latest`, placed before it."""
+        if not prepared.summaries and not context.stubbed:
+            return prepared
         shown = {part for part in context.parts if isinstance(part, int) and part not in context.stubbed}
-        if latest is None or latest not in shown:
+        if latest not in shown:
             return prepared
         acknowledgement = self._acknowledgement_tokens(request.encoding)
         at = message_index(context, latest)
@@ -333,7 +371,7 @@ class Compactor:
             content_text(request.path[part].message.get("content")) for part in sorted(shown) if part < latest
         )
         query = content_text(request.path[latest].message.get("content"))
-        passages = await self._recall.passages(
+        passages = await recall.passages(
             request.tenant,
             request.session_id,
             request.path,
@@ -347,6 +385,12 @@ class Compactor:
         if not passages:
             return prepared
         return with_recalled(prepared, at, recall_message(passages), len(passages), request.encoding, acknowledgement)
+
+
+def _latest_question(request: CompactionRequest) -> int | None:
+    """Where the path's latest user message is."""
+    path = request.path
+    return next((at for at in range(len(path) - 1, -1, -1) if path[at].role == "user"), None)
 
 
 def most_rounds(messages: int) -> int:

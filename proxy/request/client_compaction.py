@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.canonical.answers import ContextReport
-from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_user_turn
+from proxy.compaction.client_prompts import UNKNOWN_CLIENT, ClientCompaction, last_answer_turn, last_user_turn
 from proxy.compaction.extractive import extractive_summary
 from proxy.compaction.span_store import StoredSpan, in_force
 from proxy.config.schema import TOOL_RESULTS
@@ -57,10 +57,14 @@ async def summarized_session(
 ) -> tuple[str, list[StoredMessage]] | None:
     """The session a serialized summary request (`Shape.SERIALIZED`) was written from, and its path, among the
     tenant's most recently updated sessions: the first whose path holds the last user turn the request's
-    conversation text shows; for one that shows none (Pi asks again with nothing new, its earlier summary in
-    `<previous-summary>`), the first holding the message a reference in `text` names, else, for a client's own
-    prompt, the most recent. None when none is found: the request is then not the proxy's to answer."""
+    conversation text shows; for one that shows none, the first holding its last answer (an assistant text or a
+    tool result: Pi's summary of a turn's prefix), or the message a reference in `text` names (Pi asks again with
+    nothing new, its earlier summary in `<previous-summary>`). When it shows nothing to look for, a client's own
+    prompt is answered for the tenant's one recent session; with several, nothing tells which it summarizes, and
+    answering for the wrong one would hand the client another conversation's reference, so it is not answered.
+    None when not answered: the request then goes to the model."""
     wanted = last_user_turn(asked.conversation)
+    answer = None if wanted else last_answer_turn(asked.conversation)
     named = None if wanted else reference_in([{"role": "user", "content": text}])
     heads = await history.recent_heads(tenant, CANDIDATE_SESSIONS)
     for session_id, head_id in heads:
@@ -69,7 +73,10 @@ async def summarized_session(
             return session_id, path
         if named is not None and any(stored.id == named[1] for stored in path):
             return session_id, path
-    if wanted or named is not None or asked.recognizer is UNKNOWN_CLIENT or not heads:
+        if answer is not None and any(_same_answer(stored, *answer) for stored in reversed(path)):
+            return session_id, path
+    shows_something = wanted or answer is not None or named is not None
+    if shows_something or asked.recognizer is UNKNOWN_CLIENT or len(heads) != 1:
         return None
     session_id, head_id = heads[0]
     return session_id, await history.path_to(head_id)
@@ -81,6 +88,18 @@ def _same_turn(stored: StoredMessage, wanted: str) -> bool:
         return False
     content = stored.message.get("content")
     return any(content_text(content, joiner).strip() == wanted for joiner in ("", "\n"))
+
+
+def _same_answer(stored: StoredMessage, role: str, shown: str) -> bool:
+    """An assistant text written out whole, or a tool result written out whole or cut short."""
+    if stored.role != role:
+        return False
+    content = stored.message.get("content")
+    for joiner in ("", "\n"):
+        whole = content_text(content, joiner).strip()
+        if whole == shown or (role == "tool" and whole.startswith(shown)):
+            return True
+    return False
 
 
 def summary_text(path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end_id: str, tagged: bool) -> str:

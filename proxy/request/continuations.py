@@ -71,8 +71,9 @@ async def _summarized(
 ) -> Conversation:
     """A conversation whose client compacted it into a summary the proxy wrote (a user message carrying a
     reference, `proxy.request.references`): the summary and the turns the client kept before it give way to the stored
-    conversation it stands for; so does a model turn the client wrote itself to acknowledge the summary
-    (`client_prompts.is_acknowledgement`). A reference to nothing of this tenant's is left as it is."""
+    conversation it stands for, in the form it was last sent in (so the upstream's cached prompt holds); so does a
+    model turn the client wrote itself to acknowledge the summary (`client_prompts.is_acknowledgement`). A reference
+    to nothing of this tenant's is left as it is."""
     found = references.find(tenant, conversation.messages)
     if found is None:
         return conversation
@@ -87,7 +88,8 @@ async def _summarized(
     if after and is_acknowledgement(after[0]):
         after = after[1:]  # the client's own reply to its summary (Gemini CLI's) goes with it
     end = len(path) - kept_tail(path[leading:], after)
-    messages = [*system, *(stored.message for stored in path[leading:end]), *after]
+    forms = history.recent.sent_forms(tenant, path)
+    messages = [*system, *forms[leading:end], *after]
     return replace(conversation, messages=messages)
 
 

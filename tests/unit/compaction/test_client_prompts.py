@@ -12,6 +12,7 @@ from proxy.compaction.client_prompts import (
     UNKNOWN_CLIENT,
     Shape,
     is_acknowledgement,
+    last_answer_turn,
     last_user_turn,
     recognize,
 )
@@ -166,3 +167,11 @@ def test_an_ordinary_question_about_summaries_is_not_a_compaction(messages: list
 def test_a_serialized_prompt_with_tools_or_several_user_turns_is_the_users_own() -> None:
     assert recognize(pi_request(PI_PROMPTS[0]), tools=True) is None
     assert recognize([*CONVERSATION[:2], *pi_request(PI_PROMPTS[0])[1:]], tools=False) is None
+
+
+def test_the_last_answer_of_a_conversation_showing_no_user_turn_is_its_last_text_or_tool_result() -> None:
+    cut = "row 1\nrow 2\n\n[... 5312 more characters truncated]"
+    shown = f'[Assistant tool calls]: bash(command="seq 1 9")\n\n[Tool result]: {cut}'
+    assert last_answer_turn(shown) == ("tool", "row 1\nrow 2")
+    assert last_answer_turn("[Assistant]: done\n\n[Assistant tool calls]: bash()") == ("assistant", "done")
+    assert last_answer_turn("") is None

@@ -523,3 +523,31 @@ async def test_a_view_past_what_is_written_says_the_next_request_compacts(
     assert view.compacts
     assert view.spans == ()
     assert view.tokens == total(path)
+
+
+async def test_a_question_sent_without_a_recall_gets_none_later_in_its_turn(
+    history: History, summaries: SpanStore, db: Database
+) -> None:
+    """A crossing in the middle of a turn hides what the question followed; a recall placed before the question
+    then would go again at the next question, breaking the prompt the upstream cached (Pi's marathon: one break
+    after each such crossing). The question went upstream without one, so it stays without one through its turn."""
+    messages = conversation(20)
+    messages[3] = {"role": "user", "content": "I went to a LGBTQ support group yesterday and it was so powerful."}
+    messages.append({"role": "user", "content": "When did I go to the support group?"})
+    path = await stored_path(history, messages)
+    engine = Compactor(ContextConfig(strategies=("summarize",)), summaries, FakeSummarizer(), recall=Recall(db))
+    first = await engine.prepare(request(path, total(path) * 2))
+    assert first.recalled == 0  # every original sent
+    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"q": "x"}'}}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    later = await stored_path(history, messages)
+    second = await engine.prepare(request(later, total(path) // 2))
+
+    assert second.summaries >= 1
+    assert second.recalled == 0
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Was the LGBTQ meeting powerful?"}]
+    third = await engine.prepare(request(await stored_path(history, messages), total(path) // 2))
+    assert third.recalled >= 1  # a new question is judged as ever

@@ -648,6 +648,25 @@ async def test_a_changed_tool_output_that_is_no_mask_is_another_branch(history: 
     assert second.path[3].id != first.path[3].id
 
 
+async def test_a_stored_path_reads_back_in_the_form_the_tenant_last_sent_it(history: History) -> None:
+    """A client's summary brings its conversation back from the store (`continuations`): it must read as the client
+    sent it (a null content, its own spacing of the arguments), which went upstream as it was."""
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    answered = [{"role": "user", "content": "run ls"}, {"role": "assistant", "tool_calls": [call]}]
+    first = await history.reconcile("t", None, answered, "m", "cl100k_base")
+    own = {**call, "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+    sent: list[dict[str, Any]] = [
+        answered[0],
+        {"role": "assistant", "content": None, "tool_calls": [own]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    later = await history.reconcile("t", first.session.id, sent, "m", "cl100k_base")
+    path = await history.path_to(later.path[-1].id)
+    assert path[1].message != sent[1]  # stored as the model answered it
+    assert history.recent.sent_forms("t", path) == sent
+    assert history.recent.sent_forms("other", path) == [stored.message for stored in path]
+
+
 def opened_session(*turns: str) -> list[dict[str, Any]]:
     """A tool-using session as Gemini CLI sends it: its system prompt, its `<session_context>` (a system message,
     `doors.gemini.input`), then a user turn, a call, its output and an answer per turn."""
