@@ -10,9 +10,7 @@ Off the critical path, the spans the next crossing of the budget will need are w
 until then (`precompaction`); a crossing request first waits for them.
 
 After the context is laid out, archived originals the latest user message refers to are recalled into it
-(`recall`), within `context.recall_tokens` and what the budget leaves; with `context.recall_fill` the room left
-is filled with hidden turns too, for that turn only (between crossings the context grows back from the crossing's
-target to the budget, and a question is asked anywhere in between).
+(`question_recall`).
 """
 
 from __future__ import annotations
@@ -20,19 +18,17 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from proxy.canonical.types import Clock, Message
 from proxy.compaction.builder import PINNED_ROLES, ContextLayout, Policy, RecentTooLarge, Span, SpanNeeded, build
 from proxy.compaction.events import CompactionEvents
-from proxy.compaction.groups import request_growth
 from proxy.compaction.path_items import PathReader, PathState
 from proxy.compaction.plans import PlanCache, planned
 from proxy.compaction.precompaction import CLOSE_GRACE_S, Precompactions
-from proxy.compaction.recall import Recall, recall_message
-from proxy.compaction.recall_room import recall_room
+from proxy.compaction.question_recall import QuestionRecall, latest_question
+from proxy.compaction.recall import Recall
 from proxy.compaction.refusals import not_converging, too_large
 from proxy.compaction.span_store import SpanStore, StoredSpan
 from proxy.compaction.spans import Allowance, CompactionRequest, SpanWriter
@@ -42,17 +38,15 @@ from proxy.compaction.summary_text import acknowledgement_message
 from proxy.compaction.working_context import (
     ContextView,
     WorkingContext,
-    message_index,
     rendered,
     span_message,
-    with_recalled,
 )
 from proxy.config.schema import SLIDING_WINDOW, SUMMARIZE, TOOL_RESULTS, ContextConfig
 from proxy.errors import ContextTooLarge
 from proxy.history.messages import StoredMessage, token_counts
 from proxy.history.pins import Pins
 from proxy.store.database import Database
-from proxy.tokens import DEFAULT_ENCODING, content_text, count_message, count_prompt
+from proxy.tokens import DEFAULT_ENCODING, count_message, count_prompt
 
 __all__ = ["Allowance", "CompactionRequest", "Compactor"]
 
@@ -65,8 +59,6 @@ ROUNDS_PER_MESSAGE = 3
 no mask stubbed: a path of n messages is compacted in fewer than 3n rounds."""
 AHEAD_ROUNDS = 32
 """Spans one pre-compaction run may write: the crossing writes what more it needs."""
-UNRECALLED_SESSIONS = 4096
-"""Sessions whose latest question this process remembers sending without a recall (the least recent go first)."""
 
 
 class Compactor:
@@ -87,15 +79,13 @@ class Compactor:
         self._config = config
         self._summaries = summaries
         self._summarizer = summarizer
-        self._recall = recall
         self._writer = SpanWriter(config, summaries, summarizer, events, clock, locks)
         self._paths = PathReader(config, pins)
         self._plans = PlanCache()
         self._ahead = Precompactions(config, self._write_ahead, clock, locks)
         self._acknowledgements: dict[str, int] = {}
         """Encoding → what an acknowledgement costs: every request's policy asks."""
-        self._unrecalled: OrderedDict[tuple[str, str], str] = OrderedDict()
-        """(tenant, session) → the latest question, when this process last sent it without a recall."""
+        self._recalls = QuestionRecall(config, recall, self._acknowledgement_tokens)
 
     def policy(
         self,
@@ -141,7 +131,7 @@ class Compactor:
             # The builder's first rule, taken before any summary is read: whole conversations that fit are sent
             # as they are (and a bigger model gets its originals back). This is every request of a short chat.
             messages = list(request.messages)  # shared, never changed in place (docs/architecture.md)
-            self._sent_unrecalled(request, _latest_question(request))
+            self._recalls.sent_unrecalled(request, latest_question(request))
             return WorkingContext(messages, everything, summaries=0, written=0, floor=floor)
         allowance = request.allowance or self.allowance()
         state = await self._paths.read(request)
@@ -178,7 +168,7 @@ class Compactor:
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
-                return await self._recalled(
+                return await self._recalls.recalled(
                     request, result, state, rendered(request.messages, result, stored, state.stubs, written)
                 )
             fresh = await self._in_force(request)
@@ -308,89 +298,6 @@ class Compactor:
             else dict(request.path[part].message)
             for part in need.parts
         ]
-
-    async def _recalled(
-        self, request: CompactionRequest, context: ContextLayout, state: PathState, prepared: WorkingContext
-    ) -> WorkingContext:
-        """The working context with the archived passages the latest user message refers to, placed just before
-        that message (acknowledged on each side, so turns alternate), within `context.recall_tokens` and what
-        the budget leaves. Nothing is recalled while every original is sent."""
-        latest = _latest_question(request)
-        if self._recall is None or self._config.recall_tokens <= 0 or latest is None:
-            return prepared
-        # A question sent without a recall keeps none through its turn: a crossing in the middle of the turn hides
-        # what it followed, and a recall placed before it then would go at the next question, a break of the
-        # prompt the upstream cached.
-        unrecalled = self._unrecalled.get((request.tenant, request.session_id))
-        if latest < len(request.path) - 1 and unrecalled == request.path[latest].id:
-            return prepared
-        recalled = await self._recall_before(self._recall, request, context, state, prepared, latest)
-        self._sent_unrecalled(request, None if recalled.recalled else latest)
-        return recalled
-
-    def _sent_unrecalled(self, request: CompactionRequest, latest: int | None) -> None:
-        """Remember that the session's latest question (at `latest`; None: it had a recall) went without one."""
-        session = (request.tenant, request.session_id)
-        self._unrecalled.pop(session, None)
-        if latest is None or self._recall is None:
-            return
-        self._unrecalled[session] = request.path[latest].id
-        while len(self._unrecalled) > UNRECALLED_SESSIONS:
-            self._unrecalled.popitem(last=False)
-
-    async def _recall_before(
-        self,
-        recall: Recall,
-        request: CompactionRequest,
-        context: ContextLayout,
-        state: PathState,
-        prepared: WorkingContext,
-        latest: int,
-    ) -> WorkingContext:
-        """`_recalled`'s passages for the question at `latest`, placed before it."""
-        if not prepared.summaries and not context.stubbed:
-            return prepared
-        shown = {part for part in context.parts if isinstance(part, int) and part not in context.stubbed}
-        if latest not in shown:
-            return prepared
-        acknowledgement = self._acknowledgement_tokens(request.encoding)
-        at = message_index(context, latest)
-        room = recall_room(
-            budget=request.budget,
-            tokens=prepared.tokens,
-            turn=sum(count_message(message, request.encoding) for message in prepared.messages[at + 1 :]),
-            growth=request_growth(state.items, state.cuts, end=latest),
-            acknowledgements=2 * acknowledgement,
-            limit=self._config.recall_tokens,
-            fill=self._config.recall_fill,
-        )
-        # What the question follows is what it may find shown: the turn's own tool results after it would make the
-        # recall come and go between the turn's requests, and with it their cached prefix. Only originals count:
-        # a summary that names a word does not hold what was said of it.
-        visible = "\n".join(
-            content_text(request.path[part].message.get("content")) for part in sorted(shown) if part < latest
-        )
-        query = content_text(request.path[latest].message.get("content"))
-        passages = await recall.passages(
-            request.tenant,
-            request.session_id,
-            request.path,
-            shown,
-            visible,
-            query,
-            room.tokens,
-            request.encoding,
-            fill=room.fill,
-        )
-        if not passages:
-            return prepared
-        return with_recalled(prepared, at, recall_message(passages), len(passages), request.encoding, acknowledgement)
-
-
-def _latest_question(request: CompactionRequest) -> int | None:
-    """Where the path's latest user message is."""
-    path = request.path
-    return next((at for at in range(len(path) - 1, -1, -1) if path[at].role == "user"), None)
 
 
 def most_rounds(messages: int) -> int:
