@@ -1,15 +1,13 @@
-"""What a process keeps between requests so a re-sent history costs little: per-session locks and recent paths.
+"""What a process keeps between requests so a re-sent history costs little: the recent paths.
 
-Both are process memory, correct to lose: a lock nobody holds is dropped, and a path not cached is hashed and
-read from the store instead (the same nodes, found more slowly).
+Process memory, correct to lose: a path not cached is hashed and read from the store instead (the same nodes,
+found more slowly).
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import operator
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -35,28 +33,6 @@ _TOKENS = operator.attrgetter("stored.tokens")
 
 PathKey = tuple[str, str, str]
 """(tenant, session id, encoding)."""
-
-
-class SessionLocks:
-    """One asyncio.Lock per (tenant, session): requests on one session reconcile one after the other.
-
-    Locks are held weakly: a lock nobody holds or waits for is dropped, so the registry does not grow with
-    every session ever seen.
-    """
-
-    def __init__(self) -> None:
-        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
-
-    def get(self, tenant: str, session_id: str) -> asyncio.Lock:
-        key = (tenant, session_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._locks[key] = lock
-        return lock
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from proxy.history.caches import (
     CachedMessage,
     PathMatch,
     RecentPaths,
-    SessionLocks,
     json_copy,
 )
+from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
     BUILT_ON_SQL,
