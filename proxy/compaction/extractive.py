@@ -2,11 +2,14 @@
 fails (or is not waited for), and keeps a conversation's facts through later merges.
 
 It keeps the lines most likely to matter later (identifiers, paths, numbers, key=value facts, decisions, errors,
-open tasks). Facts stated in the conversation (`KEY=value`, `key = value`, `key: 42`) come first, as their exact
-strings on one `facts:` line, so that many fit a small target; then whole sentences by what they are worth, earlier
-summaries' lines first among equals. A later fallback that merges earlier summaries reads their facts back and
-keeps them before anything new, so facts survive being merged again and again. Pure and deterministic: the same
-messages always give the same summary.
+open tasks; in what people wrote, names, numbers, dates and new content words). Facts stated in the conversation
+(`KEY=value`, `key = value`, `key: 42`) come first, as their exact strings on one `facts:` line, so that many fit a
+small target (a later value of the same key replaces the earlier one); then whole sentences by what they are worth,
+earlier summaries' lines first among equals, none twice. A conversation's summary is structured (`sections`:
+people, dated facts, decisions, open threads, each line with its date and speaker); an agent's session (tool calls
+and outputs) stays in the order things happened. A later fallback that merges earlier summaries reads their facts,
+sections and dates back, so they survive being merged again and again. Pure and deterministic: the same messages
+always give the same summary.
 """
 
 from __future__ import annotations
@@ -16,7 +19,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.prose import content_words, date_line, date_stamp, information, speaker, specific
+from proxy.compaction.facts import FACT_SEPARATOR, FACTS_LABEL, Fact, add_fact, fact_line, facts_in, remove
+from proxy.compaction.prose import (
+    content_words,
+    date_line,
+    date_stamp,
+    information,
+    short_date,
+    speaker,
+    specific,
+    tells_of_others,
+    terms,
+)
+from proxy.compaction.sections import (
+    CHRONOLOGICAL,
+    DECISIONS,
+    OPEN,
+    ORDER,
+    PEOPLE,
+    PEOPLE_HEADER_SHARE,
+    header,
+    latest,
+    read_header,
+    section_of,
+)
 from proxy.compaction.summary_text import (
     ERROR,
     EXIT,
@@ -31,9 +57,6 @@ from proxy.tokens import count_message, count_text
 
 MAX_SEGMENT_CHARS = 400
 FALLBACK_SENTENCE_CHARS = 160
-FACTS_LABEL = "facts"
-"""Starts the fallback's line of facts, so that a later fallback merging this summary reads them back as facts."""
-FACT_SEPARATOR = "; "
 FACT_CONTEXT_SCORE = 1
 """A sentence whose facts are on the facts line still says what they are for: kept when there is room."""
 FACT_SHARE = 0.75
@@ -49,18 +72,6 @@ _FACT = re.compile(r"\b[\w.-]+ ?(?:=|:) ?\S")
 _DECISION = re.compile(r"\b(?:decided|decide|we will|we'll|agreed|chose|choose|use |switch to|instead)", re.I)
 _TASK = re.compile(r"\b(?:TODO|FIXME|next|need to|needs to|should|must|remaining|open question)\b", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(\[])")
-_ASSIGNMENT = re.compile(
-    r"(?<![\w.\-/?&%])[A-Za-z_][\w.-]*(?: ?=(?![=>]) ?|(?P<colon>: +))"
-    r"(?P<value>\"[^\"\n;]*\"|'[^'\n;]*'|`[^`\n;]*`|[^\s,;\"'`]+)"
-)
-"""`KEY=value`, `key = value`, `key: value` as written in a sentence; a value ends at a space, comma or semicolon."""
-_VALUE_END = ".,:!?)]}"
-_NAMED_KEY = re.compile(r"[_\d.]|[a-z][A-Z]")
-"""A key that is clearly a name (`retry_limit`, `apiTimeout`, `v2`): `key: value` is a fact whatever the value."""
-_VALUE_LIKE = re.compile(r"\d|[_/]|[a-z][A-Z]")
-"""A value that is clearly data (a number, a path, an identifier), which makes `Word: value` a fact too."""
-_ROLES = frozenset(("summary", "user", "assistant", "system", "developer", "tool", "facts"))
-_CLOSING = {")": "(", "]": "[", "}": "{"}
 _LABEL = re.compile(r"^(?:(?:summary|user|assistant|system|developer|tool(?: [\w.-]+)?): )+")
 """Role labels the fallback puts before its lines; facts are read from what follows them."""
 
@@ -83,6 +94,10 @@ PLAIN_SHARE = 0.5
 of a summary: a summary filled to its target with them costs every later merge its room for facts."""
 SUMMARY_BONUS = 3
 """Lines of an earlier summary were already chosen as worth keeping once."""
+SECTION_SCORE = 1
+"""A conversation's decision or open thread (`sections`) is worth this much more than a fact told alike."""
+REPEAT_SHARE = 0.8
+"""A sentence of a conversation whose terms are this share of a kept sentence's (or the reverse) repeats it."""
 
 
 def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int, date: str | None = None) -> str:
@@ -92,8 +107,8 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int, date:
     a chosen sentence that shows a fact takes it off the facts line. `date`: the date in force before the first
     message (its stamp was in an earlier range)."""
     target = max(1, target)
-    facts, sentences = _candidates(messages, date)
-    chosen = _Choice(target)
+    facts, sentences, speakers = _candidates(messages, date)
+    chosen = _Choice(target, speakers)
     chosen.add_facts(facts, FACT_SHARE * target)
     chosen.add_sentences(sentences)
     chosen.add_facts(facts, target)
@@ -123,14 +138,6 @@ def fallback_summary(
 
 
 @dataclass(frozen=True)
-class _Fact:
-    position: int
-    text: str
-    """As it was written: `DEPLOY_REGION=eu-west-3`, `retry_limit = 7`."""
-    score: int
-
-
-@dataclass(frozen=True)
 class _Segment:
     position: int
     text: str
@@ -142,20 +149,39 @@ class _Segment:
     """The date of the message it is from (its own stamp or the last one before it), shown above it."""
     plain: bool = False
     """Kept only for its content words: no signal, no fact, no name, number or date (`PLAIN_SHARE`)."""
+    section: str = CHRONOLOGICAL
+    """Where a conversation's summary shows it (`sections`)."""
+    terms: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    """What it is about (`prose.terms`: names and numbers, content words), to tell a repeat."""
+
+    def repeats(self, other: _Segment) -> bool:
+        """Whether one of the two says little the other does not: the names and numbers of one are among the
+        other's, and most of the content words of one (`REPEAT_SHARE`) too. Either may be kept, not both; symmetric,
+        so that a summary read back keeps what it kept. A different name or number is never a repeat (`We live in
+        Ashford now` after `We live in Millbrook now`: the newer value must be kept)."""
+        (names, words), (other_names, other_words) = self.terms, other.terms
+        if not (names <= other_names or other_names <= names):
+            return False
+        shared = len(words & other_words)
+        return bool(shared) and shared >= REPEAT_SHARE * min(len(words), len(other_words))
 
 
 class _Choice:
     """What a fallback summary keeps, and its estimated cost: each piece counted alone, plus its separator."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, speakers: Sequence[str] | None) -> None:
+        """`speakers`: None for an agent session's chronological summary, else a conversation's (maybe none)."""
         self.target = target
-        self.facts: list[_Fact] = []
+        self.structured = speakers is not None
+        people = header(PEOPLE, speakers or ())
+        self.speakers = tuple(speakers or ()) if count_text(people) <= PEOPLE_HEADER_SHARE * target else ()
+        self.facts: list[Fact] = []
         self.sentences: list[_Segment] = []
         self.listed: dict[str, int] = {}
         """The kept facts no kept sentence shows (the facts line), with their costs."""
-        self.used = 0
+        self.used = count_text(people) + 1 if self.speakers else 0
 
-    def add_facts(self, facts: Sequence[_Fact], limit: float) -> None:
+    def add_facts(self, facts: Sequence[Fact], limit: float) -> None:
         """Facts in their order while they fit: new ones within `limit`, an earlier summary's within the target."""
         taken = {fact.text for fact in self.facts}.union(*(sentence.facts for sentence in self.sentences))
         for fact in facts:
@@ -167,13 +193,19 @@ class _Choice:
                 self.used += cost
 
     def add_sentences(self, sentences: Sequence[_Segment]) -> None:
-        """The best sentences that fit; one that shows a listed fact costs that much less, the first of its date
-        that much more (its date line)."""
+        """The best sentences that fit, none that repeats a kept one; one that shows a listed fact costs that much
+        less, the first of its date (in its section) that much more (its date line), the first of its section
+        its header."""
         for sentence in sorted(sentences, key=lambda s: (-s.score, s.position)):
+            if self.structured and any(sentence.repeats(kept) for kept in self.sentences):
+                continue
             shown = [fact for fact in sentence.facts if fact in self.listed]
             cost = count_text(sentence.text) + 1 - sum(self.listed[fact] for fact in shown)
-            if sentence.date is not None and all(kept.date != sentence.date for kept in self.sentences):
+            mates = [kept for kept in self.sentences if kept.section == sentence.section]
+            if sentence.date is not None and all(kept.date != sentence.date for kept in mates):
                 cost += count_text(date_line(sentence.date)) + 1
+            if self.structured and not mates and not (sentence.section == PEOPLE and self.speakers):
+                cost += count_text(header(sentence.section)) + 1
             room = self.target * PLAIN_SHARE if sentence.plain else self.target
             if self.used + cost <= room:
                 self.sentences.append(sentence)
@@ -187,8 +219,10 @@ class _Choice:
         while text and count_text(text) > self.target:
             if self.sentences:
                 self.sentences.remove(min(self.sentences, key=lambda s: (s.score, -s.position)))
-            else:
+            elif self.facts:
                 self.facts.pop()
+            else:
+                self.speakers = ()
             text = self.text()
         return text
 
@@ -196,58 +230,82 @@ class _Choice:
         shown = {fact for sentence in self.sentences for fact in sentence.facts}
         listed = [fact.text for fact in sorted(self.facts, key=lambda f: f.position) if fact.text not in shown]
         lines = [f"{FACTS_LABEL}: " + FACT_SEPARATOR.join(listed)] if listed else []
-        date = None
-        for sentence in sorted(self.sentences, key=lambda s: s.position):
-            if sentence.date is not None and sentence.date != date:
-                date = sentence.date
-                lines.append(date_line(date))
-            lines.append(sentence.text)
+        for section in ORDER if self.structured else (CHRONOLOGICAL,):
+            kept = sorted((s for s in self.sentences if s.section == section), key=lambda s: s.position)
+            if section == PEOPLE and self.speakers and (self.sentences or listed):
+                lines.append(header(PEOPLE, self.speakers))
+            elif kept and self.structured:
+                lines.append(header(section))
+            date = None
+            for sentence in kept:
+                if sentence.date is not None and sentence.date != date:
+                    date = sentence.date
+                    lines.append(date_line(date))
+                lines.append(sentence.text)
         return "\n".join(lines)
 
 
-def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tuple[list[_Fact], list[_Segment]]:
-    """The facts of `messages` (first seen first, an earlier summary's before any new one) and their sentences
-    (each once), scored by what the sentence says besides its facts: its signals (errors, paths, decisions…)
-    and, in what people wrote, its information (`prose.information`). A sentence keeps the date of its message
-    (a stamp, or a summary's date line, holds until the next one) and the speaker its line starts with."""
-    facts: dict[str, _Fact] = {}
+def _candidates(
+    messages: Sequence[Mapping[str, Any]], date: str | None
+) -> tuple[list[Fact], list[_Segment], list[str] | None]:
+    """The facts of `messages` (first seen first, an earlier summary's before any new one; a later value of a key
+    replaces an earlier one), their sentences (each once), and the conversation's speakers (None for an agent's
+    session, whose summary stays chronological). A sentence is scored by what it says besides its facts: its
+    signals (errors, paths, decisions…) and, in what people wrote, its information (`prose.information`). It
+    keeps the date of its message (a stamp, or a summary's date line, holds until the next one; after a
+    structured summary, its latest date) and the speaker its line starts with."""
+    facts: dict[str, Fact] = {}
     sentences: dict[str, _Segment] = {}
     seen: set[str] = set()
     position = 0
     texts = list(labelled_texts(messages))
-    people = _speakers(texts)
+    speakers = None if _chronological(texts) else _speakers(texts)
+    people = frozenset(name.lower() for name in speakers or _speakers(texts))
+    date = short_date(date) if date is not None else None
     for label, text, kind in texts:
         bonus = SUMMARY_BONUS if kind == SUMMARY_LABEL else 0
+        dates: list[str] = []
+        structured = False
         for line in text.splitlines():
             if kind == TEXT:
                 # A stamp dates the lines after it, also on a later line (a client that joins a speaker's turns).
                 stamp, line = date_stamp(line)
-                date = stamp or date
-            listed = _fact_line(line) if kind == SUMMARY_LABEL else None
+                date = short_date(stamp) if stamp is not None else date
+            listed = fact_line(line) if kind == SUMMARY_LABEL else None
             if listed is not None:
                 for fact in listed:
-                    facts.setdefault(fact, _Fact(position, fact, bonus))
+                    add_fact(facts, Fact(position, fact, bonus))
                     position += 1
                 continue
             if kind == SUMMARY_LABEL:
+                if read_header(line) is not None:
+                    # A section's first line has its date line: nothing before it dates it.
+                    structured, date = True, None
+                    continue
                 stamp, rest = date_stamp(line)
                 if stamp is not None and not rest.strip():
-                    date = stamp
+                    date = short_date(stamp)
+                    dates.append(date)
                     continue
             prefix, line = _label_of(line, label, kind)
             who, line = speaker(line) if kind in (SUMMARY_LABEL, TEXT) else (None, line)
-            prefix = f"{prefix}: {who}" if who else prefix
+            prefix = who if who and speakers is not None else f"{prefix}: {who}" if who else prefix
             for sentence in _SENTENCE_END.split(line.strip()):
                 sentence = sentence.strip()
                 if not sentence or not any(ch.isalnum() for ch in sentence) or sentence in sentences:
                     continue
-                found = _facts_in(sentence) if kind in (SUMMARY_LABEL, TEXT) else []
+                found = facts_in(sentence) if kind in (SUMMARY_LABEL, TEXT) else []
                 written = [sentence[start:end] for start, end in found]
                 for fact in written:
-                    facts.setdefault(fact, _Fact(position, fact, bonus))
-                rest = _remove(sentence, found)
+                    add_fact(facts, Fact(position, fact, bonus))
+                rest = remove(sentence, found)
                 told = information(rest, seen, people) if kind in (SUMMARY_LABEL, TEXT) else None
-                signals = max(_score(rest, worded=told != 0), FACT_CONTEXT_SCORE if found else 0)
+                section = CHRONOLOGICAL if speakers is None else section_of(rest, tells_of_others(rest, people))
+                # In a conversation, what is decided or open is told by its section's stricter words ("next door"
+                # is no task): worth a little more than a fact.
+                worded = told != 0 and speakers is None
+                signals = max(_score(rest, worded), FACT_CONTEXT_SCORE if found else 0)
+                signals += SECTION_SCORE if told and section in (DECISIONS, OPEN) else 0
                 # An earlier summary's small talk is not worth keeping again before new facts.
                 plain = bool(told) and not signals and not specific(rest, people)
                 score = signals + (0 if plain else bonus) + (told or 0.0)
@@ -255,21 +313,44 @@ def _candidates(messages: Sequence[Mapping[str, Any]], date: str | None) -> tupl
                 shown = clip(sentence, MAX_SEGMENT_CHARS)
                 if score > 0:
                     shows = tuple(fact for fact in written if fact in shown)
-                    sentences[sentence] = _Segment(position, f"{prefix}: {shown}", score, shows, date, plain)
+                    segment = _Segment(position, f"{prefix}: {shown}", score, shows, date, plain, section, terms(rest))
+                    sentences[sentence] = segment
                 position += 1
-    return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values())
+        if structured:
+            # Its sections are not in the order of time: what follows it is as late as its latest date.
+            date = latest(dates) or date
+    return sorted(facts.values(), key=lambda f: (-f.score, f.position)), list(sentences.values()), speakers
 
 
-def _speakers(texts: Sequence[tuple[str, str, str]]) -> frozenset[str]:
-    """The speakers a transcript's lines start with (lowercase), in what people wrote and earlier summaries."""
-    people = set()
+def _chronological(texts: Sequence[tuple[str, str, str]]) -> bool:
+    """Whether a range is an agent's session (tool calls or outputs, or an earlier summary that shows them): its
+    summary keeps the order things happened in, not a conversation's sections."""
+    for label, text, kind in texts:
+        if kind not in (SUMMARY_LABEL, TEXT):
+            return True
+        if kind == SUMMARY_LABEL:
+            for line in text.splitlines():
+                prefix, rest = _label_of(line, label, kind)
+                if prefix.split(": ")[-1].startswith("tool") or rest.startswith("called "):
+                    return True
+    return False
+
+
+def _speakers(texts: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The speakers a transcript's lines start with, in the order they first speak, in what people wrote and
+    earlier summaries (whose `People:` line names theirs)."""
+    people: dict[str, None] = {}
     for label, text, kind in texts:
         if kind in (SUMMARY_LABEL, TEXT):
             for line in text.splitlines():
+                named = read_header(line) if kind == SUMMARY_LABEL else None
+                if named is not None:
+                    people.update(dict.fromkeys(named[1]))
+                    continue
                 who, _ = speaker(_label_of(date_stamp(line)[1], label, kind)[1])
                 if who is not None:
-                    people.add(who.lower())
-    return frozenset(people)
+                    people[who] = None
+    return list(people)
 
 
 def _label_of(line: str, label: str, kind: str) -> tuple[str, str]:
@@ -280,47 +361,6 @@ def _label_of(line: str, label: str, kind: str) -> tuple[str, str]:
         if labelled:
             return labelled.group()[:-2], line[labelled.end() :]
     return label, line
-
-
-def _fact_line(line: str) -> list[str] | None:
-    """The facts of a `facts:` line an earlier fallback wrote, or None if `line` is not one."""
-    if not line.startswith(FACTS_LABEL + ": "):
-        return None
-    listed = line[len(FACTS_LABEL) + 2 :].split(FACT_SEPARATOR)
-    if all(_facts_in(fact) == [(0, len(fact))] for fact in listed):
-        return listed
-    return None
-
-
-def _facts_in(sentence: str) -> list[tuple[int, int]]:
-    """Where facts are written in a sentence: `KEY=value`, `key = value`, and `key: value` where the key is a name
-    or the value is data (`Note: the` is prose). Trailing punctuation is the sentence's, not the value's."""
-    found = []
-    for match in _ASSIGNMENT.finditer(sentence):
-        value, end = match.group("value"), match.end()
-        if value[0] not in "\"'`":
-            while value and (value[-1] in _VALUE_END or (value[-1] in _CLOSING and _unbalanced(value))):
-                value, end = value[:-1], end - 1
-            if not value or "(" in value or value[0] in "[{<":
-                continue
-        key = sentence[match.start() : match.start("value")].rstrip(" =:")
-        if match.group("colon") and (
-            key.lower() in _ROLES or not (_NAMED_KEY.search(key) or _VALUE_LIKE.search(value))
-        ):
-            continue
-        found.append((match.start(), end))
-    return found
-
-
-def _unbalanced(value: str) -> bool:
-    closing = value[-1]
-    return value.count(closing) > value.count(_CLOSING[closing])
-
-
-def _remove(sentence: str, found: Sequence[tuple[int, int]]) -> str:
-    for start, end in reversed(found):
-        sentence = sentence[:start] + " " + sentence[end:]
-    return sentence
 
 
 def _score(text: str, worded: bool = True) -> int:

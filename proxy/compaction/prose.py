@@ -36,7 +36,8 @@ QUESTION_WEIGHT = 0.5
 """A question asks more than it tells: what it says counts this much (its answer is what a summary keeps)."""
 DATE_LOOKBACK = 500
 """Messages looked back at for the date in force: a chat's sessions are stamped far more often than this."""
-STAMP_CHARS = 80
+STAMP_CHARS = 4_000
+"""Characters of a message looked at for stamps: a speaker's joined turns, not a tool's long output."""
 
 
 def _listed(words: str) -> frozenset[str]:
@@ -99,12 +100,14 @@ _VOCATIVE = re.compile(
 (`Hey Mel!`), or alone before a comma at the start (`Caroline, look!`)."""
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d[\d:.,/-]*")
 _STAMP = re.compile(r"^\[(?P<date>[^\[\]\n]{3,60})\]\s*")
+_LINE_STAMP = re.compile(r"(?:^|\n)\[(?P<date>[^\[\]\n]{3,60})\]")
+_TIME_OF_DAY = re.compile(r"^\d{1,2}[:.]\d{2}(?:\s*[ap]\.?m\.?)?\s+on\s+(?P<day>.+)$", re.IGNORECASE)
 _DATE_LIKE = re.compile(r"\b\d{4}\b|\b\d{1,2}:\d{2}\b|\b(?:" + "|".join(MONTHS.split()) + r")\b", re.IGNORECASE)
 _SPEAKER = re.compile(r"^(?P<speaker>[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}): (?=[A-Za-z])")
 _NOT_SPEAKERS = _listed(
     """
     error errors warning note notes todo fixme summary update answer question step result output input example usage
-    exception traceback fatal info debug hint tip reason cause fix status facts user assistant system tool
+    exception traceback fatal info debug hint tip reason cause fix status facts user assistant system tool people
     """
 )
 """Labels a line may start with that name no one: `Error: connection refused` is not said by Error."""
@@ -117,6 +120,15 @@ def date_stamp(text: str) -> tuple[str | None, str]:
     if match is None or not _DATE_LIKE.search(match.group("date")):
         return None, text
     return match.group("date"), text[match.end() :]
+
+
+def short_date(stamp: str) -> str:
+    """The day of a stamp without its time of day (`1:56 pm on 8 May, 2023` → `8 May, 2023`): what a summary
+    shows before a date's sentences, for a third of the tokens."""
+    match = _TIME_OF_DAY.match(stamp.strip())
+    if match is None or not _DATE_LIKE.search(match.group("day")):
+        return stamp
+    return match.group("day")
 
 
 def specific(sentence: str, people: Set[str] = frozenset()) -> bool:
@@ -164,12 +176,13 @@ def _numbers(words: Sequence[str]) -> set[str]:
 
 
 def date_in_force(texts: Sequence[str], before: int) -> str | None:
-    """The date of the last stamped message before position `before` (what holds for the messages after it),
-    looking back at most `DATE_LOOKBACK` messages; None if none is stamped."""
+    """The date of the last stamp before position `before` (what holds for the messages after it), looking back
+    at most `DATE_LOOKBACK` messages; None if none is stamped. A stamp may start any line of a message (a client
+    that joins a speaker's turns into one message puts a session's stamp on the line that starts it)."""
     for index in range(before - 1, max(-1, before - 1 - DATE_LOOKBACK), -1):
-        stamp, _ = date_stamp(texts[index][:STAMP_CHARS])
-        if stamp is not None:
-            return stamp
+        for match in reversed(list(_LINE_STAMP.finditer(texts[index][:STAMP_CHARS]))):
+            if _DATE_LIKE.search(match.group("date")):
+                return match.group("date")
     return None
 
 
@@ -192,6 +205,18 @@ def speaker(line: str) -> tuple[str | None, str]:
     if match is None or match.group("speaker").lower() in _NOT_SPEAKERS:
         return None, line
     return match.group("speaker"), line[match.end() :]
+
+
+def tells_of_others(sentence: str, people: Set[str] = frozenset()) -> bool:
+    """Whether a sentence names someone or something other than its listener and the chat's `people`."""
+    return bool(_told_names(sentence, _WORD.findall(sentence), people))
+
+
+def terms(sentence: str) -> tuple[frozenset[str], frozenset[str]]:
+    """What a sentence is about, to tell a sentence that repeats another: (its names and numbers, its content
+    words)."""
+    words = _WORD.findall(sentence)
+    return frozenset(w.lower() for w in _names(words) | _numbers(words)), frozenset(content_words(sentence))
 
 
 def content_words(sentence: str) -> list[str]:

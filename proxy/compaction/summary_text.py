@@ -53,13 +53,22 @@ MAX_ARGUMENTS_CHARS = 300
 """Longer tool-call arguments (a whole file being written) are shown as their key inputs only."""
 
 INSTRUCTION = """\
-You summarize an earlier part of a conversation between a user and an AI assistant (with tool calls) so \
-that the assistant can continue the conversation from the summary alone.
-Write a dense, chronological summary in at most about {target} tokens. Keep every fact, decision and its \
-reason, identifier (function, class, variable and table names), file path, URL, command, number, setting, \
-error message, and every open task or unanswered question. Prefer exact strings over paraphrase. Earlier \
-summaries in the transcript are part of the history: merge them in order. Do not add a preamble, do not \
-address the user, do not invent anything."""
+You summarize an earlier part of a conversation (between people, or between a user and an AI assistant with \
+tool calls) so that the assistant can continue the conversation from the summary alone.
+Write at most about {target} tokens, in these sections, leaving out an empty one:
+People: who is who (names, relations) and who speaks.
+Facts (dated): one line per fact, under the date it was said (the transcript's date stamps) and with who said \
+it, e.g. "[8 May, 2023]" then "Caroline: adopted a beagle named Biscuit"; a fact that changed later only with \
+its newest value.
+Decisions: each decision and its reason.
+Open threads: open tasks, plans and unanswered questions.
+A coding or agent session is summarized chronologically instead: each step's file paths, commands, \
+identifiers (function, class, variable and table names), settings and error messages, each decision and its \
+reason, and every open task or unanswered question. Prefer exact strings (numbers, URLs, key=value settings) \
+over paraphrase. Earlier summaries in the transcript are part of the history: merge them in order, keeping \
+their sections and dates. Do not add a preamble, do not address the user, do not invent anything."""
+"""The summarizer model's instruction: the same sections as the no-model summary of a conversation
+(`sections`), the same chronological form for an agent's session."""
 
 ERROR = re.compile(r"error|exception|failed|failure|traceback|fatal|panic", re.IGNORECASE)
 _WARNING = re.compile(r"warning|denied|refused|timed? ?out|not found", re.IGNORECASE)

@@ -10,7 +10,8 @@ import pytest
 
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.extractive import extractive_summary
-from proxy.compaction.prose import date_in_force, date_stamp, information, speaker
+from proxy.compaction.prose import date_in_force, date_stamp, information, short_date, speaker
+from proxy.compaction.sections import read_header
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summary_text import summary_message
 from proxy.config.schema import ContextConfig
@@ -21,6 +22,8 @@ from tests.unit.compaction.test_span_store import TENANT, FakeSummarizer, reques
 
 MAY = "1:56 pm on 8 May, 2023"
 JUNE = "7:55 pm on 9 June, 2023"
+MAY_DAY, JUNE_DAY = "[8 May, 2023]", "[9 June, 2023]"
+"""The date lines a summary shows for them: the day, without the time of day."""
 CHAT: list[dict[str, Any]] = [
     {"role": "user", "content": f"[{MAY}] Caroline: Hey Mel! Good to see you! How have you been?"},
     {"role": "assistant", "content": "Melanie: Hey Caroline! Good to see you! I'm swamped with the kids & work."},
@@ -36,6 +39,18 @@ FACT_SENTENCES = (
     "Caroline: I went to the LGBTQ support group at the Riverside centre yesterday.",
     "Melanie: My cousin Vera adopted a beagle named Biscuit, he is adorable.",
 )
+
+
+def date_of(lines: list[str], kept: str) -> str | None:
+    """The date line a kept sentence is shown under in its section (None: no date)."""
+    for line in reversed(lines[: lines.index(kept)]):
+        if read_header(line) is not None:
+            return None
+        if line.startswith("["):
+            return line
+    return None
+
+
 PLEASANTRIES = ("Thanks, Mel.", "Yeah, Caroline!", "Hey Mel!", "Aw, thanks Mel!", "That sounds lovely!", "Haha")
 
 
@@ -91,9 +106,15 @@ def test_information_wins_over_position_and_length() -> None:
 
 def test_each_kept_sentence_shows_its_date_and_its_speaker() -> None:
     lines = extractive_summary(CHAT, 80).splitlines()
-    assert lines.index(f"[{MAY}]") < lines.index("user: " + FACT_SENTENCES[0])
-    assert lines.index(f"[{JUNE}]") < lines.index("assistant: " + FACT_SENTENCES[1])
-    assert lines.index("user: " + FACT_SENTENCES[0]) < lines.index(f"[{JUNE}]")
+    assert date_of(lines, FACT_SENTENCES[0]) == MAY_DAY
+    assert date_of(lines, FACT_SENTENCES[1]) == JUNE_DAY
+
+
+def test_a_date_is_shown_without_its_time_of_day() -> None:
+    assert short_date(MAY) == "8 May, 2023"
+    assert short_date("10:31") == "10:31"
+    assert short_date("9:00 am on the beach") == "9:00 am on the beach"
+    assert short_date("2023-05-08") == "2023-05-08"
 
 
 def test_dates_survive_a_merge_of_fallback_summaries() -> None:
@@ -101,16 +122,15 @@ def test_dates_survive_a_merge_of_fallback_summaries() -> None:
     second = extractive_summary(CHAT[6:], 60)
     merged = extractive_summary([summary_message(first), summary_message(second)], 80)
     lines = merged.splitlines()
-    assert lines.index(f"[{MAY}]") < lines.index("user: " + FACT_SENTENCES[0]) < lines.index(f"[{JUNE}]")
-    assert lines.index(f"[{JUNE}]") < lines.index("assistant: " + FACT_SENTENCES[1])
+    assert date_of(lines, FACT_SENTENCES[0]) == MAY_DAY
+    assert date_of(lines, FACT_SENTENCES[1]) == JUNE_DAY
     assert extractive_summary([summary_message(merged)], 80) == merged
 
 
 def test_a_range_that_starts_after_its_date_stamp_keeps_the_date_in_force() -> None:
     later = CHAT[7:]  # June's session without its first, stamped message
-    assert f"[{JUNE}]" not in extractive_summary(later, 60)
-    lines = extractive_summary(later, 60, date=JUNE).splitlines()
-    assert lines.index(f"[{JUNE}]") < lines.index("assistant: " + FACT_SENTENCES[1])
+    assert date_of(extractive_summary(later, 60).splitlines(), FACT_SENTENCES[1]) is None
+    assert date_of(extractive_summary(later, 60, date=JUNE).splitlines(), FACT_SENTENCES[1]) == JUNE_DAY
 
 
 def test_the_date_in_force_is_the_last_stamp_before_a_position() -> None:
@@ -135,7 +155,7 @@ async def test_a_fallback_summary_of_a_later_part_of_a_session_shows_the_session
     written = await summaries.on_path(TENANT, path)
     later = [summary for summary in written if summary.start_depth > 1]
     assert later, "no summary started after the stamped message: the test measures nothing"
-    assert all(summary.generated_by == "fallback" and f"[{MAY}]" in summary.content for summary in later)
+    assert all(summary.generated_by == "fallback" and MAY_DAY in summary.content for summary in later)
 
 
 def test_small_talk_fills_at_most_half_a_summary() -> None:
@@ -205,8 +225,16 @@ def test_a_stamp_on_a_later_line_of_a_message_dates_the_sentences_after_it() -> 
     messages = [{"role": "user", "content": f"[{MAY}] Caroline: Hi!"}, {"role": "user", "content": merged}]
     lines = extractive_summary(messages, 80).splitlines()
     assert "Hey Melanie" not in "\n".join(lines)
-    assert lines.index(f"[{MAY}]") < lines.index("user: " + FACT_SENTENCES[0]) < lines.index(f"[{JUNE}]")
-    assert lines.index(f"[{JUNE}]") < lines.index("user: Caroline: My cousin Vera adopted a beagle named Biscuit.")
+    assert date_of(lines, FACT_SENTENCES[0]) == MAY_DAY
+    assert date_of(lines, "Caroline: My cousin Vera adopted a beagle named Biscuit.") == JUNE_DAY
+
+
+def test_the_date_in_force_may_be_stamped_on_a_later_line_of_a_message() -> None:
+    joined = (
+        f"Caroline: I went to the support group.\n[{JUNE}] Caroline: Hey Melanie!\nCaroline: Vera adopted a beagle."
+    )
+    assert date_in_force([f"[{MAY}] Caroline: Hi!", joined, "Melanie: Wow!"], 3) == JUNE
+    assert date_in_force([f"[{MAY}] Caroline: Hi!", joined], 1) == MAY
 
 
 def test_the_chat_s_speakers_named_in_its_lines_are_not_news() -> None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.extractive import extractive_summary
+from proxy.compaction.sections import ORDER
 from proxy.compaction.summary_text import (
     SUMMARY_HEADER,
     key_inputs,
@@ -87,8 +88,10 @@ def test_summarizer_prompt_instructs_then_gives_the_transcript() -> None:
     instruction = prompt[0]["content"]
     assert "300 tokens" in instruction
     assert "chronological" in instruction
-    for kept in ("decision", "file path", "error", "open task", "preamble"):
+    for kept in ("decision", "file path", "error", "open task", "preamble", "newest value"):
         assert kept in instruction
+    for section in ORDER:
+        assert f"\n{section}: " in instruction, "the model is asked for the sections the fallback writes"
     transcript = prompt[1]["content"]
     assert "USER: Run the tests please." in transcript
     assert 'run({"command": "pytest -q"})' in transcript
@@ -250,9 +253,11 @@ def test_facts_of_an_earlier_summary_are_read_back_and_its_lines_keep_their_labe
     merged = extractive_summary(messages, 64)
     assert merged.splitlines() == [
         "facts: A_KEY=1; b_key = two",
-        "user: We decided to use httpx.",
+        "Facts (dated):",
         "summary: user: Old line.",
         "user: Also set C_KEY=3 please.",
+        "Decisions:",
+        "user: We decided to use httpx.",
     ]
     listed = "facts: A_KEY=1; b_key = two; C_KEY=3"
     tight = extractive_summary(
