@@ -127,13 +127,16 @@ def build(
     )
     trigger = policy.level(policy.trigger_ratio, floor)
     growth = request_growth(items, cuts)
-    target = stop = policy.target(floor, growth)
+    reserve = policy.reserve(floor, growth)
+    target = stop = policy.target(floor, growth, reserve)
     if policy.budget - target < REACH_TURNS * growth:
         target, stop = _within_reach(policy, target, request_growth(items, cuts, masked=True))
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
         held = any(span.held for span in spans)
         return ContextLayout(parts=tuple(range(count)), tokens=everything, held_back=held, floor=floor)
+    # Once something is hidden, a question may ask for it: the compacted context leaves its recall the room.
+    trigger = min(trigger, policy.budget - reserve)
 
     arrange = functools.partial(_arrange, items, policy, recent, kept, cuts, fixed)
     # Spans written ahead of need (pre-compaction) are held back while the context fits without them, so the

@@ -108,6 +108,7 @@ class Compactor:
             acknowledgement_tokens=self._acknowledgement_tokens(encoding),
             strategies=strategies or self._config.strategies,
             keep_turns=self._config.tool_results_keep_turns,
+            recall_room=self._config.recall_tokens if self._config.recall_fill else 0,
         )
 
     def _acknowledgement_tokens(self, encoding: str) -> int:

@@ -29,6 +29,12 @@ DEFAULT_MARKER_TOKENS = 40
 """What a sliding-window marker costs as sent, at most: one line naming how many messages and which turns."""
 MIN_COMPACT_TO = 0.05
 """The lowest target a compaction aims at (`context.compact_to`'s own lower bound)."""
+RECALL_SHARE = 0.15
+"""The share of the free space a compacted context keeps for the recall before the question at most
+(`Policy.reserve`)."""
+RESERVE_TURNS = 2
+"""A recall room is kept only when it holds this many turns' growth: the fill needs one turn's room past the
+turn's own (`recall_room`), which an agent's turn of tool outputs never leaves."""
 GROWTH_WINDOW = 64
 """The latest messages whose size says how much one request adds (`groups.request_growth`)."""
 
@@ -100,6 +106,9 @@ class Policy:
     summaries merge (the config's default, `DEFAULT_SUMMARY_SHARE`, turns it on)."""
     ahead_by: int = 0
     """Tokens below the crossing's target a pre-compaction aims at: the room the turns before the crossing fill."""
+    recall_room: int = 0
+    """Tokens a compacted context keeps free below the budget for the recall before the question (`reserve`);
+    0: none. The config's `recall_tokens` when `recall_fill` is on."""
 
     def level(self, ratio: float, floor: int) -> float:
         """The context size at `ratio` of the free space: what the budget leaves once the `floor` (the messages
@@ -107,12 +116,23 @@ class Policy:
         a large fixed preamble does not leave compaction aiming below it (and compacting on every turn)."""
         return floor + ratio * max(0, self.budget - floor)
 
-    def target(self, floor: int, growth: int) -> float:
-        """The level a crossing compacts down to: the budget less `headroom_turns` requests' `growth` (tokens
-        one request adds), never below `compact_to` of the free space; less `ahead_by` for a pre-compaction."""
+    def reserve(self, floor: int, growth: int) -> int:
+        """The room a compacted context leaves below the budget for the question's recall and its fill, whatever
+        the point between two crossings a question comes at: `recall_room`, at most `RECALL_SHARE` of the free
+        space; none when that holds fewer than `RESERVE_TURNS` turns' `growth` (an agent's turns, which recall
+        does not fill). Without it a question asked just before a crossing finds the prefix at the budget and
+        its recall no room, one asked just after finds the room of the whole headroom."""
+        room = min(self.recall_room, int(RECALL_SHARE * max(0, self.budget - floor)))
+        return room if room >= RESERVE_TURNS * growth else 0
+
+    def target(self, floor: int, growth: int, reserve: int = 0) -> float:
+        """The level a crossing compacts down to: the budget less the recall's `reserve` and `headroom_turns`
+        requests' `growth` (tokens one request adds), never below `compact_to` of the free space; less `ahead_by`
+        for a pre-compaction."""
         deepest = self.level(self.compact_to, floor)
-        aim = max(deepest, self.budget - self.headroom_turns * growth) if self.headroom_turns else deepest
-        return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, self.budget) - self.ahead_by)
+        top = self.budget - reserve
+        aim = max(deepest, top - self.headroom_turns * growth) if self.headroom_turns else deepest
+        return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, top) - self.ahead_by)
 
     def summary_room(self, floor: int, compacted: int) -> float:
         """The tokens the summaries of `compacted` tokens of originals may take: `target_ratio` of them, at most
