@@ -36,8 +36,6 @@ from proxy.compaction.sections import (
     DECISIONS,
     OPEN,
     ORDER,
-    PEOPLE,
-    PEOPLE_HEADER_SHARE,
     header,
     latest,
     read_header,
@@ -108,7 +106,7 @@ def extractive_summary(messages: Sequence[Mapping[str, Any]], target: int, date:
     message (its stamp was in an earlier range)."""
     target = max(1, target)
     facts, sentences, speakers = _candidates(messages, date)
-    chosen = _Choice(target, speakers)
+    chosen = _Choice(target, structured=speakers is not None)
     chosen.add_facts(facts, FACT_SHARE * target)
     chosen.add_sentences(sentences)
     chosen.add_facts(facts, target)
@@ -169,17 +167,15 @@ class _Segment:
 class _Choice:
     """What a fallback summary keeps, and its estimated cost: each piece counted alone, plus its separator."""
 
-    def __init__(self, target: int, speakers: Sequence[str] | None) -> None:
-        """`speakers`: None for an agent session's chronological summary, else a conversation's (maybe none)."""
+    def __init__(self, target: int, *, structured: bool) -> None:
+        """`structured`: a conversation's summary, in sections; else an agent session's, chronological."""
         self.target = target
-        self.structured = speakers is not None
-        people = header(PEOPLE, speakers or ())
-        self.speakers = tuple(speakers or ()) if count_text(people) <= PEOPLE_HEADER_SHARE * target else ()
+        self.structured = structured
         self.facts: list[Fact] = []
         self.sentences: list[_Segment] = []
         self.listed: dict[str, int] = {}
         """The kept facts no kept sentence shows (the facts line), with their costs."""
-        self.used = count_text(people) + 1 if self.speakers else 0
+        self.used = 0
 
     def add_facts(self, facts: Sequence[Fact], limit: float) -> None:
         """Facts in their order while they fit: new ones within `limit`, an earlier summary's within the target."""
@@ -204,7 +200,7 @@ class _Choice:
             mates = [kept for kept in self.sentences if kept.section == sentence.section]
             if sentence.date is not None and all(kept.date != sentence.date for kept in mates):
                 cost += count_text(date_line(sentence.date)) + 1
-            if self.structured and not mates and not (sentence.section == PEOPLE and self.speakers):
+            if self.structured and not mates:
                 cost += count_text(header(sentence.section)) + 1
             room = self.target * PLAIN_SHARE if sentence.plain else self.target
             if self.used + cost <= room:
@@ -219,10 +215,8 @@ class _Choice:
         while text and count_text(text) > self.target:
             if self.sentences:
                 self.sentences.remove(min(self.sentences, key=lambda s: (s.score, -s.position)))
-            elif self.facts:
-                self.facts.pop()
             else:
-                self.speakers = ()
+                self.facts.pop()
             text = self.text()
         return text
 
@@ -232,9 +226,7 @@ class _Choice:
         lines = [f"{FACTS_LABEL}: " + FACT_SEPARATOR.join(listed)] if listed else []
         for section in ORDER if self.structured else (CHRONOLOGICAL,):
             kept = sorted((s for s in self.sentences if s.section == section), key=lambda s: s.position)
-            if section == PEOPLE and self.speakers and (self.sentences or listed):
-                lines.append(header(PEOPLE, self.speakers))
-            elif kept and self.structured:
+            if kept and self.structured:
                 lines.append(header(section))
             date = None
             for sentence in kept:
