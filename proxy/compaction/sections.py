@@ -2,10 +2,11 @@
 with its date, what was decided, what is still open.
 
 A summary of a chat is read later by a model that must answer from it, so it is laid out as the summarizer model
-is asked to write one (`summary_text.INSTRUCTION`): `People: <speakers>` with what was told of others, then
-`Facts (dated):`, `Decisions:`, `Open threads:`, each a run of `[date]` lines and `Speaker: sentence` lines in
-their order. Every kept sentence is in exactly one section, chosen here from its words alone, so that a later
-merge that reads the summary back puts it in the same section again. An agent's session (tool calls, outputs)
+is asked to write one (`summary_text.INSTRUCTION`): `People:` with what was told of others (an older summary
+listed the speakers there, `read_header` still reads it), then `Facts (dated):`, `Decisions:`, `Open threads:`,
+each a run of `[date]` lines and `Speaker: sentence` lines in their order. Every kept sentence is in exactly one
+section, chosen here from its words alone, so that a later merge that reads the summary back puts it in the same
+section again. An agent's session (tool calls, outputs)
 keeps the chronological form: there the order of call, error and fix is the point. Pure.
 """
 
@@ -22,8 +23,6 @@ ORDER = (PEOPLE, FACTS, DECISIONS, OPEN)
 """The order sections are written in."""
 CHRONOLOGICAL = ""
 """The section of every line in the chronological (agent session) form."""
-PEOPLE_HEADER_SHARE = 0.05
-"""The speakers' list is written only when it takes at most this share of the summary."""
 
 _DECISION = re.compile(
     r"\b(?:decided|decide to|agreed to|agreed on|we agreed|chose|choose to|settled on|going with|made up (?:my|our) "
@@ -69,10 +68,9 @@ def section_of(sentence: str, told_names: bool) -> str:
     return FACTS
 
 
-def header(section: str, speakers: Sequence[str] = ()) -> str:
-    """The line a section starts with; the people's names the speakers."""
-    if section == PEOPLE and speakers:
-        return f"{PEOPLE}: {_NAME_SEPARATOR.join(speakers)}"
+def header(section: str) -> str:
+    """The line a section starts with. The people's names no speakers: each line names its own, and a list of
+    names would only take the room of a sentence."""
     return f"{section}:"
 
 

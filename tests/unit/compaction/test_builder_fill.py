@@ -198,3 +198,38 @@ def test_a_turn_s_growth_can_be_read_before_its_own_steps() -> None:
     assert request_growth(items, cuts) > 100
     items.append(Item("system", 500))
     assert request_growth(items, Cuts.of(items), end=question) == 100
+
+
+@pytest.mark.parametrize(("budget", "seed"), [(3_379, 0), (7_270, 1)])
+def test_a_compacted_chat_leaves_its_recall_room_below_the_budget_at_every_request(budget: int, seed: int) -> None:
+    """A question finds the recall's room whatever the point between two crossings it comes at; what the prompt
+    keeps is the sliding window's less the summaries, one crossing's headroom and that room."""
+    policy = filling(budget, recall_room=1_024)
+    floor = SYSTEM.tokens + REPLY_PRIMING_TOKENS
+    reserve = policy.reserve(floor, 2 * 15)
+    assert 0 < reserve == min(1_024, int(0.15 * (budget - floor)))
+    rng = random.Random(seed)
+    session = Session(policy)
+    headroom = policy.headroom_turns * 2 * 120
+    compacted = 0
+    for _ in range(600):
+        context = session.request(rng.randint(15, 120))
+        if session.crossings:
+            compacted += 1
+            growth = request_growth(session.items, session.cuts or Cuts.of(session.items))
+            assert context.tokens <= budget - policy.reserve(floor, growth)
+            _, kept = shown_originals(session.items, context)
+            summaries = context.tokens - kept - floor
+            assert kept >= sliding_window(session.items, budget) - summaries - headroom - reserve
+        session.answer(rng.randint(15, 120))
+    assert compacted > 400
+
+
+def test_an_agents_turns_keep_no_recall_room() -> None:
+    # The recall's fill needs a turn's room past the turn's own: an agent's turn of tool outputs never leaves it,
+    # so its prompt keeps the whole budget, as before.
+    policy = filling(30_000, recall_room=1_024)
+    floor = SYSTEM.tokens + REPLY_PRIMING_TOKENS
+    assert policy.reserve(floor, 2_030) == 0
+    assert policy.reserve(floor, 100) == 1_024
+    assert policy.target(floor, 2_030, policy.reserve(floor, 2_030)) == policy.target(floor, 2_030)

@@ -33,12 +33,12 @@ def test_a_conversations_summary_has_its_sections_each_sentence_once_with_its_da
     summary = extractive_summary(CHAT, 200)
     lines = summary.splitlines()
     assert count_text(summary) <= 200
-    assert lines[0] == "People: Caroline, Melanie"
+    assert lines[0] == "People:"  # what was told of others; the speakers are named by their own lines
     headers = [lines.index(f"{section}:") for section in (FACTS, DECISIONS, OPEN)]
     assert headers == sorted(headers)
     for section, sentence in KEPT.items():
         assert lines.count(sentence) == 1
-        start = 0 if section == PEOPLE else lines.index(f"{section}:")
+        start = lines.index(f"{section}:")
         ends = [index for index in headers if index > start]
         assert start < lines.index(sentence) < (ends[0] if ends else len(lines)), (section, summary)
         assert date_of(lines, sentence) == DAY
@@ -147,3 +147,9 @@ def test_dates_are_ordered_where_they_can_be_read() -> None:
     assert latest(["9 June, 2023", "8 May, 2023"]) == "9 June, 2023"
     assert latest(["9 June, 2023", "last week"]) == "last week"
     assert latest([]) is None
+
+
+def test_the_people_section_is_left_out_when_nothing_was_told_of_others() -> None:
+    summary = extractive_summary([message for message in CHAT if "Vera" not in message["content"]], 200)
+    assert "People" not in summary
+    assert "Caroline: I ran the Leeds half marathon in 2 hours on Sunday." in summary
