@@ -218,7 +218,7 @@ class Pipeline:
             plan.reconciled.session.id,
             len(path),
         )
-        return LocalAnswer(text, plan.report.history_tokens)
+        return LocalAnswer(text)
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""
