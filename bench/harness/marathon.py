@@ -64,6 +64,8 @@ SLOW_TURN_S = 1.5
 """A turn this much slower than the median counts as slow (issue 27's bound)."""
 MARATHON_TIMEOUT_S = 600.0
 """One CLI turn's limit."""
+PROXY_START_TIMEOUT_S = 300.0
+"""The proxy process imports LiteLLM before it answers: a minute or more on a loaded 2-core machine."""
 EARLY_TURN = 20
 """The turn whose proxy CPU time and RSS the last turn's are compared with."""
 CPU_WINDOW = 10
@@ -196,6 +198,13 @@ def add_marathon_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_TOOL_OUTPUT_TOKENS,
         help="about how many tokens each turn's command prints",
+    )
+    parser.add_argument(
+        "--restart-after",
+        type=int,
+        default=0,
+        metavar="TURN",
+        help="restart the proxy (a new process on the same port and store) after this turn; 0: never",
     )
 
 
@@ -353,7 +362,7 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                 entry["max_output"] = agent.max_output
             context = {"summarizer_model": "summarizer"}
             raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
-            with ProxyProcess(raw, tmp) as proxy:
+            with ProxyProcess(raw, tmp, start_timeout_s=PROXY_START_TIMEOUT_S) as proxy:
                 windows = (EARLY_TURN, args.turns)
                 meter = TurnMeter(fake, ProcessProbe(proxy.pid), proxy.url, windows)
                 run_turn = agent.start(proxy.url, tmp)
@@ -367,6 +376,8 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                         break
                     turn = meter.stop(number, exit_code, error, answer)
                     turns.append(turn)
+                    if number == getattr(args, "restart_after", 0):
+                        restart(proxy, meter, result, number)
                     print(
                         f"turn {number}: {turn.seconds:.1f} s, exit {exit_code}, summarizer {turn.summarizer_calls}, "
                         f"cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.3f} s, "
@@ -384,6 +395,16 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
             result.notes.append(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restart(proxy: ProxyProcess, meter: TurnMeter, report: Report, number: int) -> None:
+    """A new proxy process in place of the running one, on the same port and store: what it kept in memory is gone
+    (`proxy.history.warming`). Its `/metrics` start from zero, so the counts read from them at the end (the client
+    compactions answered, the time before the upstream calls across the restart) are those after it."""
+    proxy.stop()
+    proxy.start()
+    meter.probe = ProcessProbe(proxy.pid)
+    report.notes.append(f"the proxy was restarted after turn {number}: /metrics counts are those after it")
 
 
 CLIENT_COMPACTIONS = re.compile(

@@ -54,6 +54,7 @@ from proxy.history.queries import (
 )
 from proxy.history.reads import HistoryReads, TokenCounter
 from proxy.history.settings import fold
+from proxy.history.warming import Warming
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
@@ -126,6 +127,13 @@ class History(HistoryReads):
         self.recent = RecentPaths()
         """The paths this process reconciled last; `answers` extends them with each sealed answer."""
         self._locks = SessionLocks()
+        self._warming = Warming(db, self, self.recent)
+
+    async def sent_forms(self, tenant: str, path: Sequence[StoredMessage]) -> list[Message]:
+        """`path`'s messages in the form the tenant last sent them (`RecentPaths.sent_forms`); when no request
+        this process served sent them (after a restart), in the latest form the store holds of each."""
+        forms = self.recent.sent_forms(tenant, path)
+        return forms if forms is not None else await self._warming.last_forms(path)
 
     @contextlib.asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -155,6 +163,8 @@ class History(HistoryReads):
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
+        if not found.whole and await self._warming.warm(tenant, session_id, encoding):
+            found = self.recent.match(tenant, encoding, session_id, messages)
         messages = found.restored(messages)  # the opening turns a client left out, back in place (`caches._match`)
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).

@@ -203,7 +203,7 @@ class Pipeline:
             log.info("a %s summary request names no stored conversation: sent to the model", asked.recognizer.client)
             return None
         session_id, path = found
-        stored = replace(conversation, messages=self.history.recent.sent_forms(tenant, path))
+        stored = replace(conversation, messages=await self.history.sent_forms(tenant, path))
         plan = await self.planner.saved(tenant, stored, replace(options, session_id=session_id), entry)
         return plan, await self._summary(tenant, plan, asked)
 
