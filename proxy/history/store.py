@@ -169,7 +169,7 @@ class History(HistoryReads):
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
         size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))
-        entries, variants = await compute(size, self._reused, found, encoding, now)
+        entries, variants = await compute(size, self._reused, found, messages, encoding, now)
         after = entries[-1].stored.id if entries else None
         encoded = await compute(size, _encode, chain.root_parent(tenant) if after is None else after, rest)
         # The cached path's last node is looked up with the new ones (no query more): gone, the session was
@@ -184,7 +184,7 @@ class History(HistoryReads):
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )
         new_messages, new_tokens = await compute(
-            size, self._extend, entries, variants, encoded, known, stored_before, encoding, now
+            size, self._extend, entries, variants, encoded, rest, known, stored_before, encoding, now
         )
 
         anchor_id = None
@@ -220,6 +220,7 @@ class History(HistoryReads):
         entries: list[CachedMessage],
         variants: list[tuple[str, str, str, float]],
         encoded: Sequence[tuple[str, str, Message]],
+        sent: Sequence[Message],
         known: Mapping[str, KnownNode],
         stored_before: int,
         encoding: str,
@@ -231,7 +232,7 @@ class History(HistoryReads):
         new_messages: list[tuple[str, str | None, int, str, str, float]] = []
         new_tokens: list[tuple[str, str, int]] = []
         parent_id, depth = (entries[-1].stored.id, len(entries)) if entries else (None, 0)
-        for node_id, body, normal in encoded:
+        for (node_id, body, normal), message in zip(encoded, sent, strict=True):
             role = str(normal["role"])
             row = known.get(node_id)
             if depth >= stored_before or row is None:
@@ -241,7 +242,8 @@ class History(HistoryReads):
             else:
                 created_at, count = row.created_at, row.tokens
                 if body != row.body:
-                    variants.append((node_id, chain.body_digest(body), body, now))
+                    kept = chain.variant_body(message, normal)
+                    variants.append((node_id, chain.body_digest(kept), kept, now))
                     count = None  # the stored count is the first form's
                 elif count is None:
                     count = self.count(normal, encoding)
@@ -258,7 +260,7 @@ class History(HistoryReads):
         return new_messages, new_tokens
 
     def _reused(
-        self, found: PathMatch, encoding: str, now: float
+        self, found: PathMatch, messages: Sequence[Message], encoding: str, now: float
     ) -> tuple[list[CachedMessage], list[tuple[str, str, str, float]]]:
         """The cached entries as this request sent them: a variant gets its own form and token count, and is
         stored (the forms not stored yet are returned beside). `found.entries` itself, which is the request's."""
@@ -267,7 +269,8 @@ class History(HistoryReads):
         for position, variant in found.variants.items():
             entry = entries[position]
             body = chain.canonical_json(variant)
-            variants.append((entry.stored.id, chain.body_digest(body), body, now))
+            kept = chain.variant_body(messages[position], variant)
+            variants.append((entry.stored.id, chain.body_digest(kept), kept, now))
             # Another API's parts alone (a moved cache breakpoint) cost no tokens: the count stands.
             same = _without_items(variant) == _without_items(entry.private)
             stored = replace(

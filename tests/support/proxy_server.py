@@ -94,7 +94,7 @@ class ProxyServer:
 
     def __enter__(self) -> Self:
         self._thread.start()
-        deadline = time.monotonic() + (START_TIMEOUT_S if self.start_timeout_s is None else self.start_timeout_s)
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the proxy did not start")

@@ -671,7 +671,7 @@ async def test_a_stored_path_reads_back_in_the_form_the_tenant_last_sent_it(hist
 async def test_after_a_restart_a_stored_path_reads_back_in_the_latest_form_stored(db: Database) -> None:
     """A process that served none of the session's requests (a restart) has no request's own messages: the
     conversation reads back in the latest form stored of each node, the client's own encoding of the model's turn
-    (normalized: `chain.normalize`), not the form first stored."""
+    with the null it sent beside its tool calls (which went upstream as it was), not the form first stored."""
     before = History(db, clock=Clock())
     call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
     answered = [{"role": "user", "content": "run ls"}, {"role": "assistant", "tool_calls": [call]}]
@@ -686,8 +686,16 @@ async def test_after_a_restart_a_stored_path_reads_back_in_the_latest_form_store
     restarted = History(db, clock=Clock())
     path = await restarted.path_to(later.path[-1].id)
     assert restarted.recent.sent_forms("t", path) is None
-    assert await restarted.sent_forms("t", path) == [chain.normalize(message) for message in sent]
+    assert await restarted.sent_forms("t", path) == sent
     assert path[1].message != chain.normalize(sent[1])  # stored as the model answered it
+
+    later = Clock()
+    later.now = 5_000.0
+    cold = History(db, clock=later)  # another form, found by its id (no cached path holds it)
+    spaced = {**own, "function": {"name": "bash", "arguments": '{"command" :  "ls"}'}}
+    again = [sent[0], {"role": "assistant", "content": None, "tool_calls": [spaced]}]
+    assert (await cold.reconcile("t", "other", again, "m", "cl100k_base")).path[1].id == path[1].id
+    assert (await History(db, clock=Clock()).sent_forms("t", path[:2]))[1] == again[1]
 
 
 def opened_session(*turns: str) -> list[dict[str, Any]]:
