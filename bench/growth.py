@@ -20,7 +20,8 @@ under cProfile (the event loop's thread; worker threads are not seen; a coroutin
 and the top functions by cumulative time printed, to compare an early window with a late one.
 
 Run by hand: `python bench/growth.py [--door responses|messages|chat] [--turns 300] [--window 32768]
-[--window-turns 10] [--stream] [--profile 10,290] [--json PATH]`. Growth shows as the later windows' ms per turn
+[--window-turns 10] [--stream] [--profile 10,290] [--json PATH]`; `--parse-lengths 30,300,1000` times only the
+door's parse of a request re-sending the session, at those lengths. Growth shows as the later windows' ms per turn
 over the first's; flat is ~1.
 """
 
@@ -31,6 +32,7 @@ import asyncio
 import cProfile
 import io
 import json
+import math
 import pstats
 import statistics
 import sys
@@ -349,6 +351,55 @@ async def replay(args: argparse.Namespace, report: Report) -> None:
         )
 
 
+PARSE_RUNS = 15
+
+
+def parse_costs(args: argparse.Namespace, report: Report) -> None:
+    """The door's parse of a session's request after the one before it, at each of `--parse-lengths` turns (the
+    least of `PARSE_RUNS`): the part of a request's time that reads the client's body."""
+    from proxy.config.schema import RequestLimits
+    from proxy.doors.chat import parse_chat_request
+    from proxy.doors.messages.input import parse_messages_request
+    from proxy.doors.resent import ResentLists
+    from proxy.doors.responses.input import parse_responses_request
+
+    parsers: dict[str, Callable[..., Any]] = {
+        "responses": parse_responses_request, "messages": parse_messages_request, "chat": parse_chat_request,
+    }  # fmt: skip
+    parse, limits = parsers[args.door], RequestLimits()
+    table = report.table(
+        "parse",
+        f"the {args.door} door's parse of a request re-sending the session, after the request before it",
+        columns(("turns",), ("messages", "items"), ("mb", "MB", ".1f"), ("ms", "ms", ".2f")),
+    )
+    for turns in (int(turn) for turn in args.parse_lengths.split(",")):
+        client = Client(args.door, args.preamble_tokens, stream=False)
+        before: bytes = b""
+        for turn in range(1, turns + 1):
+            before = json.dumps(client.body()).encode()
+            client.user(f"Turn {turn}: run the command and tell me its last line.")
+            call = {"id": f"call_{turn}", "name": SHELL, "arguments": "{}"}
+            if args.door == "responses":
+                client.history.append({"type": "function_call", "call_id": call["id"], **call, "id": f"fc_{turn}"})
+            elif args.door == "messages":
+                use = {"type": "tool_use", "id": call["id"], "name": SHELL, "input": {}}
+                client.history.append({"role": "assistant", "content": [use]})
+            else:
+                function = {"name": SHELL, "arguments": "{}"}
+                client.history.append({"role": "assistant", "tool_calls": [{"id": call["id"], "type": "function",
+                                                                           "function": function}]})  # fmt: skip
+            client.result(call["id"], tool_output(turn, args.tool_output_tokens))
+        body = json.dumps(client.body()).encode()
+        best = math.inf
+        for _ in range(PARSE_RUNS):
+            lists = ResentLists().of("bench")
+            parse(before, limits, lists)
+            started = time.perf_counter()
+            parse(body, limits, lists)
+            best = min(best, time.perf_counter() - started)
+        table.add(turns=turns, messages=len(client.history), mb=len(body) / 1e6, ms=1000 * best)
+
+
 def profile_text(profiler: cProfile.Profile, turn: int, lines: int) -> str:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
@@ -367,10 +418,16 @@ def main(argv: list[str] | None = None, run: Callable[..., Any] = asyncio.run) -
     parser.add_argument("--stream", action="store_true", help="stream every answer, as the CLIs do")
     parser.add_argument("--profile", default="", help="turn numbers whose window runs under cProfile")
     parser.add_argument("--profile-lines", type=int, default=40)
+    parser.add_argument(
+        "--parse-lengths", default="", help="instead of the replay: the door's parse at these turns (e.g. 30,300,1000)"
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     report = Report.start("growth", args)
-    run(replay(args, report))
+    if args.parse_lengths:
+        parse_costs(args, report)
+    else:
+        run(replay(args, report))
     report.publish(args.json)
 
 
