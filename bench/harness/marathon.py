@@ -11,7 +11,8 @@ Per turn: wall time, exit, main-model requests, summarizer calls, upstream rejec
 sent and the share served from its cache, the proxy's CPU seconds and RSS. Then the headline figures: median
 turn, turns more than 1.5 s over it, summarizer calls per 10 turns, cached share, CPU and RSS at turn 20 and at
 the last turn and their ratio, the proxy's time before its upstream calls per turn over the same two windows
-(`/metrics`, read only at the windows' edges), and whether the fact was answered.
+(`/metrics`, read only at the windows' edges), and its time to a stream's first byte less the upstream's (the
+door's parse included), and whether the fact was answered.
 """
 
 from __future__ import annotations
@@ -230,13 +231,19 @@ def model_entries(fake_url: str, window: int, names: Sequence[str]) -> list[dict
 
 
 ADDED_SUM = re.compile(r"^context_proxy_added_seconds_sum\{[^}]*\} (\S+)$", re.MULTILINE)
+FIRST_BYTE_SUM = re.compile(r"^context_proxy_stream_first_byte_seconds_sum\{[^}]*\} (\S+)$", re.MULTILINE)
+UPSTREAM_STREAM_SUM = re.compile(r'^context_proxy_upstream_seconds_sum\{[^}]*stream="true"[^}]*\} (\S+)$', re.MULTILINE)
 
 
-def added_seconds(proxy_url: str) -> float:
-    """The proxy's own time before its upstream calls so far (`context_proxy_added_seconds`, every model): what
-    issue 27 saw growing with the session (storing the history, compaction, recall)."""
+def added_seconds(proxy_url: str) -> tuple[float, float]:
+    """The proxy's own time so far: before its upstream calls (`context_proxy_added_seconds`, every model: what
+    issue 27 saw growing with the session — storing the history, compaction, recall), and from a streamed
+    request's arrival to its first byte less the upstream's opening of its stream (the door's reading and parsing
+    of the body too, and the relay's first chunk)."""
     text = httpx.get(f"{proxy_url}/metrics", timeout=ADMIN_TIMEOUT_S).text
-    return sum(float(value) for value in ADDED_SUM.findall(text))
+    added = sum(float(value) for value in ADDED_SUM.findall(text))
+    first_byte = sum(float(value) for value in FIRST_BYTE_SUM.findall(text))
+    return added, first_byte - sum(float(value) for value in UPSTREAM_STREAM_SUM.findall(text))
 
 
 class ProcessProbe:
@@ -291,7 +298,7 @@ class TurnMeter:
         self.probe = probe
         self.proxy_url = proxy_url
         self._edges = frozenset(edge for end in windows for edge in (end - CPU_WINDOW, end))
-        self._added: dict[int, float] = {}
+        self._added: dict[int, tuple[float, float]] = {}
         """Turn number → `added_seconds` after it (0: before the first)."""
         self._marks = (0, 0, 0, 0.0, 0.0)
 
@@ -323,11 +330,12 @@ class TurnMeter:
             answer=answer,
         )
 
-    def added_per_turn(self, end: int) -> float | None:
-        """The proxy's mean time before the upstream calls over the `CPU_WINDOW` turns ending at `end`."""
+    def added_per_turn(self, end: int, which: int = 0) -> float | None:
+        """The proxy's mean time before the upstream calls (`which` 1: to its streams' first bytes, less the
+        upstream's) over the `CPU_WINDOW` turns ending at `end`."""
         if end not in self._added or end - CPU_WINDOW not in self._added:
             return None
-        return (self._added[end] - self._added[end - CPU_WINDOW]) / CPU_WINDOW
+        return (self._added[end][which] - self._added[end - CPU_WINDOW][which]) / CPU_WINDOW
 
 
 TurnRunner = Callable[[int, str], tuple[int, bool, str]]
@@ -385,7 +393,8 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                         file=sys.stderr,
                     )
                 added = [meter.added_per_turn(end) for end in windows]
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
+                first_bytes = [meter.added_per_turn(end, 1) for end in windows]
+                marathon_report(result, turns, fact, fake, session_cost(proxy.url), added, first_bytes)
                 client_compaction_notes(result, fake, proxy.url, len(turns))
                 prompt_break_notes(result, fake)
                 if args.keep:
@@ -512,6 +521,7 @@ def marathon_report(
     fake: FakeUpstream,
     proxy_cost: dict[str, Any],
     added: Sequence[float | None] = (None, None),
+    first_bytes: Sequence[float | None] = (None, None),
 ) -> None:
     """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question;
     `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn."""
@@ -551,6 +561,10 @@ def marathon_report(
     if early_added and last_added is not None:
         name = f"proxy time before the upstream calls per turn, last {CPU_WINDOW} / {CPU_WINDOW} to turn {EARLY_TURN}"
         ratios[name] = round(last_added / early_added, 2)
+    early_first, last_first = first_bytes
+    if early_first and last_first is not None:
+        name = f"proxy time to a stream's first byte per turn, last {CPU_WINDOW} / {CPU_WINDOW} to turn {EARLY_TURN}"
+        ratios[name] = round(last_first / early_first, 2)
     ratios[f"proxy RSS, turn {last.number} / turn {early.number}"] = round(last.rss_mib / early.rss_mib, 2)
     report.notes.extend(
         [
@@ -565,6 +579,12 @@ def marathon_report(
             + ", ".join(
                 f"to turn {end} " + ("-" if value is None else f"{1000 * value:.1f} ms")
                 for end, value in zip((EARLY_TURN, last.number), added, strict=True)
+            ),
+            f"proxy time to a stream's first byte less the upstream's per turn (mean of {CPU_WINDOW}, "
+            "context_proxy_stream_first_byte_seconds - context_proxy_upstream_seconds{stream=true}): "
+            + ", ".join(
+                f"to turn {end} " + ("-" if value is None else f"{1000 * value:.1f} ms")
+                for end, value in zip((EARLY_TURN, last.number), first_bytes, strict=True)
             ),
             f"fact question ({FACT_KEY}): answered {fact!r}, expected {FACT_VALUE!r}: "
             + ("RIGHT" if FACT_VALUE in fact else "WRONG"),
