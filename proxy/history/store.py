@@ -26,22 +26,16 @@ import json
 import operator
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from proxy import tokens
 from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import ITEMS
-from proxy.errors import Conflict, InvalidRequest
+from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import (
-    ENTRY_OVERHEAD,
-    NO_MATCH,
-    CachedMessage,
-    PathMatch,
-    RecentPaths,
-    json_copy,
-)
+from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, json_copy
+from proxy.history.located import KnownNode, Located, SessionDeleted
 from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
@@ -83,32 +77,6 @@ def _without_items(message: Mapping[str, Any]) -> dict[str, Any]:
 def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
     # Looked up at call time, so the one implementation in proxy.tokens stays the one used.
     return tokens.count_message(message, encoding)
-
-
-@dataclass(frozen=True)
-class Located:
-    """A request's messages mapped onto the chain, before anything is written (`History.locate`)."""
-
-    tenant: str
-    session_id: str
-    derived: bool
-    """No `X-Session-Id` named the session."""
-    anchor_id: str | None
-    """Set when the request starts a derived session: the message later requests will find it by."""
-    encoding: str
-    entries: list[CachedMessage]
-    """The request's messages as this request sent them (a variant's own text and tokens), in order, with the
-    settings in force after each: what the recent-path cache will hold once they are stored."""
-    stored_before: int
-    new_messages: list[tuple[str, str | None, int, str, str, float]]
-    new_tokens: list[tuple[str, str, int]]
-    variants: list[tuple[str, str, str, float]]
-    """(message id, digest, body, created_at) of forms not stored yet."""
-    messages: Sequence[Message] = ()
-    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`).
-    With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
-    matched: PathMatch = NO_MATCH
-    """The cached entries `entries` start with (`RecentPaths.match`)."""
 
 
 class History(HistoryReads):
@@ -376,27 +344,3 @@ class History(HistoryReads):
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
-
-
-class SessionDeleted(Conflict):
-    """The stored messages a request was located on were deleted before it was saved (`proxy.lifecycle`, maybe by
-    another replica): the request is refused whole, and its client's next one is stored anew."""
-
-    code = "session_deleted"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "The session this request continues was deleted while the request was on its way; nothing of it was "
-            "stored. Send it again to start a new session."
-        )
-
-
-@dataclass(frozen=True)
-class KnownNode:
-    """A stored node as `locate` needs it."""
-
-    created_at: float
-    tokens: int | None
-    body: str
-    settings: dict[str, Any] | None
-    """The setting changes attached to it, if any."""
