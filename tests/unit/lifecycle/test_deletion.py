@@ -11,6 +11,7 @@ import pytest
 
 from proxy.canonical.types import Chunk
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_index import RecallIndex
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config.schema import JournalConfig
@@ -136,7 +137,7 @@ async def everything(parts: Parts, tenant: str, session_id: str, tag: str, word:
             (tenant, session_id, "complete", "summarize", 1.0),
         )
     )
-    await Recall(parts.db)._index_messages(tenant, path[2:8])
+    await RecallIndex(parts.db).index_messages(tenant, path[2:8])
     return path
 
 
