@@ -2,8 +2,10 @@
 stored messages it was located on are gone since.
 
 A request is located first (its session, its nodes, what is new: `Located`), then saved under its session's
-lock. A deletion (`proxy.lifecycle`, maybe by another process) may fall in between: the request is then refused
-whole (`SessionDeleted`).
+lock. A deletion (`proxy.lifecycle`, maybe by another process) may fall in between: the request is refused whole
+(`SessionDeleted`), except when its locate read nothing of the store because it added nothing to a cached path
+(`Located.checked`): the save's own check is then the first to see that path gone (`CachedPathGone`), and the
+request is located afresh from the store, as it would have been had its locate read the store itself.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class Located:
     With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
     matched: PathMatch = NO_MATCH
     """The cached entries `entries` start with (`RecentPaths.match`)."""
+    checked: bool = True
+    """False when the request adds nothing to the cached path it was located on, so its locate read nothing: that
+    the path's last node is still stored is known only from `save`, which checks it anyway."""
 
 
 @dataclass(frozen=True)
@@ -65,3 +70,9 @@ class SessionDeleted(Conflict):
             "The session this request continues was deleted while the request was on its way; nothing of it was "
             "stored. Send it again to start a new session."
         )
+
+
+class CachedPathGone(SessionDeleted):
+    """A request located without a read (`Located.checked` False) on a cached path found gone when it was saved,
+    by another process's deletion (this process's own forgets the path): nothing was written, and the request is
+    located afresh (`History.stored`) instead of refused."""

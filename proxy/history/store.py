@@ -35,7 +35,7 @@ from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history import chain
 from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, json_copy
-from proxy.history.located import KnownNode, Located, SessionDeleted
+from proxy.history.located import CachedPathGone, KnownNode, Located, SessionDeleted
 from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
@@ -111,7 +111,30 @@ class History(HistoryReads):
         encoding: str,
     ) -> Reconciled:
         """Map a request's messages onto the chain, store what is new, and move the session head to the last."""
-        return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        try:
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        except CachedPathGone:  # located afresh, from the store (`stored`)
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+
+    @contextlib.asynccontextmanager
+    async def stored(
+        self, tenant: str, session_id: str | None, messages: list[Message], model: str, encoding: str
+    ) -> AsyncIterator[tuple[Located, Reconciled]]:
+        """`reconcile` under the located session's lock, held for the block: a request located without a read on a
+        cached path found gone when saved (`CachedPathGone`) is located afresh, from the store (the path forgotten),
+        and saved under its new session's lock."""
+        located = await self.locate(tenant, session_id, messages, encoding)
+        async with self.lock(tenant, located.session_id):
+            try:
+                reconciled = await self.save(located, model)
+            except CachedPathGone:
+                pass
+            else:
+                yield located, reconciled
+                return
+        located = await self.locate(tenant, session_id, messages, encoding)  # read from the store: checked
+        async with self.lock(tenant, located.session_id):
+            yield located, await self.save(located, model)
 
     async def locate(self, tenant: str, session_id: str | None, messages: list[Message], encoding: str) -> Located:
         """Which stored nodes the request's messages are, which session it belongs to, what must be written.
@@ -133,9 +156,12 @@ class History(HistoryReads):
         # The cached path's last node is looked up with the new ones (no query more): gone, the session was
         # deleted since it was cached, maybe by another process (`proxy.lifecycle`), and the request is located
         # afresh from the store, as on the process that deleted it. Only a request located before a deletion is
-        # refused (`save`).
-        known = await self._known(tenant, [node_id for node_id, _, _ in encoded] + ([after] if after else []), encoding)
-        if after is not None and after not in known and await self._gone(after):
+        # refused (`save`). A request that adds nothing to the cached path reads nothing: `save` checks that node
+        # anyway, and a path found gone there is located afresh then (`stored`).
+        ids = [node_id for node_id, _, _ in encoded]
+        checked = bool(ids)
+        known = await self._known(tenant, [*ids, after] if checked and after else ids, encoding)
+        if checked and after is not None and after not in known and await self._gone(after):
             self.recent.forget_tenant(tenant)
             return await self.locate(tenant, session_id, messages, encoding)
         stored_before = len(entries) + next(
@@ -171,6 +197,7 @@ class History(HistoryReads):
             variants,
             messages,
             found,
+            checked,
         )
 
     def _extend(
@@ -277,7 +304,13 @@ class History(HistoryReads):
         try:
             session = await self._db.write(write, atomic=atomic, bulk=bulk)
         except SessionDeleted:
+            # Unchecked, on a path the cache still holds as it was found: no deletion in this process came between
+            # (its own forgets the path), so the request is taken as located after another process's.
+            key = (tenant, located.matched.session_id or "", located.encoding)
+            unchecked = not located.checked and self.recent.holds(key, located.matched.base)
             self.recent.forget_tenant(tenant)  # what this process remembers of the tenant's paths may be gone too
+            if unchecked:
+                raise CachedPathGone() from None
             raise
         # Only what is committed enters the cache: a cached node is one the next request may build on.
         path = self.recent.put(
