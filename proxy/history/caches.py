@@ -245,6 +245,10 @@ class RecentPaths:
             if entries[end].stored.role not in SYSTEM_ROLES:
                 return
 
+    def holds(self, key: PathKey, entries: list[CachedMessage] | None) -> bool:
+        """Whether `key`'s cached path is still `entries` (the very list `match` found it as)."""
+        return entries is not None and self._paths.get(key) is entries
+
     def forget_tenant(self, tenant: str) -> None:
         """After a setting changed: the settings folded into the tenant's cached paths may be stale."""
         for key in [key for key in self._paths if key[0] == tenant]:

@@ -26,22 +26,16 @@ import json
 import operator
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from proxy import tokens
 from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import ITEMS
-from proxy.errors import Conflict, InvalidRequest
+from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import (
-    ENTRY_OVERHEAD,
-    NO_MATCH,
-    CachedMessage,
-    PathMatch,
-    RecentPaths,
-    json_copy,
-)
+from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, json_copy
+from proxy.history.located import CachedPathGone, KnownNode, Located, SessionDeleted
 from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
@@ -86,32 +80,6 @@ def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
     return tokens.count_message(message, encoding)
 
 
-@dataclass(frozen=True)
-class Located:
-    """A request's messages mapped onto the chain, before anything is written (`History.locate`)."""
-
-    tenant: str
-    session_id: str
-    derived: bool
-    """No `X-Session-Id` named the session."""
-    anchor_id: str | None
-    """Set when the request starts a derived session: the message later requests will find it by."""
-    encoding: str
-    entries: list[CachedMessage]
-    """The request's messages as this request sent them (a variant's own text and tokens), in order, with the
-    settings in force after each: what the recent-path cache will hold once they are stored."""
-    stored_before: int
-    new_messages: list[tuple[str, str | None, int, str, str, float]]
-    new_tokens: list[tuple[str, str, int]]
-    variants: list[tuple[str, str, str, float]]
-    """(message id, digest, body, created_at) of forms not stored yet."""
-    messages: Sequence[Message] = ()
-    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`).
-    With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
-    matched: PathMatch = NO_MATCH
-    """The cached entries `entries` start with (`RecentPaths.match`)."""
-
-
 class History(HistoryReads):
     """The store of sessions and messages on top of `Database`: the write path here, the reads in `HistoryReads`.
 
@@ -151,7 +119,30 @@ class History(HistoryReads):
         encoding: str,
     ) -> Reconciled:
         """Map a request's messages onto the chain, store what is new, and move the session head to the last."""
-        return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        try:
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        except CachedPathGone:  # located afresh, from the store (`stored`)
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+
+    @contextlib.asynccontextmanager
+    async def stored(
+        self, tenant: str, session_id: str | None, messages: list[Message], model: str, encoding: str
+    ) -> AsyncIterator[tuple[Located, Reconciled]]:
+        """`reconcile` under the located session's lock, held for the block: a request located without a read on a
+        cached path found gone when saved (`CachedPathGone`) is located afresh, from the store (the path forgotten),
+        and saved under its new session's lock."""
+        located = await self.locate(tenant, session_id, messages, encoding)
+        async with self.lock(tenant, located.session_id):
+            try:
+                reconciled = await self.save(located, model)
+            except CachedPathGone:
+                pass
+            else:
+                yield located, reconciled
+                return
+        located = await self.locate(tenant, session_id, messages, encoding)  # read from the store: checked
+        async with self.lock(tenant, located.session_id):
+            yield located, await self.save(located, model)
 
     async def locate(self, tenant: str, session_id: str | None, messages: list[Message], encoding: str) -> Located:
         """Which stored nodes the request's messages are, which session it belongs to, what must be written.
@@ -175,9 +166,12 @@ class History(HistoryReads):
         # The cached path's last node is looked up with the new ones (no query more): gone, the session was
         # deleted since it was cached, maybe by another process (`proxy.lifecycle`), and the request is located
         # afresh from the store, as on the process that deleted it. Only a request located before a deletion is
-        # refused (`save`).
-        known = await self._known(tenant, [node_id for node_id, _, _ in encoded] + ([after] if after else []), encoding)
-        if after is not None and after not in known and await self._gone(after):
+        # refused (`save`). A request that adds nothing to the cached path reads nothing: `save` checks that node
+        # anyway, and a path found gone there is located afresh then (`stored`).
+        ids = [node_id for node_id, _, _ in encoded]
+        checked = bool(ids)
+        known = await self._known(tenant, [*ids, after] if checked and after else ids, encoding)
+        if checked and after is not None and after not in known and await self._gone(after):
             self.recent.forget_tenant(tenant)
             return await self.locate(tenant, session_id, messages, encoding)
         stored_before = len(entries) + next(
@@ -213,6 +207,7 @@ class History(HistoryReads):
             variants,
             messages,
             found,
+            checked,
         )
 
     def _extend(
@@ -322,7 +317,13 @@ class History(HistoryReads):
         try:
             session = await self._db.write(write, atomic=atomic, bulk=bulk)
         except SessionDeleted:
+            # Unchecked, on a path the cache still holds as it was found: no deletion in this process came between
+            # (its own forgets the path), so the request is taken as located after another process's.
+            key = (tenant, located.matched.session_id or "", located.encoding)
+            unchecked = not located.checked and self.recent.holds(key, located.matched.base)
             self.recent.forget_tenant(tenant)  # what this process remembers of the tenant's paths may be gone too
+            if unchecked:
+                raise CachedPathGone() from None
             raise
         # Only what is committed enters the cache: a cached node is one the next request may build on.
         path = self.recent.put(
@@ -389,27 +390,3 @@ class History(HistoryReads):
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
-
-
-class SessionDeleted(Conflict):
-    """The stored messages a request was located on were deleted before it was saved (`proxy.lifecycle`, maybe by
-    another replica): the request is refused whole, and its client's next one is stored anew."""
-
-    code = "session_deleted"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "The session this request continues was deleted while the request was on its way; nothing of it was "
-            "stored. Send it again to start a new session."
-        )
-
-
-@dataclass(frozen=True)
-class KnownNode:
-    """A stored node as `locate` needs it."""
-
-    created_at: float
-    tokens: int | None
-    body: str
-    settings: dict[str, Any] | None
-    """The setting changes attached to it, if any."""

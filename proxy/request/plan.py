@@ -83,9 +83,8 @@ class Planner:
         """`allowance` is the summarizer work this request may still wait for: one per request, so a healing
         retry does not get a second."""
         encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
+        stored = self.history.stored(tenant, options.session_id, conversation.messages, conversation.model, encoding)
+        async with stored as (located, reconciled):
             reconciled = await self._remember_settings(reconciled, options)
             budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
             prepared = await self._prepare(
@@ -108,9 +107,8 @@ class Planner:
     async def saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         """The conversation stored, and the plan of a request that sends nothing upstream."""
         encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
+        stored = self.history.stored(tenant, options.session_id, conversation.messages, conversation.model, encoding)
+        async with stored as (_located, reconciled):
             reconciled = await self._remember_settings(reconciled, options)
         budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)
