@@ -196,7 +196,8 @@ class RecentPaths:
             self._drop(next(iter(self._paths)))
         return path
 
-    def holds(self, key: PathKey) -> bool:
+    def has_path(self, key: PathKey) -> bool:
+        """Whether any path of `key` is cached (warming reads one from the store only when none is)."""
         return key in self._paths
 
     def sent_forms(self, tenant: str, path: Sequence[StoredMessage]) -> list[Message] | None:

@@ -58,7 +58,7 @@ class Warming:
         if not self._first_try(tenant, session_id):
             return False
         if session_id is not None:
-            if self._recent.holds((tenant, session_id, encoding)):
+            if self._recent.has_path((tenant, session_id, encoding)):
                 return False
             session = await self._reads.session(tenant, session_id)
             if session is None or session.head_id is None:
@@ -70,7 +70,7 @@ class Warming:
         warmed = False
         for found_id, head_id, anchor_id in reversed(found):  # the most recent is put last: tried first
             key = (tenant, found_id, encoding)
-            if self._recent.holds(key):
+            if self._recent.has_path(key):
                 continue
             path = await self._reads.path_to(head_id, encoding)
             if not path:
