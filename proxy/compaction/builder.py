@@ -162,6 +162,7 @@ def build(
         stubbed=stubbed,
         needed=total - target,
         floor=floor,
+        past_room=target + policy.ahead_by - fixed,
     )
     need = next_span(view)
     if need is not None:
