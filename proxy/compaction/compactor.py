@@ -222,6 +222,7 @@ class Compactor:
             compact_to=FORCE_RATIO,
             headroom_turns=0,
             strategies=(SUMMARIZE,),
+            past_room=False,
         )
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
         if not isinstance(result, SpanNeeded):

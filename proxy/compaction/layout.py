@@ -99,6 +99,9 @@ class Policy:
     """The share of the free space the summaries may take at most (`summary_room`), each sized by what it stands
     for (`sized_target`); None: each sized by what it reads, and newer originals summarized before older
     summaries merge (the config's default, `DEFAULT_SUMMARY_SHARE`, turns it on)."""
+    past_room: bool = True
+    """The summaries' room is at most what the crossing's target leaves the compacted past (`View.past_room`);
+    false for a forced summary (`Compactor.force`), which aims at the floor: sized by the free space alone."""
     ahead_by: int = 0
     """Tokens below the crossing's target a pre-compaction aims at: the room the turns before the crossing fill."""
 

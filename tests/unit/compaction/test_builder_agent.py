@@ -6,7 +6,9 @@ Pure builder, request by request, through the caller loop (a summary costs its t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import pytest
 
 from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeeded, build
 from proxy.compaction.groups import Cuts
@@ -60,9 +62,10 @@ class Agent:
         self.items.append(Item("assistant", TURN[3]))
 
 
-def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fewer() -> None:
+@pytest.mark.parametrize("budget", [BUDGET, BUDGET + 1_500])
+def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fewer(budget: int) -> None:
     policy = Policy(
-        budget=BUDGET,
+        budget=budget,
         headroom_turns=DEFAULT_HEADROOM_TURNS,
         summary_share=DEFAULT_SUMMARY_SHARE,
         strategies=(TOOL_RESULTS, SUMMARIZE),
@@ -75,8 +78,8 @@ def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fe
     # Merged summaries sized by the free space (~1.5k here) filled the room a crossing made: the room left fell to
     # ~6 turns, and every other crossing merged again.
     assert min(agent.rooms) >= 10 * MASKED_TURN, agent.rooms
-    # None is asked for more than what the target leaves the past (~330 tokens here).
-    assert all(span.tokens <= 400 for span in agent.spans if span.strategy == SUMMARIZE)
+    # None is asked for more than what the target leaves the past (~330 tokens at BUDGET).
+    assert all(span.tokens <= 400 + budget - BUDGET for span in agent.spans if span.strategy == SUMMARIZE)
 
 
 def test_the_past_s_room_is_what_the_target_leaves_below_it() -> None:
@@ -88,6 +91,27 @@ def test_the_past_s_room_is_what_the_target_leaves_below_it() -> None:
     assert policy.sized_target(50_000, floor, 50_000, past=300) == 300
     assert policy.sized_target(10_000, floor, 50_000, past=300) == policy.summary_min  # a fifth of 300
     assert policy.summary_room(floor, 50_000, past=-20) == 0
+
+
+def test_a_forced_summary_is_sized_by_the_free_space() -> None:
+    """`Compactor.force` aims at the floor: the target leaves the past nothing, and its summaries are not cut to
+    that (`Policy.past_room` off)."""
+    agent = Agent(Policy(budget=BUDGET, summary_share=DEFAULT_SUMMARY_SHARE, strategies=(TOOL_RESULTS, SUMMARIZE)))
+    for number in range(12):
+        agent.turn(number)
+    forced = Policy(
+        budget=BUDGET,
+        trigger_ratio=1e-9,
+        compact_to=1e-9,
+        summary_share=DEFAULT_SUMMARY_SHARE,
+        past_room=False,
+    )
+    need = build(agent.items, agent.spans, forced)
+    assert isinstance(need, SpanNeeded)
+    assert need.target > forced.summary_min
+    cut = build(agent.items, agent.spans, replace(forced, past_room=True))
+    assert isinstance(cut, SpanNeeded)
+    assert cut.target == forced.summary_min
 
 
 def test_cuts_of_an_agent_turn_stub_the_tool_output() -> None:
