@@ -394,9 +394,11 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                     )
                 added = [meter.added_per_turn(end) for end in windows]
                 first_bytes = [meter.added_per_turn(end, 1) for end in windows]
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url), added, first_bytes)
+                crossed = proxy_crossings(proxy.url, len(main_requests(fake)))
+                cost = session_cost(proxy.url)
+                marathon_report(result, turns, fact, fake, cost, added, first_bytes, crossed)
                 client_compaction_notes(result, fake, proxy.url, len(turns))
-                prompt_break_notes(result, fake)
+                prompt_break_notes(result, fake, crossed)
                 if args.keep:
                     dump_requests(fake, tmp / "upstream.jsonl")
     finally:
@@ -452,11 +454,36 @@ def main_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
     ]
 
 
-def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+JOURNAL_PAGE = 500
+
+
+def proxy_crossings(proxy_url: str, requests: int) -> list[bool] | None:
+    """For each main-model request, in order: did the proxy cross the budget at it (its journal step's `crossed`:
+    it wrote spans, masks included, or joined those written ahead)? The steps offering tools are the agent's loop,
+    as `main_requests` are; None when the journal does not say (an older proxy) or its count differs (a retry)."""
+    steps: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = httpx.get(
+            f"{proxy_url}/journal", params={"limit": JOURNAL_PAGE, "offset": offset}, timeout=ADMIN_TIMEOUT_S
+        ).json()
+        steps += page["data"]
+        offset += JOURNAL_PAGE
+        if not page.get("has_more"):
+            break
+    contexts = [step.get("context") or {} for step in sorted(steps, key=lambda step: step["step_id"])]
+    main = [context for context in contexts if context.get("definitions")]
+    if len(main) != requests or any("crossed" not in context for context in main):
+        return None
+    return [bool(context["crossed"]) for context in main]
+
+
+def prompt_breaks(bodies: Sequence[dict[str, Any]], crossed: Sequence[bool] | None = None) -> dict[str, list[int]]:
     """The main-model requests (their index in `bodies`) whose messages do not begin with the previous request's
-    (the cached prefix broke), by kind: `recall` where the first message that differs is a recall the proxy
-    placed before the previous question (the next turn's question no longer asks for it), `crossing` where the
-    prompt is otherwise shorter than the one before (the working context was compacted), `other` for the rest."""
+    (the cached prefix broke), by kind: `crossing` where the proxy crossed the budget at that request (`crossed`,
+    from its journal) or, without that, where the prompt is shorter than the one before; `recall` where the first
+    message that differs is a recall the proxy placed before the previous question (the next turn's question no
+    longer asks for it); `other` for the rest."""
     kinds: dict[str, list[int]] = {"crossing": [], "recall": [], "other": []}
     previous: tuple[list[str], list[str], list[dict[str, Any]], int] | None = None
     for index, body in enumerate(bodies):
@@ -468,19 +495,26 @@ def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
             if tools != before_tools or messages[: len(before)] != before:
                 differs = next((at for at, (x, y) in enumerate(zip(before, messages, strict=False)) if x != y), None)
                 text = content_text(raw[differs].get("content")) if differs is not None else ""
-                kind = "recall" if text.startswith(RECALL_HEADER) else "crossing" if size < before_size else "other"
+                if crossed is not None and crossed[index]:
+                    kind = "crossing"
+                elif text.startswith(RECALL_HEADER):
+                    kind = "recall"
+                else:
+                    kind = "crossing" if crossed is None and size < before_size else "other"
                 kinds[kind].append(index)
         previous = (tools, messages, body.get("messages") or [], size)
     return kinds
 
 
-def prompt_break_notes(report: Report, fake: FakeUpstream) -> None:
-    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received."""
-    kinds = prompt_breaks(main_requests(fake))
+def prompt_break_notes(report: Report, fake: FakeUpstream, crossed: Sequence[bool] | None = None) -> None:
+    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received and,
+    where the proxy's journal says, at which requests it crossed."""
+    kinds = prompt_breaks(main_requests(fake), crossed)
     report.ratios["prompt breaks between crossings (recall drops)"] = len(kinds["recall"])
     report.ratios["prompt breaks between crossings (other)"] = len(kinds["other"])
+    source = "the proxy's journal" if crossed is not None else "a shorter prompt (no journal)"
     report.notes.append(
-        "prompt breaks (a main-model request not extending the previous one): "
+        f"prompt breaks (a main-model request not extending the previous one; crossings from {source}): "
         + "; ".join(f"{kind} {len(found)} at requests {found[:24]}" for kind, found in kinds.items())
     )
 
@@ -503,15 +537,20 @@ CACHE_SLACK = 512
 a prompt (the last message's closing, the reply priming) is not in the next one, and the fake caches in blocks."""
 
 
-def prefix_breaks(served: Sequence[Served]) -> tuple[int, int]:
+def prefix_breaks(served: Sequence[Served], crossed: Sequence[bool] | None = None) -> tuple[int, int]:
     """How many main-model requests were not served their previous prompt from the cache, and how many of those
-    came between two crossings (issue 44: none should): a break where the prompt did not shrink is one no
-    compaction explains."""
+    came between two crossings (issue 44: none should): a break at a request the proxy did not cross at
+    (`crossed`, from its journal; without it, one where the prompt did not shrink) is one no compaction
+    explains."""
     main = [s for s in served if s.tools and s.model == MAIN_MODEL_ID]
     breaks = [
-        (before, after) for before, after in pairwise(main) if after.cached_tokens + CACHE_SLACK < before.prompt_tokens
+        index
+        for index, (before, after) in enumerate(pairwise(main), 1)
+        if after.cached_tokens + CACHE_SLACK < before.prompt_tokens
     ]
-    return len(breaks), sum(1 for before, after in breaks if after.prompt_tokens >= before.prompt_tokens)
+    if crossed is not None and len(crossed) == len(main):
+        return len(breaks), sum(1 for index in breaks if not crossed[index])
+    return len(breaks), sum(1 for index in breaks if main[index].prompt_tokens >= main[index - 1].prompt_tokens)
 
 
 def marathon_report(
@@ -522,9 +561,11 @@ def marathon_report(
     proxy_cost: dict[str, Any],
     added: Sequence[float | None] = (None, None),
     first_bytes: Sequence[float | None] = (None, None),
+    crossed: Sequence[bool] | None = None,
 ) -> None:
     """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question;
-    `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn."""
+    `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn;
+    `first_bytes`: likewise to a stream's first byte less the upstream's; `crossed`: the main-model requests the proxy crossed the budget at (`proxy_crossings`)."""
     table = report.table(
         "marathon",
         "per turn: wall time, requests, summarizer calls, rejections, main-model tokens, the proxy's CPU and RSS",
@@ -549,9 +590,11 @@ def marathon_report(
     ratios = report.ratios
     ratios["cached share of the main model's input"] = round(cached_share(fake.served), 4)
     ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(turns), 2)
-    breaks, unexplained = prefix_breaks(fake.served)
+    breaks, unexplained = prefix_breaks(fake.served, crossed)
     ratios["prompt cache breaks"] = breaks
     ratios["prompt cache breaks between two crossings"] = unexplained
+    if crossed is not None:
+        ratios["crossings (the proxy's journal)"] = sum(crossed)
     early_cpu = statistics.mean(t.cpu_s for t in turns if early.number - CPU_WINDOW < t.number <= early.number)
     last_cpu = statistics.mean(t.cpu_s for t in turns[-CPU_WINDOW:])
     ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(

@@ -38,12 +38,13 @@ class Plan:
 
     def context(self) -> dict[str, Any]:
         """What the step records of it: the report's numbers, what its definitions cost (the session views plan
-        the next request with them), the system prompts as sent, and what the client's door keeps of the request
-        (`Conversation.door_state`)."""
+        the next request with them), the system prompts as sent, whether it crossed the budget (a prompt that does
+        not extend the previous one), and what the client's door keeps of the request (`Conversation.door_state`)."""
         context = {
             **self.report.as_json(),
             "definitions": self.budget.definitions,
             "pinned": self.reconciled.pinned_forms(),
+            "crossed": self.prepared.crossed,
         }
         if self.door_state:
             context[DOOR_STATE] = dict(self.door_state)
