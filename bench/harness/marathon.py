@@ -11,7 +11,8 @@ Per turn: wall time, exit, main-model requests, summarizer calls, upstream rejec
 sent and the share served from its cache, the proxy's CPU seconds and RSS. Then the headline figures: median
 turn, turns more than 1.5 s over it, summarizer calls per 10 turns, cached share, CPU and RSS at turn 20 and at
 the last turn and their ratio, the proxy's time before its upstream calls per turn over the same two windows
-(`/metrics`, read only at the windows' edges), and whether the fact was answered.
+(`/metrics`, read only at the windows' edges), and its time to a stream's first byte less the upstream's (the
+door's parse included), and whether the fact was answered.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ SLOW_TURN_S = 1.5
 """A turn this much slower than the median counts as slow (issue 27's bound)."""
 MARATHON_TIMEOUT_S = 600.0
 """One CLI turn's limit."""
+PROXY_START_TIMEOUT_S = 300.0
+"""The proxy process imports LiteLLM before it answers: a minute or more on a loaded 2-core machine."""
 EARLY_TURN = 20
 """The turn whose proxy CPU time and RSS the last turn's are compared with."""
 CPU_WINDOW = 10
@@ -197,6 +200,13 @@ def add_marathon_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TOOL_OUTPUT_TOKENS,
         help="about how many tokens each turn's command prints",
     )
+    parser.add_argument(
+        "--restart-after",
+        type=int,
+        default=0,
+        metavar="TURN",
+        help="restart the proxy (a new process on the same port and store) after this turn; 0: never",
+    )
 
 
 def session_cost(proxy_url: str) -> dict[str, Any]:
@@ -221,13 +231,19 @@ def model_entries(fake_url: str, window: int, names: Sequence[str]) -> list[dict
 
 
 ADDED_SUM = re.compile(r"^context_proxy_added_seconds_sum\{[^}]*\} (\S+)$", re.MULTILINE)
+FIRST_BYTE_SUM = re.compile(r"^context_proxy_stream_first_byte_seconds_sum\{[^}]*\} (\S+)$", re.MULTILINE)
+UPSTREAM_STREAM_SUM = re.compile(r'^context_proxy_upstream_seconds_sum\{[^}]*stream="true"[^}]*\} (\S+)$', re.MULTILINE)
 
 
-def added_seconds(proxy_url: str) -> float:
-    """The proxy's own time before its upstream calls so far (`context_proxy_added_seconds`, every model): what
-    issue 27 saw growing with the session (storing the history, compaction, recall)."""
+def added_seconds(proxy_url: str) -> tuple[float, float]:
+    """The proxy's own time so far: before its upstream calls (`context_proxy_added_seconds`, every model: what
+    issue 27 saw growing with the session — storing the history, compaction, recall), and from a streamed
+    request's arrival to its first byte less the upstream's opening of its stream (the door's reading and parsing
+    of the body too, and the relay's first chunk)."""
     text = httpx.get(f"{proxy_url}/metrics", timeout=ADMIN_TIMEOUT_S).text
-    return sum(float(value) for value in ADDED_SUM.findall(text))
+    added = sum(float(value) for value in ADDED_SUM.findall(text))
+    first_byte = sum(float(value) for value in FIRST_BYTE_SUM.findall(text))
+    return added, first_byte - sum(float(value) for value in UPSTREAM_STREAM_SUM.findall(text))
 
 
 class ProcessProbe:
@@ -282,7 +298,7 @@ class TurnMeter:
         self.probe = probe
         self.proxy_url = proxy_url
         self._edges = frozenset(edge for end in windows for edge in (end - CPU_WINDOW, end))
-        self._added: dict[int, float] = {}
+        self._added: dict[int, tuple[float, float]] = {}
         """Turn number → `added_seconds` after it (0: before the first)."""
         self._marks = (0, 0, 0, 0.0, 0.0)
 
@@ -314,11 +330,12 @@ class TurnMeter:
             answer=answer,
         )
 
-    def added_per_turn(self, end: int) -> float | None:
-        """The proxy's mean time before the upstream calls over the `CPU_WINDOW` turns ending at `end`."""
+    def added_per_turn(self, end: int, which: int = 0) -> float | None:
+        """The proxy's mean time before the upstream calls (`which` 1: to its streams' first bytes, less the
+        upstream's) over the `CPU_WINDOW` turns ending at `end`."""
         if end not in self._added or end - CPU_WINDOW not in self._added:
             return None
-        return (self._added[end] - self._added[end - CPU_WINDOW]) / CPU_WINDOW
+        return (self._added[end][which] - self._added[end - CPU_WINDOW][which]) / CPU_WINDOW
 
 
 TurnRunner = Callable[[int, str], tuple[int, bool, str]]
@@ -353,7 +370,7 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                 entry["max_output"] = agent.max_output
             context = {"summarizer_model": "summarizer"}
             raw = make_config(tmp, fake.url, models=entries, upstream={"timeout_s": 120}, context=context)
-            with ProxyProcess(raw, tmp) as proxy:
+            with ProxyProcess(raw, tmp, start_timeout_s=PROXY_START_TIMEOUT_S) as proxy:
                 windows = (EARLY_TURN, args.turns)
                 meter = TurnMeter(fake, ProcessProbe(proxy.pid), proxy.url, windows)
                 run_turn = agent.start(proxy.url, tmp)
@@ -367,6 +384,8 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                         break
                     turn = meter.stop(number, exit_code, error, answer)
                     turns.append(turn)
+                    if number == getattr(args, "restart_after", 0):
+                        restart(proxy, meter, result, number)
                     print(
                         f"turn {number}: {turn.seconds:.1f} s, exit {exit_code}, summarizer {turn.summarizer_calls}, "
                         f"cached {turn.cached_tokens}/{turn.sent_tokens}, cpu {turn.cpu_s:.3f} s, "
@@ -374,9 +393,12 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
                         file=sys.stderr,
                     )
                 added = [meter.added_per_turn(end) for end in windows]
-                marathon_report(result, turns, fact, fake, session_cost(proxy.url), added)
+                first_bytes = [meter.added_per_turn(end, 1) for end in windows]
+                crossed = proxy_crossings(proxy.url, len(main_requests(fake)))
+                cost = session_cost(proxy.url)
+                marathon_report(result, turns, fact, fake, cost, added, first_bytes, crossed)
                 client_compaction_notes(result, fake, proxy.url, len(turns))
-                prompt_break_notes(result, fake)
+                prompt_break_notes(result, fake, crossed)
                 if args.keep:
                     dump_requests(fake, tmp / "upstream.jsonl")
     finally:
@@ -384,6 +406,16 @@ def run_marathon(args: argparse.Namespace, result: Report, agent: Agent) -> None
             result.notes.append(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restart(proxy: ProxyProcess, meter: TurnMeter, report: Report, number: int) -> None:
+    """A new proxy process in place of the running one, on the same port and store: what it kept in memory is gone
+    (`proxy.history.warming`). Its `/metrics` start from zero, so the counts read from them at the end (the client
+    compactions answered, the time before the upstream calls across the restart) are those after it."""
+    proxy.stop()
+    proxy.start()
+    meter.probe = ProcessProbe(proxy.pid)
+    report.notes.append(f"the proxy was restarted after turn {number}: /metrics counts are those after it")
 
 
 CLIENT_COMPACTIONS = re.compile(
@@ -422,11 +454,36 @@ def main_requests(fake: FakeUpstream) -> list[dict[str, Any]]:
     ]
 
 
-def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+JOURNAL_PAGE = 500
+
+
+def proxy_crossings(proxy_url: str, requests: int) -> list[bool] | None:
+    """For each main-model request, in order: did the proxy cross the budget at it (its journal step's `crossed`:
+    it wrote spans, masks included, or joined those written ahead)? The steps offering tools are the agent's loop,
+    as `main_requests` are; None when the journal does not say (an older proxy) or its count differs (a retry)."""
+    steps: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = httpx.get(
+            f"{proxy_url}/journal", params={"limit": JOURNAL_PAGE, "offset": offset}, timeout=ADMIN_TIMEOUT_S
+        ).json()
+        steps += page["data"]
+        offset += JOURNAL_PAGE
+        if not page.get("has_more"):
+            break
+    contexts = [step.get("context") or {} for step in sorted(steps, key=lambda step: step["step_id"])]
+    main = [context for context in contexts if context.get("definitions")]
+    if len(main) != requests or any("crossed" not in context for context in main):
+        return None
+    return [bool(context["crossed"]) for context in main]
+
+
+def prompt_breaks(bodies: Sequence[dict[str, Any]], crossed: Sequence[bool] | None = None) -> dict[str, list[int]]:
     """The main-model requests (their index in `bodies`) whose messages do not begin with the previous request's
-    (the cached prefix broke), by kind: `recall` where the first message that differs is a recall the proxy
-    placed before the previous question (the next turn's question no longer asks for it), `crossing` where the
-    prompt is otherwise shorter than the one before (the working context was compacted), `other` for the rest."""
+    (the cached prefix broke), by kind: `crossing` where the proxy crossed the budget at that request (`crossed`,
+    from its journal) or, without that, where the prompt is shorter than the one before; `recall` where the first
+    message that differs is a recall the proxy placed before the previous question (the next turn's question no
+    longer asks for it); `other` for the rest."""
     kinds: dict[str, list[int]] = {"crossing": [], "recall": [], "other": []}
     previous: tuple[list[str], list[str], list[dict[str, Any]], int] | None = None
     for index, body in enumerate(bodies):
@@ -438,19 +495,26 @@ def prompt_breaks(bodies: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
             if tools != before_tools or messages[: len(before)] != before:
                 differs = next((at for at, (x, y) in enumerate(zip(before, messages, strict=False)) if x != y), None)
                 text = content_text(raw[differs].get("content")) if differs is not None else ""
-                kind = "recall" if text.startswith(RECALL_HEADER) else "crossing" if size < before_size else "other"
+                if crossed is not None and crossed[index]:
+                    kind = "crossing"
+                elif text.startswith(RECALL_HEADER):
+                    kind = "recall"
+                else:
+                    kind = "crossing" if crossed is None and size < before_size else "other"
                 kinds[kind].append(index)
         previous = (tools, messages, body.get("messages") or [], size)
     return kinds
 
 
-def prompt_break_notes(report: Report, fake: FakeUpstream) -> None:
-    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received."""
-    kinds = prompt_breaks(main_requests(fake))
+def prompt_break_notes(report: Report, fake: FakeUpstream, crossed: Sequence[bool] | None = None) -> None:
+    """Issue 44's "no break of the cached prefix between two crossings", from what the upstream received and,
+    where the proxy's journal says, at which requests it crossed."""
+    kinds = prompt_breaks(main_requests(fake), crossed)
     report.ratios["prompt breaks between crossings (recall drops)"] = len(kinds["recall"])
     report.ratios["prompt breaks between crossings (other)"] = len(kinds["other"])
+    source = "the proxy's journal" if crossed is not None else "a shorter prompt (no journal)"
     report.notes.append(
-        "prompt breaks (a main-model request not extending the previous one): "
+        f"prompt breaks (a main-model request not extending the previous one; crossings from {source}): "
         + "; ".join(f"{kind} {len(found)} at requests {found[:24]}" for kind, found in kinds.items())
     )
 
@@ -473,15 +537,20 @@ CACHE_SLACK = 512
 a prompt (the last message's closing, the reply priming) is not in the next one, and the fake caches in blocks."""
 
 
-def prefix_breaks(served: Sequence[Served]) -> tuple[int, int]:
+def prefix_breaks(served: Sequence[Served], crossed: Sequence[bool] | None = None) -> tuple[int, int]:
     """How many main-model requests were not served their previous prompt from the cache, and how many of those
-    came between two crossings (issue 44: none should): a break where the prompt did not shrink is one no
-    compaction explains."""
+    came between two crossings (issue 44: none should): a break at a request the proxy did not cross at
+    (`crossed`, from its journal; without it, one where the prompt did not shrink) is one no compaction
+    explains."""
     main = [s for s in served if s.tools and s.model == MAIN_MODEL_ID]
     breaks = [
-        (before, after) for before, after in pairwise(main) if after.cached_tokens + CACHE_SLACK < before.prompt_tokens
+        index
+        for index, (before, after) in enumerate(pairwise(main), 1)
+        if after.cached_tokens + CACHE_SLACK < before.prompt_tokens
     ]
-    return len(breaks), sum(1 for before, after in breaks if after.prompt_tokens >= before.prompt_tokens)
+    if crossed is not None and len(crossed) == len(main):
+        return len(breaks), sum(1 for index in breaks if not crossed[index])
+    return len(breaks), sum(1 for index in breaks if main[index].prompt_tokens >= main[index - 1].prompt_tokens)
 
 
 def marathon_report(
@@ -491,9 +560,12 @@ def marathon_report(
     fake: FakeUpstream,
     proxy_cost: dict[str, Any],
     added: Sequence[float | None] = (None, None),
+    first_bytes: Sequence[float | None] = (None, None),
+    crossed: Sequence[bool] | None = None,
 ) -> None:
     """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question;
-    `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn."""
+    `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn;
+    `first_bytes`: likewise to a stream's first byte less the upstream's; `crossed`: the main-model requests the proxy crossed the budget at (`proxy_crossings`)."""
     table = report.table(
         "marathon",
         "per turn: wall time, requests, summarizer calls, rejections, main-model tokens, the proxy's CPU and RSS",
@@ -518,9 +590,11 @@ def marathon_report(
     ratios = report.ratios
     ratios["cached share of the main model's input"] = round(cached_share(fake.served), 4)
     ratios["summarizer calls per 10 turns"] = round(10 * summarizer / len(turns), 2)
-    breaks, unexplained = prefix_breaks(fake.served)
+    breaks, unexplained = prefix_breaks(fake.served, crossed)
     ratios["prompt cache breaks"] = breaks
     ratios["prompt cache breaks between two crossings"] = unexplained
+    if crossed is not None:
+        ratios["crossings (the proxy's journal)"] = sum(crossed)
     early_cpu = statistics.mean(t.cpu_s for t in turns if early.number - CPU_WINDOW < t.number <= early.number)
     last_cpu = statistics.mean(t.cpu_s for t in turns[-CPU_WINDOW:])
     ratios[f"proxy CPU s per turn, last {CPU_WINDOW} turns / {CPU_WINDOW} turns to turn {early.number}"] = round(
@@ -530,6 +604,10 @@ def marathon_report(
     if early_added and last_added is not None:
         name = f"proxy time before the upstream calls per turn, last {CPU_WINDOW} / {CPU_WINDOW} to turn {EARLY_TURN}"
         ratios[name] = round(last_added / early_added, 2)
+    early_first, last_first = first_bytes
+    if early_first and last_first is not None:
+        name = f"proxy time to a stream's first byte per turn, last {CPU_WINDOW} / {CPU_WINDOW} to turn {EARLY_TURN}"
+        ratios[name] = round(last_first / early_first, 2)
     ratios[f"proxy RSS, turn {last.number} / turn {early.number}"] = round(last.rss_mib / early.rss_mib, 2)
     report.notes.extend(
         [
@@ -544,6 +622,12 @@ def marathon_report(
             + ", ".join(
                 f"to turn {end} " + ("-" if value is None else f"{1000 * value:.1f} ms")
                 for end, value in zip((EARLY_TURN, last.number), added, strict=True)
+            ),
+            f"proxy time to a stream's first byte less the upstream's per turn (mean of {CPU_WINDOW}, "
+            "context_proxy_stream_first_byte_seconds - context_proxy_upstream_seconds{stream=true}): "
+            + ", ".join(
+                f"to turn {end} " + ("-" if value is None else f"{1000 * value:.1f} ms")
+                for end, value in zip((EARLY_TURN, last.number), first_bytes, strict=True)
             ),
             f"fact question ({FACT_KEY}): answered {fact!r}, expected {FACT_VALUE!r}: "
             + ("RIGHT" if FACT_VALUE in fact else "WRONG"),

@@ -52,17 +52,22 @@ def unanswered_calls(
     items). Calls with nothing but tool outputs after them are not refused: the rest are the client's next
     request.
 
-    `start` (with `adjacent`): how many leading messages a list that passed began with. The calls before the
-    last of them that is not a tool output were answered there, as here."""
+    `start`: how many leading messages a list that passed began with; without `adjacent` (a call may be answered
+    anywhere after it), only if that list held no tool output past them. The calls before the last of them that
+    is not a tool output were answered there, as here; only the messages from that one on are read."""
     last_other = next((index for index in range(len(messages) - 1, -1, -1) if messages[index]["role"] != "tool"), -1)
+    first = start - 1 if start else 0
+    while first > 0 and messages[first]["role"] == "tool":
+        first -= 1
     answered_at = (
         {}
         if adjacent
-        else {message["tool_call_id"]: index for index, message in enumerate(messages) if message["role"] == "tool"}
+        else {
+            messages[index]["tool_call_id"]: index
+            for index in range(first, len(messages))
+            if messages[index]["role"] == "tool"
+        }
     )
-    first = start - 1 if adjacent and start else 0
-    while first > 0 and messages[first]["role"] == "tool":
-        first -= 1
     for index in range(first, last_other):
         message = messages[index]
         calls = message.get("tool_calls") if message["role"] == "assistant" else None

@@ -40,6 +40,7 @@ orphaned) and build again with `compacting=True`, a bounded number of rounds →
 from __future__ import annotations
 
 import functools
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
@@ -165,6 +166,7 @@ def build(
         stubbed=stubbed,
         needed=total - target,
         floor=floor,
+        past_room=max(0.0, target + policy.ahead_by - fixed) if policy.past_room else math.inf,
     )
     need = next_span(view)
     if need is not None:

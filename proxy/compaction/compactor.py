@@ -169,9 +169,9 @@ class Compactor:
                 joined = [] if result.held_back else [span.id for span in stored.values() if span.held]
                 if joined:
                     await self._summaries.release(request.tenant, joined)
-                return await self._recalls.recalled(
-                    request, result, state, rendered(request.messages, result, stored, state.stubs, written)
-                )
+                context = rendered(request.messages, result, stored, state.stubs, written)
+                crossed = replace(context, crossed=bool(written or joined))
+                return await self._recalls.recalled(request, result, state, crossed)
             fresh = await self._in_force(request)
             if not fresh.keys() <= known:
                 # Others compacting this path (sessions continuing one conversation, replicas) wrote spans since
@@ -223,6 +223,7 @@ class Compactor:
             compact_to=FORCE_RATIO,
             headroom_turns=0,
             strategies=(SUMMARIZE,),
+            past_room=False,
         )
         result = build(state.items, [s.span for s in stored.values()], policy, compacting=True, cuts=state.cuts)
         if not isinstance(result, SpanNeeded):

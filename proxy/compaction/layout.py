@@ -7,6 +7,7 @@ to write), so that neither imports the other's internals.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,9 @@ class Policy:
     """The share of the free space the summaries may take at most (`summary_room`), each sized by what it stands
     for (`sized_target`); None: each sized by what it reads, and newer originals summarized before older
     summaries merge (the config's default, `DEFAULT_SUMMARY_SHARE`, turns it on)."""
+    past_room: bool = True
+    """The summaries' room is at most what the crossing's target leaves the compacted past (`View.past_room`);
+    false for a forced summary (`Compactor.force`), which aims at the floor: sized by the free space alone."""
     ahead_by: int = 0
     """Tokens below the crossing's target a pre-compaction aims at: the room the turns before the crossing fill."""
     recall_room: int = 0
@@ -134,19 +138,24 @@ class Policy:
         aim = max(deepest, top - self.headroom_turns * growth) if self.headroom_turns else deepest
         return max(self.level(min(MIN_COMPACT_TO, self.compact_to), floor), min(aim, top) - self.ahead_by)
 
-    def summary_room(self, floor: int, compacted: int) -> float:
+    def summary_room(self, floor: int, compacted: int, past: float = math.inf) -> float:
         """The tokens the summaries of `compacted` tokens of originals may take: `target_ratio` of them, at most
-        `summary_share` of the free space above `floor`."""
+        `summary_share` of the free space above `floor`, and at most `past`: what the crossing's target leaves
+        below it once the messages no compaction touches are paid (`View.past_room`). A small window under a
+        large preamble (an agent's at 32k) leaves the past a few hundred tokens: summaries sized by the free space
+        would fill the room the crossing makes for the next turns, and bring the next crossing, and its
+        summarizer call, within a few turns."""
         share = 1.0 if self.summary_share is None else self.summary_share
-        return min(self.target_ratio * compacted, share * max(0, self.budget - floor))
+        return min(self.target_ratio * compacted, share * max(0, self.budget - floor), max(0.0, past))
 
-    def sized_target(self, originals: int, floor: int, compacted: int) -> int:
+    def sized_target(self, originals: int, floor: int, compacted: int, past: float = math.inf) -> int:
         """The content size of a summary standing for `originals` tokens when the summaries stand for
         `compacted` in all: its share of `summary_room`, so a merge of old summaries is sized by what they stand
         for, not by the summaries it reads (which would shrink the past at every level)."""
         compacted = max(compacted, originals, 1)
         share = 1.0 if self.summary_share is None else self.summary_share
-        density = min(self.target_ratio, share * max(0, self.budget - floor) / compacted)
+        room = min(share * max(0, self.budget - floor), max(0.0, past))
+        density = min(self.target_ratio, room / compacted)
         return target_tokens(originals, density, self.summary_min, self.summary_max)
 
     def summary_target(self, input_tokens: int) -> int:
@@ -331,6 +340,9 @@ class View:
     """Tokens to save to reach the crossing's target (`Policy.target`)."""
     floor: int = 0
     """What the context sends whatever is compacted (`Policy.level`)."""
+    past_room: float = math.inf
+    """What the crossing's target leaves the compacted past once the messages no compaction touches (kept, the
+    recent block) are paid: the summaries' room at most (`Policy.summary_room`)."""
 
     def summaries(self) -> tuple[int, int]:
         """What the summaries in the layout cost, and what the originals they stand for cost as sent."""

@@ -10,9 +10,7 @@ answer) as one user message, within `context.recall_tokens`. A question the cont
 unless asked to `fill` the room: then the hidden turns sharing any of its terms come next (best first, with their
 neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show).
 
-The index is filled lazily: a message is indexed the first time it is hidden and recall asks for it, once,
-since messages are content-addressed and immutable. It is contentless (the text lives in `messages` and in
-the path at hand), so it stores no second copy of anything; excerpts of long messages are cut here, a window
+The index is filled lazily, as recall asks (`recall_index`); excerpts of long messages are cut here, a window
 of lines around the place where the most query terms meet. Recall only ever adds context, so it never fails a
 request: odd input gives no passages, and a failed index write is logged and leaves the index as it was.
 """
@@ -20,18 +18,17 @@ request: odd input gives no passages, and a failed index write is logged and lea
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.canonical.vocabulary import ORIGIN, Origin
 from proxy.compaction.excerpts import message_excerpt, message_text
+from proxy.compaction.recall_index import RecallIndex
 from proxy.compaction.recall_terms import Lookup, Term, lookup, match_expression, tsquery
-from proxy.errors import StorageFull
 from proxy.history.messages import StoredMessage
 from proxy.offload import compute
-from proxy.store.connection import Connection, Row
+from proxy.store.connection import Row
 from proxy.store.database import Database, id_array
 from proxy.tokens import count_message, count_text, rough_size
 
@@ -52,13 +49,7 @@ CHARS_PER_TOKEN = 4
 MIN_RELATIVE_SCORE = 0.25
 """A match scoring below this share of the best one is noise (a common word), not a reference."""
 MAX_CANDIDATES = 32
-MAX_INDEX_CHARS = 8 * 1024 * 1024
-"""Text indexed by one call at most (one message always): the rest is indexed by the next calls."""
 
-_INSERT_DOCUMENT = {
-    "sqlite": "INSERT INTO recall_index (rowid, text) VALUES (?, ?)",
-    "postgresql": "INSERT INTO recall_index (id, document) VALUES (?, to_tsvector('simple', ?))",
-}
 _RANK = {
     # bm25 is negative and so is the rank below: lower is better on both, as `_rank` reads it.
     "sqlite": "SELECT d.message_id AS message_id, m.depth AS depth, bm25(recall_index) AS score "
@@ -99,58 +90,14 @@ class Passage:
     """What `text` costs (`count_text` in the request's encoding)."""
 
 
-INDEXED_IDS = 200_000
-"""Messages this process knows are indexed (~150 bytes each): a long session's hidden history is not asked
-about again on every request."""
-
-
-@dataclass(frozen=True)
-class _Checked:
-    """How far a session's path is known indexed, as of its last request: every message before `end` (the path
-    from depth `first` to `end_id`) is indexed but those at `shown` (sent verbatim then, perhaps never hidden)."""
-
-    first: int
-    end: int
-    end_id: str
-    shown: frozenset[int]
-
-
-SESSIONS_CHECKED = 4096
-"""Sessions whose indexed prefix a process remembers (`_Checked`: ~100 bytes and their shown positions)."""
-
-
 class Recall:
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._indexed: OrderedDict[tuple[str, str], None] = OrderedDict()
-        """(tenant, message id) of messages known to be in the index: an indexed message stays indexed until its
-        session or tenant is deleted (`forget_tenant`)."""
-        self._checked: OrderedDict[tuple[str, str], _Checked] = OrderedDict()
-        self._epochs: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        """Tenant → its span epoch and last clearing as of this process's last look (`_forget_if_cleared`)."""
+        self.index = RecallIndex(db)
 
     def forget_tenant(self, tenant: str) -> None:
-        """After a deletion of the tenant's rows (`proxy.lifecycle`): the index entries of what it remembers may
-        be gone, and the same messages sent again (the same ids) must be indexed again."""
-        for key in [key for key in self._indexed if key[0] == tenant]:
-            del self._indexed[key]
-        for key in [key for key in self._checked if key[0] == tenant]:
-            del self._checked[key]
-        self._epochs.pop(tenant, None)
-
-    async def _forget_if_cleared(self, tenant: str) -> None:
-        """A deletion by another process (a replica, the CLI) moves the tenant's span epoch past a clearing, or
-        takes its row with a purge (`proxy.lifecycle.forget`): what this process remembers of the tenant's index
-        is then forgotten. One read by key, when recall looks something up."""
-        row = await self._db.fetchone("SELECT epoch, cleared FROM span_epochs WHERE tenant = ?", (tenant,))
-        now = (0, 0) if row is None else (int(row[0]), int(row[1]))
-        seen = self._epochs.get(tenant)
-        if seen is not None and (now[1] > seen[1] or now[0] < seen[0]):
-            self.forget_tenant(tenant)
-        self._epochs[tenant] = now
-        self._epochs.move_to_end(tenant)
-        while len(self._epochs) > SESSIONS_CHECKED:
-            self.forget_tenant(next(iter(self._epochs)))  # a tenant no longer watched keeps nothing
+        """After a deletion of the tenant's rows (`proxy.lifecycle`): `RecallIndex.forget_tenant`."""
+        self.index.forget_tenant(tenant)
 
     async def passages(
         self,
@@ -180,7 +127,7 @@ class Recall:
         hits: list[int] = []
         related: list[int] = []
         if asked.terms:
-            await self._index(tenant, session_id, path, shown)
+            await self.index.index_hidden(tenant, session_id, path, shown)
         if asked.unseen:
             ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, asked.unseen))
             texts = [message_text(path[position].message) for position in ranked]
@@ -240,84 +187,6 @@ class Recall:
         while chosen and count_message(recall_message(_in_order(chosen)), encoding) > limit_tokens:
             chosen.remove(max(chosen, key=lambda item: item[0]))
         return _in_order(chosen)
-
-    async def _index(self, tenant: str, session_id: str, path: Sequence[StoredMessage], shown: Set[int]) -> None:
-        """Index the hidden messages not indexed yet. What the session's last request left indexed carries over
-        when `path` extends its path (a node's id hashes its ancestors', so one id says so): only the messages
-        past it, and those it showed that are hidden now, are looked at, not a long path's every message."""
-        await self._forget_if_cleared(tenant)
-        key = (tenant, session_id)
-        checked = self._checked.pop(key, None)
-        if (
-            checked is not None
-            and path[0].depth == checked.first
-            and len(path) >= checked.end
-            and path[checked.end - 1].id == checked.end_id
-        ):
-            unhidden = (position for position in sorted(checked.shown) if position not in shown)
-            looked = [*unhidden, *(position for position in range(checked.end, len(path)) if position not in shown)]
-        else:
-            looked = [position for position in range(len(path)) if position not in shown]
-        known = self._indexed
-        unknown = [position for position in looked if (tenant, path[position].id) not in known]
-        left = await self._index_messages(tenant, [path[position] for position in unknown]) if unknown else set()
-        end = min((position for position in unknown if path[position].id in left), default=len(path))
-        if end:
-            below = frozenset(position for position in shown if position < end)
-            self._checked[key] = _Checked(path[0].depth, end, path[end - 1].id, below)
-            while len(self._checked) > SESSIONS_CHECKED:
-                self._checked.popitem(last=False)
-
-    async def _index_messages(self, tenant: str, unknown: Sequence[StoredMessage]) -> set[str]:
-        """Index those of `unknown` not in the index yet, the newest first, within `MAX_INDEX_CHARS`; the ids of
-        those still not indexed (left for the next call, or not written)."""
-        rows = await self._db.fetchall(
-            "SELECT message_id FROM recall_messages WHERE tenant = ? "
-            "AND message_id IN (SELECT value FROM json_each(?))",
-            (tenant, id_array(message.id for message in unknown)),
-        )
-        indexed = {row[0] for row in rows}
-        self._remember(tenant, indexed)
-        batch: list[StoredMessage] = []
-        size = 0
-        # Newest first: what was hidden last is what a question most likely reaches back for.
-        for message in reversed(unknown):
-            if message.id in indexed:
-                continue
-            if batch and size + rough_size(message.message) > MAX_INDEX_CHARS:
-                break
-            batch.append(message)
-            size += rough_size(message.message)
-        left = {message.id for message in unknown} - indexed
-        if not batch:
-            return left
-        documents = await compute(size, _documents, batch)
-
-        insert_document = _INSERT_DOCUMENT[self._db.dialect]
-
-        def write(connection: Connection) -> None:
-            for message_id, text in documents:
-                row = connection.execute(
-                    "INSERT OR IGNORE INTO recall_messages (tenant, message_id) VALUES (?, ?) RETURNING id",
-                    (tenant, message_id),
-                ).fetchone()
-                if row is not None:  # not indexed meanwhile by a concurrent request
-                    connection.execute(insert_document, (row[0], text))
-
-        failures: tuple[type[Exception], ...] = (*self._db.errors, StorageFull)
-        try:
-            await self._db.write(write, bulk=True)
-        except failures as exc:
-            log.warning("recall: indexing %d message(s) failed, recalling from the index as it is: %s", len(batch), exc)
-            return left
-        self._remember(tenant, [message_id for message_id, _ in documents])
-        return left - {message_id for message_id, _ in documents}
-
-    def _remember(self, tenant: str, message_ids: Iterable[str]) -> None:
-        for message_id in message_ids:
-            self._indexed[(tenant, message_id)] = None
-        while len(self._indexed) > INDEXED_IDS:
-            self._indexed.popitem(last=False)
 
     async def _rank(
         self,
@@ -397,7 +266,3 @@ def _in_order(chosen: Sequence[tuple[tuple[int, int, int], Passage]]) -> list[Pa
 
 def _answering(asked: Lookup, texts: Sequence[str]) -> list[bool]:
     return [asked.answers(text) for text in texts]
-
-
-def _documents(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
-    return [(message.id, message_text(message.message)) for message in messages]

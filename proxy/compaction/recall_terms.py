@@ -75,9 +75,9 @@ class Lookup:
     unseen: tuple[Term, ...]
     """Those the working context does not show: a passage must hold one. None: nothing is looked up."""
     exact: frozenset[Term]
-    """The exact references among `terms` (several tokens, digits, `camelCase`, `ALLCAPS`, quoted: `DEPLOY_REGION`,
-    `8080`): a passage holding one the context does not show is what the question refers to, whatever else it
-    asks."""
+    """The exact references among `terms` (several tokens, `camelCase`, `ALLCAPS`, quoted: `DEPLOY_REGION`,
+    `v2.3`, a quoted `"8080"`): a passage holding one the context does not show is what the question refers to,
+    whatever else it asks. A bare number (`8080`, `20`) is not one (`numbers`)."""
 
     def answers(self, text: str) -> bool:
         """Whether a passage is about what the question asks (the threshold a ranked match must pass): it shows an
@@ -92,13 +92,18 @@ class Lookup:
 
 
 def lookup(query: str, visible_text: str) -> Lookup:
-    """The question's terms and which of them `visible_text` does not show (the query's own text aside)."""
-    named, exact = _named_terms(query)
+    """The question's terms and which of them `visible_text` does not show (the query's own text aside). A bare
+    number it names ranks passages but is not looked up by itself: an agent's every prompt names some (`Turn 20`,
+    a count) and every old tool output holds some, so a recall would come for it, and go at the next turn, a break
+    of the prompt the upstream cached both ways."""
+    named, exact, numbers = _named_terms(query)
     terms = [*named, *content_words(query, named)][:MAX_SCANNED_TERMS]
     if query:
         visible_text = visible_text.replace(query, " ")
     shown = _shown_in(visible_text, len(terms))
     unseen = [term for term in terms if not shown(term)][:MAX_QUERY_TERMS]
+    if all(term in numbers for term in unseen):
+        unseen = []
     hidden = set(unseen)
     ranked = [*unseen, *(term for term in terms if term not in hidden)][:MAX_QUERY_TERMS]
     return Lookup(tuple(ranked), tuple(unseen), frozenset(exact))
@@ -143,12 +148,14 @@ def query_terms(query: str) -> list[Term]:
     return _named_terms(query)[0]
 
 
-def _named_terms(query: str) -> tuple[list[Term], set[Term]]:
-    """`query_terms`, and those of them that are exact references: several tokens, digits, or a one-word term
-    marked as a name (`camelCase`, `ALLCAPS`, quoted), not just capitalized."""
+def _named_terms(query: str) -> tuple[list[Term], set[Term], set[Term]]:
+    """`query_terms`, those of them that are exact references (several tokens, or one marked as a name:
+    `camelCase`, `ALLCAPS`, quoted, not just capitalized), and its bare numbers (one token of digits, unquoted:
+    `20`, `8080`), which are not."""
     identifiers: dict[Term, None] = {}
     words: dict[Term, None] = {}
     marked: set[Term] = set()
+    numbers: set[Term] = set()
     chunks: set[str] = set()
     for match in _CHUNK.finditer(query):
         if match.group() in chunks:
@@ -159,13 +166,17 @@ def _named_terms(query: str) -> tuple[list[Term], set[Term]]:
             continue
         if len(tokens) > 1 or any(token.isdigit() for token in tokens):
             identifiers.setdefault(tokens)
+            if len(tokens) == 1:
+                (marked if _quoted(query, match.start()) else numbers).add(tokens)
         elif kind := _named(query, match.start(), match.group().strip(_EDGE)):
             words.setdefault(tokens)
             if kind == MARKED:
                 marked.add(tokens)
         if len(identifiers) >= MAX_SCANNED_TERMS:
             break
-    return [*identifiers, *words][:MAX_SCANNED_TERMS], {*identifiers, *marked}
+    named = [*identifiers, *words][:MAX_SCANNED_TERMS]
+    numbers -= marked  # quoted somewhere: an exact reference
+    return named, {*identifiers, *marked} - numbers, numbers
 
 
 MARKED = 2
@@ -176,10 +187,15 @@ def _named(query: str, start: int, word: str) -> int:
     """Whether a one-word term names something: `MARKED` for `camelCase`, `ALLCAPS` or a quoted word,
     `CAPITALIZED` for a capitalized word inside a sentence (`Paris`, `Postgres`), 0 for a plain word (a content
     word at most, `content_words`)."""
-    if any(character.isupper() for character in word[1:]) or query[start - 1 : start] in ("`", '"', "'"):
+    if any(character.isupper() for character in word[1:]) or _quoted(query, start):
         return MARKED
     before = query[:start].rstrip()
     return CAPITALIZED if word[:1].isupper() and bool(before) and before[-1] not in ".!?:\n" else 0
+
+
+def _quoted(query: str, start: int) -> bool:
+    """Whether the word at `start` opens a quotation (`"`, `'`, a backtick)."""
+    return query[start - 1 : start] in ("`", '"', "'") if start else False
 
 
 def _significant(token: str) -> bool:

@@ -155,7 +155,7 @@ def summary_range(
     cost, covered = view.summaries()
 
     def sized(_input: int, stands: int, fresh: int) -> tuple[int, int]:
-        target = policy.sized_target(stands, view.floor, covered + fresh)
+        target = policy.sized_target(stands, view.floor, covered + fresh, view.past_room)
         return target + policy.summary_overhead, target
 
     def shrinking(input_tokens: int, _stands: int, _fresh: int) -> tuple[int, int]:
@@ -166,7 +166,7 @@ def summary_range(
     # Over the room by more than one shortest summary: a first summary of a short past is over `target_ratio`
     # of it by its minimum size alone, and merging it again at every crossing would only rewrite the prefix.
     slack = policy.summary_min + policy.summary_overhead
-    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered) + slack:
+    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered, view.past_room) + slack:
         passes.insert(0, (True, first))
     for hierarchical, chosen_estimate in passes:
         runs = segments if hierarchical else [run for segment in segments for run in _unsummarized_runs(segment)]

@@ -36,6 +36,9 @@ class WorkingContext:
     the session's context has grown to."""
     ahead: bool = False
     """Spans written ahead of need wait for the next crossing: there is nothing to pre-compact."""
+    crossed: bool = False
+    """This request crossed the budget: it wrote spans (masks included) or joined those written ahead, so its
+    prompt is not the previous one's extension (the journal keeps it with the step: `Plan.context`)."""
     floor: int = field(default=0, compare=False)
     """What it sends whatever is compacted (`Policy.level`): system and pinned messages."""
 

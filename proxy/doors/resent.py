@@ -154,11 +154,25 @@ class Listed:
         self._prelude = (value, messages)
         return list(messages)
 
+    @property
+    def resumed(self) -> int:
+        """How many leading elements of the list are those of a kept request (whose list `convert` converted)."""
+        scan = self._scan
+        return 0 if scan is None or scan.kept is None else scan.scanned.reused
+
     def convert(
-        self, convert: Convert, param: str, check: Check | None = None, prelude: Sequence[Message] = ()
+        self,
+        convert: Convert,
+        param: str,
+        check: Check | None = None,
+        prelude: Sequence[Message] = (),
+        *,
+        answered_later: bool = False,
     ) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
-        the limits (`check_messages`) and converted; the whole then passed to `check`. The request's messages,
+        the limits (`check_messages`) and converted; the whole then passed to `check`, with how many leading
+        messages are those of a list that passed it (`answered_later`: for a check that looks for a call's answer
+        anywhere after it, only when that list held no tool output past them). The request's messages,
         `prelude`'s (`Listed.prelude`: a system prompt, instructions) then these, become `messages`, made from the
         kept request's as far as they are its very objects (`proxy.canonical.sharing.Resent`), and are kept, with the
         list, for the next request."""
@@ -184,7 +198,8 @@ class Listed:
                 before.origins[:base] + tail.origins,
                 before.closed[:reused] + array("q", [base + count if count >= 0 else -1 for count in tail.closed]),
             )
-            checked = base if kept.checked else 0
+            answers_past = answered_later and any(message["role"] == "tool" for message in before.messages[base:])
+            checked = base if kept.checked and not answers_past else 0
         if check is not None:
             check(conversion, checked)
         # The kept request's messages were its prelude's then its list's: these are theirs up to the end of the

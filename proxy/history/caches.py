@@ -196,11 +196,15 @@ class RecentPaths:
             self._drop(next(iter(self._paths)))
         return path
 
-    def sent_forms(self, tenant: str, path: Sequence[StoredMessage]) -> list[Message]:
+    def has_path(self, key: PathKey) -> bool:
+        """Whether any path of `key` is cached (warming reads one from the store only when none is)."""
+        return key in self._paths
+
+    def sent_forms(self, tenant: str, path: Sequence[StoredMessage]) -> list[Message] | None:
         """`path`'s messages in the form the tenant's last request through its end sent them (the request's own
-        objects, which went upstream as they were), where a cached path holds it; else as stored. A conversation
-        brought back from the store (a client's summary standing for it) then reads as it was sent: the
-        upstream's cached prompt still holds."""
+        objects, which went upstream as they were), where a cached path holds that request's; else None (the
+        store's latest forms are the next best: `History.sent_forms`). A conversation brought back from the store
+        (a client's summary standing for it) then reads as it was sent: the upstream's cached prompt still holds."""
         if not path:
             return []
         end = len(path) - 1
@@ -209,8 +213,10 @@ class RecentPaths:
             if key[0] != tenant or len(entries) <= end or entries[end].stored.id != path[end].id:
                 continue
             sent, count = self._sent.get(key, ((), 0))
+            if not count:
+                continue  # read from the store (`proxy.history.warming`): no request of this process sent it
             return [sent[at] if at < count else stored.message for at, stored in enumerate(path)]
-        return [stored.message for stored in path]
+        return None
 
     def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:
         """Append an answer to a cached path whose conversation ends at its parent.
@@ -239,6 +245,10 @@ class RecentPaths:
                 return
             if entries[end].stored.role not in SYSTEM_ROLES:
                 return
+
+    def holds(self, key: PathKey, entries: list[CachedMessage] | None) -> bool:
+        """Whether `key`'s cached path is still `entries` (the very list `match` found it as)."""
+        return entries is not None and self._paths.get(key) is entries
 
     def forget_tenant(self, tenant: str) -> None:
         """After a setting changed: the settings folded into the tenant's cached paths may be stale."""

@@ -102,6 +102,18 @@ def normalize(message: Mapping[str, Any]) -> Message:
     return normal
 
 
+def variant_body(message: Mapping[str, Any], normal: Message) -> str:
+    """What a form a node was re-sent in is kept as (`message_variants`): its normal form with the fields the client
+    sent as null, which `normalize` drops but which went upstream as they were (Pi's `"content": null` beside its
+    tool calls), so that the conversation read back from the store after a restart is sent as before
+    (`proxy.history.warming`). A system message's is its normal form, which a session's view finds it by
+    (`Reconciled.pinned_forms`)."""
+    if normal.get("role") in SYSTEM_ROLES:
+        return canonical_json(normal)
+    nulls = {key: None for key, value in message.items() if value is None and key not in normal}
+    return canonical_json({**normal, **nulls} if nulls else normal)
+
+
 CLIENT_MASKS = ("<tool_output_masked>",)
 """What a client writes in place of an old tool output it masks to save its own window, kept in the same call's
 message: Gemini CLI 0.61.0's `ToolOutputMaskingService` (`<tool_output_masked>`, a preview and the path of the

@@ -26,22 +26,16 @@ import json
 import operator
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from proxy import tokens
 from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import ITEMS
-from proxy.errors import Conflict, InvalidRequest
+from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import (
-    ENTRY_OVERHEAD,
-    NO_MATCH,
-    CachedMessage,
-    PathMatch,
-    RecentPaths,
-    json_copy,
-)
+from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, json_copy
+from proxy.history.located import CachedPathGone, KnownNode, Located, SessionDeleted
 from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
 from proxy.history.queries import (
@@ -54,6 +48,7 @@ from proxy.history.queries import (
 )
 from proxy.history.reads import HistoryReads, TokenCounter
 from proxy.history.settings import fold
+from proxy.history.warming import Warming
 from proxy.offload import OFF_LOOP_CHARS, compute
 from proxy.store.connection import Connection
 from proxy.store.database import Database, id_array, lock_name
@@ -85,32 +80,6 @@ def _count_with_tiktoken(message: Mapping[str, Any], encoding: str) -> int:
     return tokens.count_message(message, encoding)
 
 
-@dataclass(frozen=True)
-class Located:
-    """A request's messages mapped onto the chain, before anything is written (`History.locate`)."""
-
-    tenant: str
-    session_id: str
-    derived: bool
-    """No `X-Session-Id` named the session."""
-    anchor_id: str | None
-    """Set when the request starts a derived session: the message later requests will find it by."""
-    encoding: str
-    entries: list[CachedMessage]
-    """The request's messages as this request sent them (a variant's own text and tokens), in order, with the
-    settings in force after each: what the recent-path cache will hold once they are stored."""
-    stored_before: int
-    new_messages: list[tuple[str, str | None, int, str, str, float]]
-    new_tokens: list[tuple[str, str, int]]
-    variants: list[tuple[str, str, str, float]]
-    """(message id, digest, body, created_at) of forms not stored yet."""
-    messages: Sequence[Message] = ()
-    """The request's messages, which `entries` were made from: the recent-path cache holds them (`RecentPaths`).
-    With the opening turns it left out put back (`PathMatch.restored`): what the stages after it work on."""
-    matched: PathMatch = NO_MATCH
-    """The cached entries `entries` start with (`RecentPaths.match`)."""
-
-
 class History(HistoryReads):
     """The store of sessions and messages on top of `Database`: the write path here, the reads in `HistoryReads`.
 
@@ -126,6 +95,13 @@ class History(HistoryReads):
         self.recent = RecentPaths()
         """The paths this process reconciled last; `answers` extends them with each sealed answer."""
         self._locks = SessionLocks()
+        self._warming = Warming(db, self, self.recent)
+
+    async def sent_forms(self, tenant: str, path: Sequence[StoredMessage]) -> list[Message]:
+        """`path`'s messages in the form the tenant last sent them (`RecentPaths.sent_forms`); when no request
+        this process served sent them (after a restart), in the latest form the store holds of each."""
+        forms = self.recent.sent_forms(tenant, path)
+        return forms if forms is not None else await self._warming.last_forms(path)
 
     @contextlib.asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -143,7 +119,30 @@ class History(HistoryReads):
         encoding: str,
     ) -> Reconciled:
         """Map a request's messages onto the chain, store what is new, and move the session head to the last."""
-        return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        try:
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+        except CachedPathGone:  # located afresh, from the store (`stored`)
+            return await self.save(await self.locate(tenant, session_id, messages, encoding), model)
+
+    @contextlib.asynccontextmanager
+    async def stored(
+        self, tenant: str, session_id: str | None, messages: list[Message], model: str, encoding: str
+    ) -> AsyncIterator[tuple[Located, Reconciled]]:
+        """`reconcile` under the located session's lock, held for the block: a request located without a read on a
+        cached path found gone when saved (`CachedPathGone`) is located afresh, from the store (the path forgotten),
+        and saved under its new session's lock."""
+        located = await self.locate(tenant, session_id, messages, encoding)
+        async with self.lock(tenant, located.session_id):
+            try:
+                reconciled = await self.save(located, model)
+            except CachedPathGone:
+                pass
+            else:
+                yield located, reconciled
+                return
+        located = await self.locate(tenant, session_id, messages, encoding)  # read from the store: checked
+        async with self.lock(tenant, located.session_id):
+            yield located, await self.save(located, model)
 
     async def locate(self, tenant: str, session_id: str | None, messages: list[Message], encoding: str) -> Located:
         """Which stored nodes the request's messages are, which session it belongs to, what must be written.
@@ -155,26 +154,31 @@ class History(HistoryReads):
             raise InvalidRequest("messages must contain at least one message", param="messages")
         now = self.clock()
         found = self.recent.match(tenant, encoding, session_id, messages)
+        if not found.whole and await self._warming.warm(tenant, session_id, encoding):
+            found = self.recent.match(tenant, encoding, session_id, messages)
         messages = found.restored(messages)  # the opening turns a client left out, back in place (`caches._match`)
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
         size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))
-        entries, variants = await compute(size, self._reused, found, encoding, now)
+        entries, variants = await compute(size, self._reused, found, messages, encoding, now)
         after = entries[-1].stored.id if entries else None
         encoded = await compute(size, _encode, chain.root_parent(tenant) if after is None else after, rest)
         # The cached path's last node is looked up with the new ones (no query more): gone, the session was
         # deleted since it was cached, maybe by another process (`proxy.lifecycle`), and the request is located
         # afresh from the store, as on the process that deleted it. Only a request located before a deletion is
-        # refused (`save`).
-        known = await self._known(tenant, [node_id for node_id, _, _ in encoded] + ([after] if after else []), encoding)
-        if after is not None and after not in known and await self._gone(after):
+        # refused (`save`). A request that adds nothing to the cached path reads nothing: `save` checks that node
+        # anyway, and a path found gone there is located afresh then (`stored`).
+        ids = [node_id for node_id, _, _ in encoded]
+        checked = bool(ids)
+        known = await self._known(tenant, [*ids, after] if checked and after else ids, encoding)
+        if checked and after is not None and after not in known and await self._gone(after):
             self.recent.forget_tenant(tenant)
             return await self.locate(tenant, session_id, messages, encoding)
         stored_before = len(entries) + next(
             (i + 1 for i in range(len(encoded) - 1, -1, -1) if encoded[i][0] in known), 0
         )
         new_messages, new_tokens = await compute(
-            size, self._extend, entries, variants, encoded, known, stored_before, encoding, now
+            size, self._extend, entries, variants, encoded, rest, known, stored_before, encoding, now
         )
 
         anchor_id = None
@@ -203,6 +207,7 @@ class History(HistoryReads):
             variants,
             messages,
             found,
+            checked,
         )
 
     def _extend(
@@ -210,6 +215,7 @@ class History(HistoryReads):
         entries: list[CachedMessage],
         variants: list[tuple[str, str, str, float]],
         encoded: Sequence[tuple[str, str, Message]],
+        sent: Sequence[Message],
         known: Mapping[str, KnownNode],
         stored_before: int,
         encoding: str,
@@ -221,7 +227,7 @@ class History(HistoryReads):
         new_messages: list[tuple[str, str | None, int, str, str, float]] = []
         new_tokens: list[tuple[str, str, int]] = []
         parent_id, depth = (entries[-1].stored.id, len(entries)) if entries else (None, 0)
-        for node_id, body, normal in encoded:
+        for (node_id, body, normal), message in zip(encoded, sent, strict=True):
             role = str(normal["role"])
             row = known.get(node_id)
             if depth >= stored_before or row is None:
@@ -231,7 +237,8 @@ class History(HistoryReads):
             else:
                 created_at, count = row.created_at, row.tokens
                 if body != row.body:
-                    variants.append((node_id, chain.body_digest(body), body, now))
+                    kept = chain.variant_body(message, normal)
+                    variants.append((node_id, chain.body_digest(kept), kept, now))
                     count = None  # the stored count is the first form's
                 elif count is None:
                     count = self.count(normal, encoding)
@@ -248,7 +255,7 @@ class History(HistoryReads):
         return new_messages, new_tokens
 
     def _reused(
-        self, found: PathMatch, encoding: str, now: float
+        self, found: PathMatch, messages: Sequence[Message], encoding: str, now: float
     ) -> tuple[list[CachedMessage], list[tuple[str, str, str, float]]]:
         """The cached entries as this request sent them: a variant gets its own form and token count, and is
         stored (the forms not stored yet are returned beside). `found.entries` itself, which is the request's."""
@@ -257,7 +264,8 @@ class History(HistoryReads):
         for position, variant in found.variants.items():
             entry = entries[position]
             body = chain.canonical_json(variant)
-            variants.append((entry.stored.id, chain.body_digest(body), body, now))
+            kept = chain.variant_body(messages[position], variant)
+            variants.append((entry.stored.id, chain.body_digest(kept), kept, now))
             # Another API's parts alone (a moved cache breakpoint) cost no tokens: the count stands.
             same = _without_items(variant) == _without_items(entry.private)
             stored = replace(
@@ -309,7 +317,13 @@ class History(HistoryReads):
         try:
             session = await self._db.write(write, atomic=atomic, bulk=bulk)
         except SessionDeleted:
+            # Unchecked, on a path the cache still holds as it was found: no deletion in this process came between
+            # (its own forgets the path), so the request is taken as located after another process's.
+            key = (tenant, located.matched.session_id or "", located.encoding)
+            unchecked = not located.checked and self.recent.holds(key, located.matched.base)
             self.recent.forget_tenant(tenant)  # what this process remembers of the tenant's paths may be gone too
+            if unchecked:
+                raise CachedPathGone() from None
             raise
         # Only what is committed enters the cache: a cached node is one the next request may build on.
         path = self.recent.put(
@@ -376,27 +390,3 @@ class History(HistoryReads):
         return {
             row[0]: KnownNode(row[1], row[2], row[3], None if row[4] is None else json.loads(row[4])) for row in rows
         }
-
-
-class SessionDeleted(Conflict):
-    """The stored messages a request was located on were deleted before it was saved (`proxy.lifecycle`, maybe by
-    another replica): the request is refused whole, and its client's next one is stored anew."""
-
-    code = "session_deleted"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "The session this request continues was deleted while the request was on its way; nothing of it was "
-            "stored. Send it again to start a new session."
-        )
-
-
-@dataclass(frozen=True)
-class KnownNode:
-    """A stored node as `locate` needs it."""
-
-    created_at: float
-    tokens: int | None
-    body: str
-    settings: dict[str, Any] | None
-    """The setting changes attached to it, if any."""

@@ -88,7 +88,7 @@ async def _summarized(
     if after and is_acknowledgement(after[0]):
         after = after[1:]  # the client's own reply to its summary (Gemini CLI's) goes with it
     end = len(path) - kept_tail(path[leading:], after)
-    forms = history.recent.sent_forms(tenant, path)
+    forms = await history.sent_forms(tenant, path)
     messages = [*system, *forms[leading:end], *after]
     return replace(conversation, messages=messages)
 

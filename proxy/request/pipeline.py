@@ -203,7 +203,7 @@ class Pipeline:
             log.info("a %s summary request names no stored conversation: sent to the model", asked.recognizer.client)
             return None
         session_id, path = found
-        stored = replace(conversation, messages=self.history.recent.sent_forms(tenant, path))
+        stored = replace(conversation, messages=await self.history.sent_forms(tenant, path))
         plan = await self.planner.saved(tenant, stored, replace(options, session_id=session_id), entry)
         return plan, await self._summary(tenant, plan, asked)
 
@@ -218,7 +218,7 @@ class Pipeline:
             plan.reconciled.session.id,
             len(path),
         )
-        return LocalAnswer(text, plan.report.history_tokens)
+        return LocalAnswer(text)
 
     async def count_tokens(self, conversation: Conversation) -> int:
         """What the proxy would send for `conversation` (`proxy.request.budget.count_tokens`)."""

@@ -38,12 +38,13 @@ class Plan:
 
     def context(self) -> dict[str, Any]:
         """What the step records of it: the report's numbers, what its definitions cost (the session views plan
-        the next request with them), the system prompts as sent, and what the client's door keeps of the request
-        (`Conversation.door_state`)."""
+        the next request with them), the system prompts as sent, whether it crossed the budget (a prompt that does
+        not extend the previous one), and what the client's door keeps of the request (`Conversation.door_state`)."""
         context = {
             **self.report.as_json(),
             "definitions": self.budget.definitions,
             "pinned": self.reconciled.pinned_forms(),
+            "crossed": self.prepared.crossed,
         }
         if self.door_state:
             context[DOOR_STATE] = dict(self.door_state)
@@ -83,9 +84,8 @@ class Planner:
         """`allowance` is the summarizer work this request may still wait for: one per request, so a healing
         retry does not get a second."""
         encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
+        stored = self.history.stored(tenant, options.session_id, conversation.messages, conversation.model, encoding)
+        async with stored as (located, reconciled):
             reconciled = await self._remember_settings(reconciled, options)
             budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
             prepared = await self._prepare(
@@ -108,9 +108,8 @@ class Planner:
     async def saved(self, tenant: str, conversation: Conversation, options: ContextOptions, entry: ModelEntry) -> Plan:
         """The conversation stored, and the plan of a request that sends nothing upstream."""
         encoding = encoding_for_model(entry.model)
-        located = await self.history.locate(tenant, options.session_id, conversation.messages, encoding)
-        async with self.history.lock(tenant, located.session_id):
-            reconciled = await self.history.save(located, conversation.model)
+        stored = self.history.stored(tenant, options.session_id, conversation.messages, conversation.model, encoding)
+        async with stored as (_located, reconciled):
             reconciled = await self._remember_settings(reconciled, options)
         budget = request_budget(self.budgets, entry, conversation, reconciled.settings)
         nothing = WorkingContext([], 0, summaries=0, written=0)

@@ -1,5 +1,9 @@
 """An answer the proxy writes itself, delivered the way an upstream's is: journaled, relayed and rendered by every
-door like any other (a client's compaction request, answered from the proxy's own history)."""
+door like any other (a client's compaction request, answered from the proxy's own history).
+
+Its usage is what an upstream billed for it: nothing. Every place that shows cost reads the step's usage
+(`proxy.cost`: the session's cost view, `/metrics`, X-Context-Cached-Tokens), so a local answer reporting the
+conversation it stands for as its prompt would count it as sent and uncached, once per client summary request."""
 
 from __future__ import annotations
 
@@ -16,9 +20,8 @@ LOCAL_ID_PREFIX = "chatcmpl-proxy-"
 class LocalAnswer:
     """`proxy.upstream.protocol.Upstream` for one fixed text: no model is called."""
 
-    def __init__(self, text: str, prompt_tokens: int) -> None:
+    def __init__(self, text: str) -> None:
         self._text = text
-        self._prompt_tokens = prompt_tokens
         self._created = int(time.time())
 
     async def complete(self, call: UpstreamCall) -> Chunk:
@@ -42,10 +45,6 @@ class LocalAnswer:
         yield {**common, **created, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
         yield {**common, **created, "choices": [], "usage": self._usage()}
 
-    def _usage(self) -> dict[str, int]:
-        completion = max(1, len(self._text) // 4)
-        return {
-            "prompt_tokens": self._prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self._prompt_tokens + completion,
-        }
+    @staticmethod
+    def _usage() -> dict[str, int]:
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -111,8 +111,15 @@ class ProxyServer:
 class ProxyProcess:
     """`python -m proxy serve` in a child process: the only way to test a real SIGKILL."""
 
-    def __init__(self, raw_config: dict[str, Any], workdir: Path, log_level: str | None = "warning") -> None:
-        """`log_level` None: the config's `logging.level`."""
+    def __init__(
+        self,
+        raw_config: dict[str, Any],
+        workdir: Path,
+        log_level: str | None = "warning",
+        start_timeout_s: float | None = None,
+    ) -> None:
+        """`log_level` None: the config's `logging.level`; `start_timeout_s` None: `START_TIMEOUT_S`."""
+        self.start_timeout_s = start_timeout_s
         self.port = free_port()
         self.log_level = log_level
         self.config_path = workdir / "proxy-config.json"
@@ -148,7 +155,7 @@ class ProxyProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + (START_TIMEOUT_S if self.start_timeout_s is None else self.start_timeout_s)
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"the proxy exited: {self.log_path.read_text()[-2000:]}")

@@ -35,9 +35,10 @@ class CompactedInput:
     """The input asked for a compaction."""
 
 
-def compacts(items: Sequence[Any]) -> bool:
-    """Whether an input holds a compaction item or asks for one (`split_input` has then something to split)."""
-    return any(_kind(item) in (TRIGGER, *_MARKS) for item in items)
+def compacts(items: Sequence[Any], start: int = 0) -> bool:
+    """Whether an input holds a compaction item or asks for one (`split_input` has then something to split);
+    `start`: how many leading items are known to hold none."""
+    return any(_kind(items[index]) in (TRIGGER, *_MARKS) for index in range(start, len(items)))
 
 
 def split_input(items: Sequence[Any]) -> CompactedInput:

@@ -17,7 +17,7 @@ from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.config.models import RESPONSES_API
 from proxy.config.schema import RequestLimits
 from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
-from proxy.doors.resent import Listed, TenantLists, parse_listed
+from proxy.doors.resent import Conversion, Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
 from proxy.doors.responses.ids import step_of
@@ -111,12 +111,17 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
     messages = list(instructions)
     raw_input = body.get("input")
     compacted = CompactedInput([], None, trigger=False)
+    checked = False  # the pair checks were made as the list was converted (`_checked_pairs`)
     if isinstance(raw_input, str):
         check_message_size(raw_input, "input", limits)
         messages.append({"role": "user", "content": raw_input})
-    elif isinstance(raw_input, list) and listed is not None and not compacts(raw_input):
+    elif isinstance(raw_input, list) and listed is not None and not compacts(raw_input, listed.resumed):
+        # A kept request's elements hold no compaction item (it came this way), and passed the pair checks when
+        # it continued nothing: only what follows them is read for either.
         compacted = CompactedInput(raw_input, None, trigger=False)
-        listed.convert(input_conversion, "input", prelude=instructions)
+        checked = body.get("previous_response_id") is None
+        check = _checked_pairs if checked else None
+        listed.convert(input_conversion, "input", check, instructions, answered_later=True)
         messages = listed.messages
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)
@@ -145,8 +150,10 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
     if continues is None:
         if not compacted.trigger and not any(message["role"] not in SYSTEM_ROLES for message in messages):
             raise InvalidRequest("'input' must contain at least one item.", param="input")
-        check_pairs(messages)  # else the calls may be in what it continues: checked once that is put in
-    check_answered(messages)
+        if not checked:
+            check_pairs(messages)  # else the calls may be in what it continues: checked once that is put in
+    if not checked:
+        check_answered(messages)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise InvalidRequest(
@@ -180,6 +187,13 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
         session_key=key if isinstance(key, str) else None,
         compact=compacted.trigger,
     )
+
+
+def _checked_pairs(conversion: Conversion, start: int) -> None:
+    """Both pair checks of an input that continues nothing, past the `start` messages of a kept input that passed
+    them (`Listed.convert`)."""
+    check_pairs(conversion.messages, start)
+    check_answered(conversion.messages, start)
 
 
 def _instructions(instructions: Any, limits: RequestLimits) -> list[Message]:

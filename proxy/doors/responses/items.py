@@ -195,19 +195,21 @@ def _chat_parts(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return chat
 
 
-def check_pairs(messages: Sequence[Message]) -> None:
-    """A tool output must answer a call made before it, as every provider requires."""
-    orphan = unanswered_output(messages)
+def check_pairs(messages: Sequence[Message], start: int = 0) -> None:
+    """A tool output must answer a call made before it, as every provider requires. `start`: how many leading
+    messages are those of a list that passed (`proxy.canonical.tool_pairs`)."""
+    orphan = unanswered_output(messages, start)
     if orphan is not None:
         raise InvalidRequest(
             f"No tool call found for function call output with call_id {orphan[:MAX_SHOWN_ID_CHARS]}.", param="input"
         )
 
 
-def check_answered(messages: Sequence[Message]) -> None:
+def check_answered(messages: Sequence[Message], start: int = 0) -> None:
     """A call must be answered by an output after it once the conversation goes on past it, as OpenAI requires
-    (a call at the end is the client's to answer in its next request)."""
-    unanswered = unanswered_calls(messages, adjacent=False)
+    (a call at the end is the client's to answer in its next request). `start`: how many leading messages are
+    those of a list that passed, with no tool output past them (`proxy.canonical.tool_pairs.unanswered_calls`)."""
+    unanswered = unanswered_calls(messages, adjacent=False, start=start)
     if unanswered is None:
         return
     index, ids = unanswered

@@ -68,6 +68,26 @@ def test_the_pair_checks_after_a_checked_prefix_find_what_a_whole_check_finds(
     assert tool_pairs.unanswered_calls(messages, start=start) == tool_pairs.unanswered_calls(messages)
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PAIR_MESSAGES, max_size=9), st.lists(_PAIR_MESSAGES, max_size=9), st.data())
+def test_calls_answered_anywhere_after_a_checked_prefix_are_found_as_over_the_whole(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """Without `adjacent` (Responses items: an output may come after other messages), `start` is a prefix of a
+    list that passed, past which that list held no tool output: checked only from its last message that is not
+    a tool output on, with the same outcome."""
+    before = next(
+        before[:end]
+        for end in range(len(before), -1, -1)
+        if tool_pairs.unanswered_calls(before[:end], adjacent=False) is None
+    )
+    last_output = max((index + 1 for index, message in enumerate(before) if message["role"] == "tool"), default=0)
+    start = data.draw(st.integers(last_output, len(before)))
+    messages = [*before[:start], *after]
+    found = tool_pairs.unanswered_calls(messages, adjacent=False)
+    assert tool_pairs.unanswered_calls(messages, adjacent=False, start=start) == found
+
+
 def test_shown_ids_are_few_and_short() -> None:
     assert tool_pairs.shown_ids(["a", "b"]) == "a, b"
     shown = tool_pairs.shown_ids(["x" * 100] * 12)

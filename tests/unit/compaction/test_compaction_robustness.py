@@ -470,6 +470,7 @@ async def test_a_summarizer_call_still_running_at_the_deadline_is_abandoned_for_
     assert time.monotonic() - started < 5
     assert len(upstream.calls) == 1
     assert prepared.written == 1
+    assert prepared.crossed
     [stored] = await summaries.on_path(TENANT, path)
     assert stored.generated_by == "fallback"
     assert "0.2 s" in caplog.text

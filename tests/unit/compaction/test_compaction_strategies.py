@@ -407,6 +407,7 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
     engine = Compactor(config, summaries, fake, events=events)
     prepared = await engine.prepare(request(path, budget))
     assert prepared.summaries == 0
+    assert not prepared.crossed
     engine.precompact(request(path, budget), prepared)
     await asyncio.wait_for(engine.settled(), 10)
     calls = len(fake.calls)
@@ -418,10 +419,14 @@ async def test_past_the_precompact_ratio_the_crossing_summary_is_written_ahead(
 
     assert len(fake.calls) == calls  # the crossing paid no summarizer call
     assert after.written == 0
+    assert after.crossed, "the spans written ahead joined: the journal marks the step as a crossing"
     assert after.summaries >= 1
     assert after.tokens <= config.compact_to * budget + 2 * total(path[-2:])
     listed, _ = await events.for_session(TENANT, "s", 100)
     assert all(e["background"] for e in listed)
+    following = await engine.prepare(request(await grow(history, messages, 1), budget))
+    assert not following.crossed
+    assert following.summaries == after.summaries
 
 
 async def test_a_crossing_waits_for_the_running_precompaction_and_makes_no_second_call(

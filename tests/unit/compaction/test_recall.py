@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from proxy.compaction import recall as recall_module
+from proxy.compaction import recall_index
 from proxy.compaction.excerpts import excerpt, message_text
 from proxy.compaction.recall import (
     MAX_HITS,
@@ -134,10 +135,10 @@ def test_recall_message_is_deterministic() -> None:
 async def test_a_session_s_hidden_messages_are_all_indexed_as_its_path_grows_and_its_shown_part_moves(
     db: Database, history: History, recall: Recall, monkeypatch: pytest.MonkeyPatch, seed: int, cap: int
 ) -> None:
-    """What a session's last request left indexed carries over (`Recall._index`): however its path grows, branches
-    and what it shows moves (messages shown again, hidden again), every hidden message ends up indexed: at once,
-    or, with one message indexed a call (`cap`), after as many calls with the same view."""
-    monkeypatch.setattr(recall_module, "MAX_INDEX_CHARS", cap)
+    """What a session's last request left indexed carries over (`RecallIndex.index_hidden`): however its path
+    grows, branches and what it shows moves (messages shown again, hidden again), every hidden message ends up
+    indexed: at once, or, with one message indexed a call (`cap`), after as many calls with the same view."""
+    monkeypatch.setattr(recall_index, "MAX_INDEX_CHARS", cap)
     rng = random.Random(seed)
     messages = conversation(3)
     for step in range(25):

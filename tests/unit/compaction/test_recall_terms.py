@@ -165,6 +165,26 @@ def test_content_words_are_the_question_s_plain_words_as_stems() -> None:
     assert stem("researching") == "research*"
 
 
+def test_a_bare_number_alone_looks_nothing_up() -> None:
+    """An agent's prompt names a number each turn (`Turn 20`, a count) and its old tool outputs hold every small
+    number: a recall for the number alone would come at one turn and go at the next, a break of the cached
+    prompt both ways. Quoted, or beside another unseen term, it is still asked about."""
+    command = "seq -f 'turn {n} row %g: alpha beta' 1 120"
+    previous = f"Turn 19: run `{command.format(n=19)}` with the shell tool and tell me its last line."
+    asked = lookup(f"Turn 20: run `{command.format(n=20)}` with the shell tool and tell me its last line.", previous)
+    assert asked.unseen == ()
+    assert ("20",) in asked.terms
+    assert ("20",) not in asked.exact
+    assert lookup("what ran on 8080?", "it ran on a port").unseen == ()
+    quoted = lookup('what ran on "8080"?', "it ran on a port")
+    assert quoted.unseen == (("8080",),)
+    assert quoted.exact == frozenset({("8080",)})
+    beside = lookup("what did DEPLOY_REGION hold at 8080?", "nothing")
+    assert set(beside.unseen) >= {("8080",), ("deploy", "region")}
+    assert beside.exact == frozenset({("deploy", "region")})
+    assert lookup("what broke build-2041?", "").exact == frozenset({("build", "2041")}), "a number in an identifier"
+
+
 def test_the_lookup_ranks_by_every_term_and_requires_an_unseen_one() -> None:
     question = "When did Caroline go to the LGBTQ support group?"
     asked = lookup(question, f"Caroline: my group meets on Tuesdays\n{question}")

@@ -328,6 +328,33 @@ def test_a_responses_input_with_a_compaction_item_is_split_as_before() -> None:
         parse_responses_request(responses_body([{"type": "compaction_trigger"}, *items]), LIMITS, resent)
 
 
+def test_a_compaction_item_after_a_kept_input_is_still_found() -> None:
+    """The kept input's items are not read again for compaction items, the new ones are."""
+    resent = ResentLists().of(TENANT)
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "hi"}]
+    parse_responses_request(responses_body(items), LIMITS, resent)
+    request = parse_responses_request(responses_body([*items, {"type": "compaction_trigger"}]), LIMITS, resent)
+    assert request.compact
+
+
+def test_a_call_a_kept_input_answered_past_what_is_re_sent_of_it_is_refused() -> None:
+    """A Responses call may be answered after other items: one re-sent without the output a kept input held for
+    it, with the conversation going on, is refused as a whole parse refuses it (the checks read past a kept
+    input only when all of it is re-sent)."""
+    resent = ResentLists().of(TENANT)
+    call = {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "o"}
+    user = {"type": "message", "role": "user", "content": "hi"}
+    answered = [user, call, {"type": "message", "role": "user", "content": "meanwhile"}, output]
+    parse_responses_request(responses_body(answered), LIMITS, resent)
+    going_on = [*answered[:3], {"type": "message", "role": "user", "content": "next"}]
+    with pytest.raises(InvalidRequest, match="No tool output found for function call c1"):
+        parse_responses_request(responses_body(going_on), LIMITS, resent)
+    parse_responses_request(responses_body(answered), LIMITS, resent)
+    with pytest.raises(InvalidRequest, match="No tool call found for function call output with call_id c2"):
+        parse_responses_request(responses_body([*answered, {**output, "call_id": "c2"}]), LIMITS, resent)
+
+
 def test_a_tenant_builds_only_on_its_own_requests() -> None:
     """Another tenant's kept request would tell, by how quickly it is answered, what that tenant sent."""
     lists = ResentLists()

@@ -14,6 +14,7 @@ from proxy import tokens
 from proxy.canonical.sharing import LINEAGE_DEPTH, known_shared, shared_prefix
 from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
+from proxy.history import chain
 from proxy.history.caches import CachedMessage, RecentPaths
 from proxy.history.messages import StoredMessage, StoredPath
 from proxy.history.store import History
@@ -664,7 +665,37 @@ async def test_a_stored_path_reads_back_in_the_form_the_tenant_last_sent_it(hist
     path = await history.path_to(later.path[-1].id)
     assert path[1].message != sent[1]  # stored as the model answered it
     assert history.recent.sent_forms("t", path) == sent
-    assert history.recent.sent_forms("other", path) == [stored.message for stored in path]
+    assert history.recent.sent_forms("other", path) is None
+
+
+async def test_after_a_restart_a_stored_path_reads_back_in_the_latest_form_stored(db: Database) -> None:
+    """A process that served none of the session's requests (a restart) has no request's own messages: the
+    conversation reads back in the latest form stored of each node, the client's own encoding of the model's turn
+    with the null it sent beside its tool calls (which went upstream as it was), not the form first stored."""
+    before = History(db, clock=Clock())
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    answered = [{"role": "user", "content": "run ls"}, {"role": "assistant", "tool_calls": [call]}]
+    first = await before.reconcile("t", None, answered, "m", "cl100k_base")
+    own = {**call, "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+    sent: list[dict[str, Any]] = [
+        answered[0],
+        {"role": "assistant", "content": None, "tool_calls": [own]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    later = await before.reconcile("t", first.session.id, sent, "m", "cl100k_base")
+    restarted = History(db, clock=Clock())
+    path = await restarted.path_to(later.path[-1].id)
+    assert restarted.recent.sent_forms("t", path) is None
+    assert await restarted.sent_forms("t", path) == sent
+    assert path[1].message != chain.normalize(sent[1])  # stored as the model answered it
+
+    later = Clock()
+    later.now = 5_000.0
+    cold = History(db, clock=later)  # another form, found by its id (no cached path holds it)
+    spaced = {**own, "function": {"name": "bash", "arguments": '{"command" :  "ls"}'}}
+    again = [sent[0], {"role": "assistant", "content": None, "tool_calls": [spaced]}]
+    assert (await cold.reconcile("t", "other", again, "m", "cl100k_base")).path[1].id == path[1].id
+    assert (await History(db, clock=Clock()).sent_forms("t", path[:2]))[1] == again[1]
 
 
 def opened_session(*turns: str) -> list[dict[str, Any]]:
@@ -717,6 +748,33 @@ async def test_a_request_leaving_out_its_opening_user_turn_continues_the_session
     assert third.session.id == first.session.id
     assert third.stored_before == len(second.path)
     assert await count(db, "sessions") == 1
+
+
+async def test_after_a_restart_a_masked_output_and_a_left_out_opening_turn_still_continue_the_session(
+    db: Database,
+) -> None:
+    """The recent paths are lost with the process, and only they recognize a form the client re-sends differently
+    from the one stored: the first request after a restart, masking an old output and leaving out its opening
+    turn (Gemini CLI 0.61.0 resumed), lands on the same nodes and session, as it would have before; with a session
+    named (`X-Session-Id`) as without."""
+    for session_id in (None, "named"):
+        before = History(db, clock=Clock())
+        turns = [f"Turn 1 {session_id}. Note: CODE=42", "Turn 2", "Turn 3"]
+        opened = opened_session(*turns)
+        opened[4] = {**opened[4], "content": "line of build output\n" * 200}
+        first = await before.reconcile("t", session_id, opened, MODEL, ENCODING)
+        await before.reconcile("t", None, conversation(2, "another session"), MODEL, ENCODING)
+
+        restarted = History(db, clock=Clock())
+        resent = opened_session(*turns, "Turn 4")
+        resent[4] = {**resent[4], "content": "<tool_output_masked>\nline 1\n</tool_output_masked>"}
+        del resent[2]
+        second = await restarted.reconcile("t", session_id, resent, MODEL, ENCODING)
+
+        assert second.session.id == first.session.id
+        assert [m.id for m in second.path[: len(first.path)]] == [m.id for m in first.path]
+        assert second.stored_before == len(first.path)
+        assert len(second.path) == len(first.path) + 4
 
 
 async def test_a_request_leaving_out_a_later_message_or_not_resending_the_whole_path_is_another_branch(

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.canonical.types import Chunk
 from proxy.compaction.recall import Recall
+from proxy.compaction.recall_index import RecallIndex
 from proxy.compaction.span_store import SpanStore
 from proxy.compaction.summarizer_calls import SummarizerCalls
 from proxy.config.schema import JournalConfig
@@ -136,7 +137,7 @@ async def everything(parts: Parts, tenant: str, session_id: str, tag: str, word:
             (tenant, session_id, "complete", "summarize", 1.0),
         )
     )
-    await Recall(parts.db)._index_messages(tenant, path[2:8])
+    await RecallIndex(parts.db).index_messages(tenant, path[2:8])
     return path
 
 
@@ -416,3 +417,61 @@ async def test_a_session_deleted_on_another_replica_sent_again_is_indexed_again_
     assert any(FACT in text for text in first)
     await Deletions(db, deleting).delete_session("t", "s")
     assert await recalled() == first
+
+
+async def test_a_request_adding_nothing_to_a_cached_path_reads_nothing_and_is_saved(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent again as it was (a retry, a regenerated answer), a cached path is not read: the save checks its last
+    node anyway."""
+    messages = [*opening("x"), *turns("a", 2)]
+    first = await parts.session("t", "a", messages)
+    reads: list[str] = []
+    fetch = parts.db.fetch_tuples
+
+    async def counted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        reads.append(sql)
+        return await fetch(sql, params)
+
+    monkeypatch.setattr(parts.db, "fetch_tuples", counted)
+    async with parts.history.stored("t", "a", messages, MODEL, ENCODING) as (located, reconciled):
+        assert not located.checked
+    assert reads == []
+    assert reconciled.stored_before == len(messages)
+    assert [stored.id for stored in reconciled.path] == [stored.id for stored in first]
+
+
+async def test_a_path_sent_again_whole_after_another_replica_deleted_it_is_stored_anew(parts: Parts) -> None:
+    """The replica that did not delete still caches the path and reads nothing to locate a request that adds
+    nothing to it: its save finds the path gone, and the request is located afresh from the store and stored as a
+    new session, as when its locate reads the store (a turn that adds something)."""
+    messages = [*opening("x"), *turns("a", 2)]
+    other = History(parts.db)
+    for tenant in ("t", "u"):
+        await other.reconcile(tenant, "a", messages, MODEL, ENCODING)
+        await parts.deletions.delete_session(tenant, "a")
+
+    async with other.stored("t", "a", messages, MODEL, ENCODING) as (located, stored):
+        assert located.checked  # the second locate, from the store
+    again = await other.reconcile("u", "a", messages, MODEL, ENCODING)
+
+    for reconciled in (stored, again):
+        assert reconciled.stored_before == 0
+        assert [message.message for message in reconciled.path] == messages
+    assert await parts.rows("messages") == 2 * len(messages)
+
+
+async def test_a_request_adding_nothing_located_before_this_replicas_deletion_is_refused(parts: Parts) -> None:
+    """This process's deletion forgets the cached path, so the save that finds it gone knows the request was
+    located before the deletion: refused, as any request located before it."""
+    messages = [*opening("x"), *turns("a", 2)]
+    await parts.session("t", "a", messages)
+    located = await parts.history.locate("t", "a", messages, ENCODING)
+    assert not located.checked
+
+    await parts.deletions.delete_session("t", "a")
+    with pytest.raises(SessionDeleted) as raised:
+        await parts.history.save(located, MODEL)
+
+    assert type(raised.value) is SessionDeleted
+    assert await parts.rows("messages") == 0

@@ -41,6 +41,7 @@ from proxy.history import chain
 from proxy.history.answers import Answers
 from proxy.history.store import History
 from proxy.journal.assembly import assemble
+from proxy.journal.costs import session_cost
 from proxy.journal.keys import request_fingerprint
 from proxy.journal.reader import JournalReader
 from proxy.journal.steps import Step
@@ -551,6 +552,31 @@ async def test_a_compaction_stores_the_conversation_and_names_it_with_no_step_an
         again = await rig.pipeline.compact(TENANT, request(), context_options({"idempotency-key": "k"}))
     assert again.message_id == stored.message_id
     assert rig.counts() == (2, 1, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_summary_request_answered_locally_costs_nothing_in_the_session_s_cost(rig: Rig, stream: bool) -> None:
+    """A client's summary request the proxy answers from the store sends nothing upstream: its usage says so, and
+    the session's cost (`GET /sessions/{id}`) counts only what the upstream billed and cached (Pi's 152 local
+    answers had counted the whole conversation each as sent and uncached: 0.14 of it cached, not 0.93)."""
+    billed = {"prompt_tokens": 1_000, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 900}}
+    rig.upstream.reply({**completion("Hi there"), "usage": billed})
+    first = await rig.answer(request())
+    assert isinstance(first, Completed)
+    compact = {"role": "user", "content": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools. Summarize."}
+    conversation = request([*MESSAGES, {"role": "assistant", "content": "Hi there"}, compact], stream=stream)
+    answer = await rig.answer(conversation)
+    if stream:
+        [usage] = [received["usage"] for received in await drain(answer) if received.get("usage")]
+    else:
+        assert isinstance(answer, Completed)
+        usage = answer.response["usage"]
+    assert len(rig.upstream.calls) == 1  # answered by the proxy
+    assert usage["prompt_tokens"] == 0
+    assert answer.report.prompt_tokens == 0 < answer.report.history_tokens
+    cost = session_cost(await rig.reader.costs(TENANT, first.report.session_id))
+    assert cost["steps"] == 2
+    assert (cost["sent_tokens"], cost["cached_tokens"], cost["cached_share"]) == (1_000, 900, 0.9)
 
 
 async def test_a_compaction_with_no_room_for_its_output_is_refused_before_any_write(rig: Rig) -> None:

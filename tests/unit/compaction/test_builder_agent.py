@@ -1,0 +1,121 @@
+"""An agent's session in a small window under a large preamble (Claude Code on a 32k model: a 5.6k system prompt
+in ~10.8k for messages, one ~2.4k tool output a turn, stubbed once older): the summaries of the past are sized by
+what the crossing's target leaves them, so each crossing makes room for many turns and costs one summarizer call.
+
+Pure builder, request by request, through the caller loop (a summary costs its target plus the header)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeeded, build
+from proxy.compaction.groups import Cuts
+from proxy.config.schema import DEFAULT_HEADROOM_TURNS, DEFAULT_SUMMARY_SHARE, SUMMARIZE, TOOL_RESULTS
+
+BUDGET = 10_758
+SYSTEM = Item("system", 5_583)
+TURN = (47, 47, 2_404, 25)
+"""A turn: the user's prompt, the model's tool call, its output (60 as a stub), the answer."""
+STUB = 60
+MASKED_TURN = TURN[0] + TURN[1] + STUB + TURN[3]
+
+
+@dataclass
+class Agent:
+    policy: Policy
+    items: list[Item] = field(default_factory=lambda: [SYSTEM])
+    spans: list[Span] = field(default_factory=list)
+    calls: int = 0
+    rooms: list[int] = field(default_factory=list)
+    """What the budget left right after each crossing that called the summarizer."""
+    next_id: int = 1
+
+    def request(self) -> ContextLayout:
+        called = self.calls
+        for round_ in range(300):
+            result = build(self.items, self.spans, self.policy, compacting=round_ > 0)
+            if isinstance(result, ContextLayout):
+                assert result.tokens <= self.policy.budget
+                if self.calls > called:
+                    self.rooms.append(self.policy.budget - result.tokens)
+                return result
+            assert isinstance(result, SpanNeeded), result
+            self.spans = [span for span in self.spans if span.id not in result.replaces]
+            mask = result.strategy == TOOL_RESULTS
+            tokens = 0 if mask else result.target + self.policy.summary_overhead
+            self.spans.append(Span(self.next_id, result.start, result.end, tokens, strategy=result.strategy))
+            self.next_id += 1
+            self.calls += not mask
+        raise AssertionError("the loop did not converge")
+
+    def turn(self, number: int) -> None:
+        call = f"call-{number}"
+        self.items.append(Item("user", TURN[0]))
+        self.request()
+        self.items += [
+            Item("assistant", TURN[1], tool_call_ids=(call,)),
+            Item("tool", TURN[2], tool_call_id=call, stub_tokens=STUB),
+        ]
+        self.request()
+        self.items.append(Item("assistant", TURN[3]))
+
+
+@pytest.mark.parametrize("budget", [BUDGET, BUDGET + 1_500])
+def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fewer(budget: int) -> None:
+    policy = Policy(
+        budget=budget,
+        headroom_turns=DEFAULT_HEADROOM_TURNS,
+        summary_share=DEFAULT_SUMMARY_SHARE,
+        strategies=(TOOL_RESULTS, SUMMARIZE),
+    )
+    agent = Agent(policy)
+    turns = 150
+    for number in range(turns):
+        agent.turn(number)
+    assert 0 < agent.calls <= turns // 10, agent.calls
+    # Merged summaries sized by the free space (~1.5k here) filled the room a crossing made: the room left fell to
+    # ~6 turns, and every other crossing merged again.
+    assert min(agent.rooms) >= 10 * MASKED_TURN, agent.rooms
+    # None is asked for more than what the target leaves the past (~330 tokens at BUDGET).
+    assert all(span.tokens <= 400 + budget - BUDGET for span in agent.spans if span.strategy == SUMMARIZE)
+
+
+def test_the_past_s_room_is_what_the_target_leaves_below_it() -> None:
+    policy = Policy(budget=BUDGET, summary_share=DEFAULT_SUMMARY_SHARE)
+    floor = SYSTEM.tokens
+    assert policy.summary_room(floor, 50_000) == DEFAULT_SUMMARY_SHARE * (BUDGET - floor)
+    assert policy.summary_room(floor, 50_000, past=300) == 300
+    assert policy.summary_room(floor, 1_000, past=300) == policy.target_ratio * 1_000
+    assert policy.sized_target(50_000, floor, 50_000, past=300) == 300
+    assert policy.sized_target(10_000, floor, 50_000, past=300) == policy.summary_min  # a fifth of 300
+    assert policy.summary_room(floor, 50_000, past=-20) == 0
+
+
+def test_a_forced_summary_is_sized_by_the_free_space() -> None:
+    """`Compactor.force` aims at the floor: the target leaves the past nothing, and its summaries are not cut to
+    that (`Policy.past_room` off)."""
+    agent = Agent(Policy(budget=BUDGET, summary_share=DEFAULT_SUMMARY_SHARE, strategies=(TOOL_RESULTS, SUMMARIZE)))
+    for number in range(12):
+        agent.turn(number)
+    forced = Policy(
+        budget=BUDGET,
+        trigger_ratio=1e-9,
+        compact_to=1e-9,
+        summary_share=DEFAULT_SUMMARY_SHARE,
+        past_room=False,
+    )
+    need = build(agent.items, agent.spans, forced)
+    assert isinstance(need, SpanNeeded)
+    assert need.target > forced.summary_min
+    cut = build(agent.items, agent.spans, replace(forced, past_room=True))
+    assert isinstance(cut, SpanNeeded)
+    assert cut.target == forced.summary_min
+
+
+def test_cuts_of_an_agent_turn_stub_the_tool_output() -> None:
+    agent = Agent(Policy(budget=BUDGET))
+    agent.turn(0)
+    cuts = Cuts.of(agent.items)
+    assert cuts.savings[-1] == TURN[2] - STUB
