@@ -565,7 +565,8 @@ def marathon_report(
 ) -> None:
     """The per-turn table of the work turns, and the headline figures; `fact`: the answer to the fact question;
     `added`: the proxy's mean time before the upstream calls per turn, to `EARLY_TURN` and to the last turn;
-    `first_bytes`: likewise to a stream's first byte less the upstream's; `crossed`: the main-model requests the proxy crossed the budget at (`proxy_crossings`)."""
+    `first_bytes`: likewise to a stream's first byte less the upstream's; `crossed`: the main-model requests the
+    proxy crossed the budget at (`proxy_crossings`)."""
     table = report.table(
         "marathon",
         "per turn: wall time, requests, summarizer calls, rejections, main-model tokens, the proxy's CPU and RSS",
