@@ -128,7 +128,7 @@ def build(
     )
     trigger = policy.level(policy.trigger_ratio, floor)
     growth = request_growth(items, cuts)
-    reserve = policy.reserve(floor, growth)
+    reserve = policy.reserve(floor, growth, tools=bool(cuts.caller))
     target = stop = policy.target(floor, growth, reserve)
     if policy.budget - target < REACH_TURNS * growth:
         target, stop = _within_reach(policy, target, request_growth(items, cuts, masked=True))

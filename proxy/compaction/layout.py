@@ -120,14 +120,15 @@ class Policy:
         a large fixed preamble does not leave compaction aiming below it (and compacting on every turn)."""
         return floor + ratio * max(0, self.budget - floor)
 
-    def reserve(self, floor: int, growth: int) -> int:
+    def reserve(self, floor: int, growth: int, *, tools: bool = False) -> int:
         """The room a compacted context leaves below the budget for the question's recall and its fill, whatever
         the point between two crossings a question comes at: `recall_room`, at most `RECALL_SHARE` of the free
-        space; none when that holds fewer than `RESERVE_TURNS` turns' `growth` (an agent's turns, which recall
-        does not fill). Without it a question asked just before a crossing finds the prefix at the budget and
-        its recall no room, one asked just after finds the room of the whole headroom."""
+        space; none when that holds fewer than `RESERVE_TURNS` turns' `growth`, nor for a path that calls `tools`
+        (an agent's: its turns are tool outputs, which recall does not fill, and its tool outputs are stubbed
+        before they are summarized). Without it a question asked just before a crossing finds the prefix at the
+        budget and its recall no room, one asked just after finds the room of the whole headroom."""
         room = min(self.recall_room, int(RECALL_SHARE * max(0, self.budget - floor)))
-        return room if room >= RESERVE_TURNS * growth else 0
+        return room if room >= RESERVE_TURNS * growth and not tools else 0
 
     def target(self, floor: int, growth: int, reserve: int = 0) -> float:
         """The level a crossing compacts down to: the budget less the recall's `reserve` and `headroom_turns`

@@ -232,4 +232,5 @@ def test_an_agents_turns_keep_no_recall_room() -> None:
     floor = SYSTEM.tokens + REPLY_PRIMING_TOKENS
     assert policy.reserve(floor, 2_030) == 0
     assert policy.reserve(floor, 100) == 1_024
+    assert policy.reserve(floor, 100, tools=True) == 0
     assert policy.target(floor, 2_030, policy.reserve(floor, 2_030)) == policy.target(floor, 2_030)
