@@ -2,7 +2,7 @@
 working context just before it (`recall`), within `context.recall_tokens` and what the budget leaves; with
 `context.recall_fill` the room left is filled with hidden turns too, for that turn only (between crossings the
 context grows back from the crossing's target to the budget, and a question is asked anywhere in between;
-`recall_room`).
+`recall_room`): a chat's question, whose turn is one request, up to the budget.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class QuestionRecall:
             acknowledgements=2 * acknowledgement,
             limit=self._config.recall_tokens,
             fill=self._config.recall_fill,
+            steps=request.tools or bool(state.cuts.caller),
         )
         # What the question follows is what it may find shown: the turn's own tool results after it would make the
         # recall come and go between the turn's requests, and with it their cached prefix. Only originals count:
@@ -105,6 +106,7 @@ class QuestionRecall:
             room.tokens,
             request.encoding,
             fill=room.fill,
+            asked_tokens=room.asked,
         )
         if not passages:
             return prepared

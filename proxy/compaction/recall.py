@@ -8,7 +8,9 @@ the session's hidden messages — summarized, omitted or stubbed —, ranked (bm
 threshold (`Lookup.answers`) are sent with their hidden neighbours (the turn before and after: a hit's question or
 answer) as one user message, within `context.recall_tokens`. A question the context shows all of recalls nothing,
 unless asked to `fill` the room: then the hidden turns sharing any of its terms come next (best first, with their
-neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show).
+neighbours), then the latest hidden turns (newest first, without a gap: what a sliding window would still show;
+the last one that does not fit whole as an excerpt). The hits and related turns may be held to a part of the room
+(`asked_tokens`), so a large room's rest goes to the latest turns.
 
 The index is filled lazily, as recall asks (`recall_index`); excerpts of long messages are cut here, a window
 of lines around the place where the most query terms meet. Recall only ever adds context, so it never fails a
@@ -76,6 +78,8 @@ class _Tier:
 
     positions: Iterable[int]
     neighbours: bool
+    limit: int | None = None
+    """What the passages may cost, with those of the tiers before it; None: the whole room."""
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,15 @@ class Recall:
         encoding: str,
         *,
         fill: bool = False,
+        asked_tokens: int | None = None,
     ) -> list[Passage]:
         """Best-matching passages among the messages of `path` the working context does not send verbatim (not
         at `shown`: summarized, omitted or stubbed) for the latest user message `query`, in path order.
 
         `visible_text` is the original text the working context shows: a term found there is not looked up (the query's
         own text is not counted as shown). The result, sent as `recall_message`, costs at most `limit_tokens`
-        (`count_message`); [] when the query refers to nothing found only in hidden history.
+        (`count_message`), of which the hits and the turns related to them at most `asked_tokens` (None: no less);
+        [] when the query refers to nothing found only in hidden history.
         """
         if limit_tokens <= 0 or not query or len(shown) >= len(path):
             return []
@@ -136,10 +142,10 @@ class Recall:
         if fill and asked.terms:
             ranked = await self._rank(tenant, path, shown, self._expression(asked.terms, None))
             related = [position for position in ranked if position not in hits][:MAX_HITS]
-        tiers = [_Tier(hits, neighbours=True)]
+        tiers = [_Tier(hits, neighbours=True, limit=asked_tokens)]
         if fill:
             recent = (p for p in range(len(path) - 1, -1, -1) if p not in shown and path[p].role in NEIGHBOUR_ROLES)
-            tiers += [_Tier(related, neighbours=True), _Tier(recent, neighbours=False)]
+            tiers += [_Tier(related, neighbours=True, limit=asked_tokens), _Tier(recent, neighbours=False)]
         return await self._chosen(path, shown, tiers, asked.terms, limit_tokens, encoding)
 
     def _expression(self, terms: Sequence[Term], required: Sequence[Term] | None) -> str:
@@ -163,8 +169,9 @@ class Recall:
         taken: set[int] = set()
         used = count_message(recall_message([]), encoding)
         for tier, group in enumerate(tiers):
+            ceiling = limit_tokens if group.limit is None else min(group.limit, limit_tokens)
             for rank, hit in enumerate(group.positions):
-                if used >= limit_tokens:
+                if used >= ceiling:
                     break
                 around = (hit, hit - 1, hit + 1) if group.neighbours else (hit,)
                 for near, position in enumerate(around):
@@ -173,7 +180,7 @@ class Recall:
                     stored = path[position]
                     if near and stored.role not in NEIGHBOUR_ROLES:
                         continue
-                    room = limit_tokens - used - count_text(_label(position, stored.role), encoding)
+                    room = ceiling - used - count_text(_label(position, stored.role), encoding)
                     widest = MAX_NEIGHBOUR_CHARS if near else MAX_PASSAGE_CHARS
                     passage = await self._passage(position, stored, terms, room, encoding, widest) if room > 0 else None
                     if passage is None:

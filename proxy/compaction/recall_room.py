@@ -9,6 +9,10 @@ and for that turn only (docs/architecture.md, invariant 6). Two things keep the 
   only;
 - the next turn sends again, uncached, what followed the recall (a turn), so the room is filled only when that
   brings at least as much as it costs: a chat's turns are small, an agent's turn of tool outputs is not.
+A turn that cannot go on in tool steps (its request declares no tools and its path calls none: a chat's) is one
+request: nothing follows its recall within the turn, so its fill takes all the budget leaves (invariant 9: a
+question's context is as full as a sliding window's), while what the question asks about stays within
+`context.recall_tokens`.
 """
 
 from __future__ import annotations
@@ -22,14 +26,31 @@ class RecallRoom:
     """What the recall message may cost (its acknowledgements aside); ≤ 0: no recall."""
     fill: bool
     """Fill it past what the question asks about (`Recall.passages`' `fill`)."""
+    asked: int | None = None
+    """What the passages the question asks about (its hits and the turns sharing its words) may cost of it;
+    None: all of it."""
 
 
 def recall_room(
-    *, budget: int, tokens: int, turn: int, growth: int, acknowledgements: int, limit: int, fill: bool
+    *,
+    budget: int,
+    tokens: int,
+    turn: int,
+    growth: int,
+    acknowledgements: int,
+    limit: int,
+    fill: bool,
+    steps: bool = True,
 ) -> RecallRoom:
     """The room for a recall in a context of `tokens` (of which `turn` follow the question: its turn's steps so
     far) under `budget`; `growth`: what one turn adds; `acknowledgements`: what the recall's two cost; `limit`:
-    `context.recall_tokens`; `fill`: `context.recall_fill`."""
+    `context.recall_tokens`; `fill`: `context.recall_fill`; `steps`: the turn may go on in tool steps (false: it
+    is one request, and a fill takes all the budget leaves)."""
+    if not steps:
+        left = budget - tokens - acknowledgements
+        if fill and left >= growth:
+            return RecallRoom(left, fill=True, asked=min(limit, left))
+        return RecallRoom(min(limit, left), fill=False)
     stable = min(limit, budget - (tokens - turn) - growth - acknowledgements)
     if stable < 0 or tokens + stable + acknowledgements > budget:
         return RecallRoom(min(limit, budget - tokens - acknowledgements), fill=False)

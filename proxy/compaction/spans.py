@@ -65,6 +65,9 @@ class CompactionRequest:
     again); None gives this compaction a fresh `Compactor.allowance()`."""
     strategies: tuple[str, ...] | None = None
     """The session's compaction strategies (X-Context-Strategy); None: `context.strategies`."""
+    tools: bool = True
+    """The request declares tools, so its turn may go on in tool steps that re-send its recall (`recall_room`);
+    false for a chat's request, whose turn is that one request."""
 
     @classmethod
     def for_session(
@@ -80,6 +83,7 @@ class CompactionRequest:
         budget: int,
         preserve_recent: int,
         allowance: Allowance | None = None,
+        tools: bool = True,
     ) -> CompactionRequest:
         """A request on a session's path, with what the session remembered (`settings`: its strategies)."""
         return cls(
@@ -93,6 +97,7 @@ class CompactionRequest:
             preserve_recent,
             allowance,
             session_strategies(settings),
+            tools,
         )
 
 

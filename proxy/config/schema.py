@@ -186,7 +186,8 @@ class ContextConfig:
     recall_fill: bool = True
     """What room `recall_tokens` and the budget leave a turn is filled too, for that turn only: hidden turns that
     share a word with the latest user message, then the latest hidden turns (what a sliding window still shows); a
-    compacted chat then keeps that room below its budget (`compaction.layout.Policy.reserve`)."""
+    compacted chat then keeps that room below its budget (`compaction.layout.Policy.reserve`), and a request that
+    declares no tools, on a path that calls none, is filled up to its budget (`compaction.recall_room`)."""
     correction_ttl_s: float = setting(DEFAULT_CORRECTION_TTL_S, low=60.0, high=30 * 86400.0)
     """How long a correction learned from an upstream's context-window refusal holds before the upstream has to
     confirm it by refusing again (`proxy.budget.corrections`)."""

@@ -100,6 +100,7 @@ class Planner:
                     budget=budget.for_messages,
                     preserve_recent=self.preserve_recent,
                     allowance=allowance,
+                    tools=bool(conversation.params.get("tools")),
                 ),
                 options,
             )

@@ -352,6 +352,29 @@ async def test_the_room_a_turn_is_left_is_filled_with_hidden_turns_before_its_qu
     assert alternates(prepared.messages)
 
 
+async def test_a_chat_s_question_is_filled_to_the_budget_past_the_recall_s_own_room(
+    history: History, summaries: SpanStore, db: Database
+) -> None:
+    """A request that declares no tools on a path that calls none is its turn's only request: nothing re-sends its
+    recall, so the fill takes what the budget leaves (a turn's excerpt at most short of it), past `recall_tokens`,
+    which bounds what the question asks about."""
+    messages = conversation(30)
+    messages.append({"role": "user", "content": "And then?"})
+    path = await stored_path(history, messages)
+    budget = total(path) // 2
+    config = ContextConfig(strategies=("summarize",), recall_tokens=64)
+    engine = Compactor(config, summaries, FakeSummarizer(), recall=Recall(db))
+    stepping = await engine.prepare(request(path, budget))
+    chatting = await engine.prepare(replace(request(path, budget), tools=False))
+
+    assert stepping.recall_tokens <= 64 + 3 * 7
+    assert budget - max(count_message(m) for m in messages[1:]) <= chatting.tokens <= budget
+    [recalled] = [m for m in chatting.messages if str(m["content"]).startswith(RECALL_HEADER)]
+    at = chatting.messages.index(recalled)
+    assert chatting.messages[:at] == stepping.messages[:at]
+    assert alternates(chatting.messages)
+
+
 async def test_nothing_is_recalled_for_a_question_the_context_already_answers(
     history: History, summaries: SpanStore, db: Database
 ) -> None:

@@ -520,3 +520,28 @@ async def test_a_fill_is_the_same_for_the_same_turn(history: History, recall: Re
     again = await recall.passages("t", "s", path, shown(path, hidden), view, question, 300, ENCODING, fill=True)
     assert first == again
     assert recall_message(first) == recall_message(again)
+
+
+async def test_what_the_question_asks_about_is_held_to_its_part_and_the_latest_turns_take_the_rest(
+    history: History, recall: Recall
+) -> None:
+    """A large room (a chat's question, `recall_room`): the hits and the turns sharing the question's words
+    within `asked_tokens`, the latest hidden turns after them up to the whole room."""
+    question = "When did Caroline go to the support group?"
+    path = await stored(history, [*chat(*LATER), {"role": "user", "content": question}])
+    hidden = list(range(1, 11))
+    view = visible(path, hidden)
+    asked = await recall.passages("t", "s", path, shown(path, hidden), view, question, 130, ENCODING, fill=True)
+    held = await recall.passages(
+        "t", "s", path, shown(path, hidden), view, question, 5000, ENCODING, fill=True, asked_tokens=130
+    )
+    assert {p.position for p in asked} < {p.position for p in held}
+    assert [p.position for p in held] == hidden  # the rest: the latest hidden turns, as far as they fit
+    unheld = await recall.passages("t", "s", path, shown(path, hidden), view, question, 160, ENCODING, fill=True)
+    assert {2, 3, 4} <= {p.position for p in unheld}
+    latest = await recall.passages(
+        "t", "s", path, shown(path, hidden), view, question, 160, ENCODING, fill=True, asked_tokens=0
+    )
+    positions = [p.position for p in latest]
+    assert 2 not in positions
+    assert positions == list(range(11 - len(positions), 11))  # nothing asked about: the latest hidden turns alone

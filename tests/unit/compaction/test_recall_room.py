@@ -29,3 +29,21 @@ def test_a_room_smaller_than_a_turn_is_not_filled() -> None:
     assert recall_room(tokens=3800, turn=0, **ROOM) == RecallRoom(86, fill=False)
     assert recall_room(tokens=1000, turn=0, **{**ROOM, "growth": 2000}) == RecallRoom(986, fill=False)
     assert recall_room(tokens=3000, turn=0, **{**ROOM, "fill": False}).fill is False
+
+
+def test_a_turn_that_is_one_request_fills_all_the_budget_leaves() -> None:
+    """A chat's turn (no tools declared, none called) has no step after its question that would re-send the
+    recall: its fill takes the budget's whole room, past `recall_tokens`; what the question asks about stays within
+    it."""
+    chat = {**ROOM, "steps": False}
+    assert recall_room(tokens=3000, turn=0, **chat) == RecallRoom(4000 - 3000 - 14, fill=True, asked=986)
+    assert recall_room(tokens=1000, turn=0, **chat) == RecallRoom(4000 - 1000 - 14, fill=True, asked=1024)
+    # Too small a room for a turn is not filled: what the question asks about only, as before.
+    assert recall_room(tokens=3900, turn=0, **chat) == RecallRoom(86, fill=False)
+    assert recall_room(tokens=1000, turn=0, **{**chat, "fill": False}) == RecallRoom(1024, fill=False)
+    assert recall_room(tokens=4000, turn=0, **chat).tokens <= 0
+
+
+def test_a_turn_that_may_go_on_in_tool_steps_keeps_its_room_as_before() -> None:
+    assert recall_room(tokens=1000, turn=0, **ROOM) == recall_room(tokens=1000, turn=0, **ROOM, steps=True)
+    assert recall_room(tokens=1000, turn=0, **ROOM).asked is None
