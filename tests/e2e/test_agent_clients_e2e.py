@@ -84,7 +84,7 @@ def check_session(url: str, fake: FakeUpstream, answers: list[str], compacted: b
     assert len(httpx.get(f"{url}/sessions", timeout=10).json()["data"]) == 1
 
 
-@pytest.mark.parametrize("api", ["openai-completions", "anthropic-messages"])
+@pytest.mark.parametrize("api", ["openai-completions", "openai-responses", "anthropic-messages"])
 def test_pi_compacting_by_itself_stays_one_session(
     serve_proxy: ServeProxy, fake: FakeUpstream, tmp_path: Path, api: str
 ) -> None:
