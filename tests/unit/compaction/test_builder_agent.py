@@ -58,6 +58,12 @@ class Agent:
         raise AssertionError("the loop did not converge")
 
     def turn(self, number: int) -> None:
+        self.ask(number)
+        self.request()
+        self.items.append(Item("assistant", TURN[3]))
+
+    def ask(self, number: int) -> None:
+        """A turn's question and its tool step, up to the request that sends the tool's output."""
         call = f"call-{number}"
         self.items.append(Item("user", TURN[0]))
         self.request()
@@ -65,19 +71,21 @@ class Agent:
             Item("assistant", TURN[1], tool_call_ids=(call,)),
             Item("tool", TURN[2], tool_call_id=call, stub_tokens=STUB),
         ]
-        self.request()
-        self.items.append(Item("assistant", TURN[3]))
 
 
-@pytest.mark.parametrize("budget", [BUDGET, BUDGET + 1_500])
-def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fewer(budget: int) -> None:
-    policy = Policy(
+def agent_policy(budget: int) -> Policy:
+    """The config's defaults for an agent that masks before it summarizes."""
+    return Policy(
         budget=budget,
         headroom_turns=DEFAULT_HEADROOM_TURNS,
         summary_share=DEFAULT_SUMMARY_SHARE,
         strategies=(TOOL_RESULTS, SUMMARIZE),
     )
-    agent = Agent(policy)
+
+
+@pytest.mark.parametrize("budget", [BUDGET, BUDGET + 1_500])
+def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fewer(budget: int) -> None:
+    agent = Agent(agent_policy(budget))
     turns = 150
     for number in range(turns):
         agent.turn(number)
@@ -151,24 +159,14 @@ def test_a_crossing_that_joins_a_pre_compaction_lands_at_its_target() -> None:
     crossing the turn is older and sent as its stubs. The summary leaves it its room: the crossing lands at its
     target (within a shortest summary), not a turn above it, as it did when the summary took the whole past room
     the target leaves (~250 tokens at 32k: a summarizer call every 9 turns instead of 10)."""
-    policy = Policy(
-        budget=BUDGET,
-        headroom_turns=DEFAULT_HEADROOM_TURNS,
-        summary_share=DEFAULT_SUMMARY_SHARE,
-        strategies=(TOOL_RESULTS, SUMMARIZE),
-    )
+    policy = agent_policy(BUDGET)
     agent = Agent(policy)
     for number in range(40):
         agent.turn(number)
     held: list[Span] = []
     while not held:
         number += 1
-        agent.items.append(Item("user", TURN[0]))
-        agent.request()
-        agent.items += [
-            Item("assistant", TURN[1], tool_call_ids=(f"call-{number}",)),
-            Item("tool", TURN[2], tool_call_id=f"call-{number}", stub_tokens=STUB),
-        ]
+        agent.ask(number)
         aim = _ahead(agent)
         need = build(agent.items, agent.spans, aim, compacting=True)
         if isinstance(need, SpanNeeded) and need.strategy == SUMMARIZE:
