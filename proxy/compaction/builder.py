@@ -130,8 +130,9 @@ def build(
     growth = request_growth(items, cuts)
     reserve = policy.reserve(floor, growth, tools=bool(cuts.caller))
     target = stop = policy.target(floor, growth, reserve)
+    masked = request_growth(items, cuts, masked=True)
     if policy.budget - target < REACH_TURNS * growth:
-        target, stop = _within_reach(policy, target, request_growth(items, cuts, masked=True))
+        target, stop = _within_reach(policy, target, masked)
     everything = prefix[count] + REPLY_PRIMING_TOKENS
     if everything <= trigger:
         held = any(span.held for span in spans)
@@ -166,7 +167,7 @@ def build(
         stubbed=stubbed,
         needed=total - target,
         floor=floor,
-        past_room=max(0.0, target + policy.ahead_by - fixed) if policy.past_room else math.inf,
+        past_room=_past_room(policy, target, fixed, masked),
     )
     need = next_span(view)
     if need is not None:
@@ -174,6 +175,23 @@ def build(
     if total <= budget:
         return context
     return RecentTooLarge(needed=total, budget=budget, recent=fixed)
+
+
+def _past_room(policy: Policy, target: float, fixed: int, in_flight: int) -> float:
+    """What the crossing's target leaves the compacted past once the messages no compaction touches (`fixed`: the
+    kept and the recent ones) are paid: the summaries' room at most (`View.past_room`).
+
+    A pre-compaction (`ahead_by`) lays out a request before its crossing, and the turn in flight is recent then:
+    its spans stop before it. At the crossing that turn is older, outside them, and sent as its stubs (`in_flight`:
+    a turn's growth at their cost) beside the crossing's own recent turn, so its room is the past's too. Sized
+    without it, the spans took the room the target left, and every crossing that joined them landed that turn
+    above its target, a turn closer to the next (Claude Code at 32k: ~250 tokens over, a summarizer call every 9
+    turns)."""
+    if not policy.past_room:
+        return math.inf
+    if not policy.ahead_by:
+        return max(0.0, target - fixed)
+    return max(0.0, target + policy.ahead_by - fixed - in_flight)
 
 
 def _within_reach(policy: Policy, target: float, growth: int) -> tuple[float, float]:

@@ -349,15 +349,22 @@ def _users(messages: Sequence[Mapping[str, Any]]) -> int:
 
 
 def shrinking(turns: Sequence[TurnRecord]) -> list[int]:
-    """Turns where a compaction took effect: the working context is smaller than the one before (a summary
-    written in the background is used at the crossing, with no summarizer call of its own), or stubs more tool
-    outputs (a crossing that masked, and needed no more to fit)."""
+    """Turns where the working context lost something: it is smaller than the one before, in tokens or in what
+    it shows without its recall (a question's fill takes the context to its budget, so a crossing may send as
+    many tokens as the filled turn before; a summary written in the background is used at the crossing, with no
+    summarizer call of its own), or it stubs more tool outputs (a crossing that masked, and needed no more)."""
     return [
         turn.number
         for previous, turn in itertools.pairwise(turns)
         if int(turn.headers["x-context-tokens"]) < int(previous.headers["x-context-tokens"])
+        or shown(turn.chat_requests[-1]) < shown(previous.chat_requests[-1])
         or stubs(turn.chat_requests[-1]) > stubs(previous.chat_requests[-1])
     ]
+
+
+def shown(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Characters of the messages' contents, the recall taken out."""
+    return sum(len(content_text(m.get("content"))) for m in recall_taken_out(messages))
 
 
 def stubs(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -12,7 +12,14 @@ import pytest
 
 from proxy.compaction.builder import ContextLayout, Item, Policy, Span, SpanNeeded, build
 from proxy.compaction.groups import Cuts
-from proxy.config.schema import DEFAULT_HEADROOM_TURNS, DEFAULT_SUMMARY_SHARE, SUMMARIZE, TOOL_RESULTS
+from proxy.compaction.precompaction import ahead_policy
+from proxy.config.schema import (
+    DEFAULT_HEADROOM_TURNS,
+    DEFAULT_PRECOMPACT_RATIO,
+    DEFAULT_SUMMARY_SHARE,
+    SUMMARIZE,
+    TOOL_RESULTS,
+)
 
 BUDGET = 10_758
 SYSTEM = Item("system", 5_583)
@@ -119,3 +126,63 @@ def test_cuts_of_an_agent_turn_stub_the_tool_output() -> None:
     agent.turn(0)
     cuts = Cuts.of(agent.items)
     assert cuts.savings[-1] == TURN[2] - STUB
+
+
+def _ahead(agent: Agent) -> Policy:
+    """The policy `Precompactions.start` gives the run after the request the agent just sent."""
+    sent = agent.request()
+    return ahead_policy(agent.policy, sent.tokens, sent.floor, DEFAULT_PRECOMPACT_RATIO)
+
+
+def _write_ahead(agent: Agent, aim: Policy) -> list[Span]:
+    """What `Compactor._write_ahead` writes, held back (`Span.held`) until the crossing."""
+    written: list[Span] = []
+    while isinstance(need := build(agent.items, agent.spans, aim, compacting=True), SpanNeeded):
+        agent.spans = [span for span in agent.spans if span.id not in need.replaces]
+        tokens = 0 if need.strategy == TOOL_RESULTS else need.target + aim.summary_overhead
+        written.append(Span(agent.next_id, need.start, need.end, tokens, strategy=need.strategy, held=1))
+        agent.spans.append(written[-1])
+        agent.next_id += 1
+    return written
+
+
+def test_a_crossing_that_joins_a_pre_compaction_lands_at_its_target() -> None:
+    """The pre-compaction runs while the turn in flight is recent, so its summary stops before that turn; at the
+    crossing the turn is older and sent as its stubs. The summary leaves it its room: the crossing lands at its
+    target (within a shortest summary), not a turn above it, as it did when the summary took the whole past room
+    the target leaves (~250 tokens at 32k: a summarizer call every 9 turns instead of 10)."""
+    policy = Policy(
+        budget=BUDGET,
+        headroom_turns=DEFAULT_HEADROOM_TURNS,
+        summary_share=DEFAULT_SUMMARY_SHARE,
+        strategies=(TOOL_RESULTS, SUMMARIZE),
+    )
+    agent = Agent(policy)
+    for number in range(40):
+        agent.turn(number)
+    held: list[Span] = []
+    while not held:
+        number += 1
+        agent.items.append(Item("user", TURN[0]))
+        agent.request()
+        agent.items += [
+            Item("assistant", TURN[1], tool_call_ids=(f"call-{number}",)),
+            Item("tool", TURN[2], tool_call_id=f"call-{number}", stub_tokens=STUB),
+        ]
+        aim = _ahead(agent)
+        need = build(agent.items, agent.spans, aim, compacting=True)
+        if isinstance(need, SpanNeeded) and need.strategy == SUMMARIZE:
+            held = _write_ahead(agent, aim)
+        agent.items.append(Item("assistant", TURN[3]))
+    summary = next(span for span in held if span.strategy == SUMMARIZE)
+    assert summary.end < len(agent.items) - 3  # the turn in flight was recent: outside the summary
+    calls = agent.calls
+    for later in range(number + 1, number + 4):  # held back until a crossing needs it: the next, or soon after
+        agent.turn(later)
+        crossing = agent.request()
+        if summary in crossing.parts:
+            break
+    assert summary in crossing.parts
+    assert agent.calls == calls  # the crossing joined the summary written ahead, and wrote none of its own
+    target = policy.level(policy.compact_to, SYSTEM.tokens)
+    assert crossing.tokens <= target + policy.summary_min + policy.summary_overhead, (crossing.tokens, target)
