@@ -83,6 +83,8 @@ COST_KEYS = (
 )
 TURN_PROMPT = re.compile(r"Turn (\d+): run `([^`]+)`")
 ROW_TEXT = "turn {turn} row %g: alpha beta gamma delta epsilon zeta eta theta"
+PRINTED_ROW = re.compile(r"^turn \d+ row \d+: ")
+"""A line the turn's command printed (`ROW_TEXT`), told from what the CLI writes around a tool's output."""
 
 
 def tool_command(turn: int, tokens: int) -> str:
@@ -139,12 +141,20 @@ class MarathonModel(ScriptedModel):
             None,
         )
         if results and called_name(messages, results[-1].get("tool_call_id")) == self.shell_tool:
-            lines = [line for line in content_text(results[-1].get("content")).splitlines() if line.strip()]
-            return Reply(content=f"The last line is: {lines[-1] if lines else '(no output)'}"), "text (after shell)"
+            return Reply(content=f"The last line is: {last_printed_line(results[-1])}"), "text (after shell)"
         if prompt is None:
             return Reply(content="OK."), "text (no turn prompt in context)"
         arguments = self.arguments(prompt.group(2), body.get("tools") or [])
         return self.call(self.shell_tool, arguments), f"call {self.shell_tool} (turn {prompt[1]})"
+
+
+def last_printed_line(result: dict[str, Any]) -> str:
+    """The last line the command printed in a shell tool's `result`: the last of `ROW_TEXT`'s lines when it shows
+    any (a CLI may wrap the output: Gemini CLI 0.61.0 ends it with `Process Group PGID: N` and
+    `</untrusted_context>`), else its last non-empty line."""
+    lines = [line.strip() for line in content_text(result.get("content")).splitlines() if line.strip()]
+    rows = [line for line in lines if PRINTED_ROW.match(line)]
+    return (rows or lines or ["(no output)"])[-1]
 
 
 def latencies(model_s: float, summarizer_s: float) -> Callable[[dict[str, Any]], float]:
