@@ -144,8 +144,9 @@ def summary_range(
     capped: bool = True,
 ) -> SpanNeeded | None:
     """The oldest range to replace by one message: unsummarized blocks first, then (hierarchically) spans with
-    what lies between them. While the summaries take more than their room (`Policy.summary_room`), the oldest
-    ones are merged first: the past is kept shorter rather than newer originals summarized. A summary is sized
+    what lies between them. When the range's own summary would leave the summaries over their room
+    (`Policy.summary_room`) by more than one shortest summary, the oldest are merged with it instead, in the same
+    call: the past is kept shorter rather than newer originals summarized apart. A summary is sized
     by what it stands for (`Policy.sized_target`); the last resort, merges sized by what they read, is the old
     shrinking one, for a context that fits no other way. `estimate` gives what the message will cost for a
     range (a summary by default); `capped`: what it reads is limited by the summarizer's capacity."""
@@ -162,19 +163,30 @@ def summary_range(
         return policy.estimated_summary(input_tokens), policy.summary_target(input_tokens)
 
     first = estimate or (shrinking if policy.summary_share is None else sized)
-    passes: list[tuple[bool, Estimate]] = [(False, first), (True, estimate or shrinking)]
-    # Over the room by more than one shortest summary: a first summary of a short past is over `target_ratio`
-    # of it by its minimum size alone, and merging it again at every crossing would only rewrite the prefix.
-    slack = policy.summary_min + policy.summary_overhead
-    if policy.summary_share is not None and cost > policy.summary_room(view.floor, covered, view.past_room) + slack:
-        passes.insert(0, (True, first))
-    for hierarchical, chosen_estimate in passes:
+
+    def oldest(hierarchical: bool, chosen_estimate: Estimate) -> _Range | None:
         runs = segments if hierarchical else [run for segment in segments for run in _unsummarized_runs(segment)]
         for run in runs:
             chosen = _choose_range(run, view, cuts, hierarchical, chosen_estimate, cap)
             if chosen is not None:
-                return _needs_summary(view, chosen, strategy)
-    return None
+                return chosen
+        return None
+
+    own = oldest(False, first)
+    # Judged after the own summary: merging only once the summaries were over their room let a crossing add its
+    # own on top, two shortest summaries over it, and land that far above its target, a turn closer to the next
+    # (an agent at 32k, whose past has room for one summary). The slack: a summary of a short past is over
+    # `target_ratio` of it by its minimum size alone, and merging it at every crossing would only rewrite it.
+    if policy.summary_share is not None:
+        summaries = cost + (own.message if own is not None else 0)
+        stand_for = covered + (own.original if own is not None else 0)
+        slack = policy.summary_min + policy.summary_overhead
+        if summaries > policy.summary_room(view.floor, stand_for, view.past_room) + slack:
+            merged = oldest(True, first)
+            if merged is not None:
+                return _needs_summary(view, merged, strategy)
+    chosen = own or oldest(True, estimate or shrinking)
+    return None if chosen is None else _needs_summary(view, chosen, strategy)
 
 
 def _unsummarized_runs(segment: Sequence[Block]) -> list[list[Block]]:
@@ -191,6 +203,13 @@ def _unsummarized_runs(segment: Sequence[Block]) -> list[list[Block]]:
 class _Range:
     blocks: tuple[Block, ...]
     target: int
+    message: int
+    """What its message will cost as sent (the estimate's)."""
+
+    @property
+    def original(self) -> int:
+        """What the originals it stands for cost as sent."""
+        return sum(block.original for block in self.blocks)
 
 
 def _choose_range(
@@ -212,7 +231,7 @@ def _choose_range(
     for first in range(len(blocks)):
         if not cuts[blocks[first].start]:
             continue
-        best: tuple[int, int] | None = None  # (last block, target)
+        best: tuple[int, int, int] | None = None  # (last block, target, message)
         cost = stands = fresh = spans = 0
         for last in range(first, len(blocks)):
             block = blocks[last]
@@ -229,11 +248,11 @@ def _choose_range(
             saving = cost - message - around * policy.acknowledgement_tokens
             if saving <= 0:
                 continue
-            best = (last, target)
+            best = (last, target, message)
             if saving >= view.needed:
                 break
         if best is not None:
-            return _Range(tuple(blocks[first : best[0] + 1]), best[1])
+            return _Range(tuple(blocks[first : best[0] + 1]), best[1], best[2])
         if limit is None:
             return None
     return None

@@ -38,6 +38,8 @@ class Agent:
     rooms: list[int] = field(default_factory=list)
     """What the budget left right after each crossing that called the summarizer."""
     next_id: int = 1
+    shorter: int = 0
+    """A summary costs its target plus the header less this: a summarizer that writes short (the benches' fake)."""
 
     def request(self) -> ContextLayout:
         called = self.calls
@@ -51,7 +53,7 @@ class Agent:
             assert isinstance(result, SpanNeeded), result
             self.spans = [span for span in self.spans if span.id not in result.replaces]
             mask = result.strategy == TOOL_RESULTS
-            tokens = 0 if mask else result.target + self.policy.summary_overhead
+            tokens = 0 if mask else result.target + self.policy.summary_overhead - self.shorter
             self.spans.append(Span(self.next_id, result.start, result.end, tokens, strategy=result.strategy))
             self.next_id += 1
             self.calls += not mask
@@ -95,6 +97,22 @@ def test_an_agent_in_a_small_window_calls_the_summarizer_once_in_ten_turns_or_fe
     assert min(agent.rooms) >= 10 * MASKED_TURN, agent.rooms
     # None is asked for more than what the target leaves the past (~330 tokens at BUDGET).
     assert all(span.tokens <= 400 + budget - BUDGET for span in agent.spans if span.strategy == SUMMARIZE)
+
+
+@pytest.mark.parametrize("shorter", [0, 20])
+@pytest.mark.parametrize("budget", [BUDGET, BUDGET + 1_500])
+def test_every_crossing_leaves_the_next_turns_the_same_room(budget: int, shorter: int) -> None:
+    """A crossing whose own summary would leave the summaries over their room by more than one shortest summary
+    merges the oldest with it, in its one summarizer call. Merged only once they were already over it, they
+    reached two shortest summaries over it every few crossings, and those crossings landed that far above their
+    target, a turn closer to the next (Claude Code at 32k: every third call 9 turns after the last, not 10)."""
+    agent = Agent(agent_policy(budget), shorter=shorter)
+    for number in range(200):
+        agent.turn(number)
+    assert agent.calls == len(agent.rooms)  # one summarizer call per crossing that called it
+    policy = agent.policy
+    one = policy.summary_min + policy.summary_overhead + 2 * policy.acknowledgement_tokens
+    assert max(agent.rooms) - min(agent.rooms) <= one, agent.rooms
 
 
 def test_the_past_s_room_is_what_the_target_leaves_below_it() -> None:

@@ -447,7 +447,7 @@ async def test_tool_calls_and_their_results_are_summarized_together(history: His
 async def test_force_summarizes_everything_older_than_the_recent_messages_then_merges(
     history: History, summaries: SpanStore
 ) -> None:
-    fake = FakeSummarizer(words=90)
+    fake = FakeSummarizer(words=40)  # within their room: longer, a summary would merge with the next range at once
     messages = conversation(5)
     path = await stored_path(history, messages)
     compactor = Compactor(ContextConfig(), summaries, fake)
