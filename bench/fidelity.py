@@ -12,7 +12,8 @@ from the conversation).
 
 Two summarizer modes: `down` (an address nobody listens on: every summary is the extractive fallback) and `up`
 (the fake summarizer writes the first words of every transcript line up to its target: a stand-in that
-measures the plumbing, not a model's judgement). `--answer-url URL --answer-model NAME` also asks a real
+measures the plumbing, not a model's judgement); each mode's note says how its summaries were written and how
+often the summarizer was tried (the proxy's /metrics). `--answer-url URL --answer-model NAME` also asks a real
 OpenAI-compatible model (llama.cpp, vLLM; key from `$ANSWER_API_KEY`) each question over the proxy's and the
 truncation's context, and scores its answer: correct when the gold phrase is in it.
 
@@ -68,6 +69,7 @@ log = logging.getLogger("bench.fidelity")
 _TARGET = re.compile(r"at most about (\d+) tokens")
 _PUNCTUATION = re.compile(r"[^\w\s]")
 _SPACES = re.compile(r"\s+")
+_SAMPLE = re.compile(r"^(context_proxy_\w+)\{([^}]*)\} ([0-9.e+]+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,14 @@ class Script:
         return headline_summary(body) if is_summarizer_request(body) else Reply(content=self.next_reply)
 
 
+@dataclass(frozen=True)
+class Served:
+    parts: tuple[FakeUpstream, Script, openai.OpenAI]
+    proxy: ProxyServer
+
+
 @contextmanager
-def served(
-    windows: Sequence[int], mode: str, context: Mapping[str, Any] | None = None
-) -> Iterator[tuple[FakeUpstream, Script, openai.OpenAI]]:
+def served(windows: Sequence[int], mode: str, context: Mapping[str, Any] | None = None) -> Iterator[Served]:
     script = Script()
     with FakeUpstream(context_window=FAKE_WINDOW) as fake, tempfile.TemporaryDirectory() as tmp:
         fake.responder = script.respond
@@ -155,7 +161,7 @@ def served(
         config = make_config(Path(tmp), fake.url, models=models, context=settings)
         with started(config, Path(tmp)) as proxy:
             client = openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=120)
-            yield fake, script, client
+            yield Served((fake, script, client), proxy)
 
 
 @contextmanager
@@ -189,6 +195,22 @@ def send(client: openai.OpenAI, model: str, session: str, messages: list[dict[st
         return None
     raw.parse()
     return dict(raw.headers.items())
+
+
+def summaries_note(proxy: ProxyServer, mode: str) -> str:
+    """How the run's summaries were written and how often the summarizer was tried, from the proxy's /metrics:
+    with it down, the circuit breaker keeps the failed calls to a few per cool-down."""
+    text = httpx.get(f"{proxy.url}/metrics", timeout=30).text
+    totals: dict[str, float] = defaultdict(float)
+    for name, labels, value in _SAMPLE.findall(text):
+        if name == "context_proxy_compactions_total" and 'strategy="summarize"' in labels:
+            totals[labels.split('outcome="')[1].split('"')[0]] += float(value)
+        elif name == "context_proxy_summarizer_seconds_count":
+            totals["calls " + labels.split('outcome="')[1].split('"')[0]] += float(value)
+    return (
+        f"summarizer {mode}: summaries by the model {totals['llm']:.0f}, extractive {totals['fallback']:.0f};"
+        f" summarizer calls ok {totals['calls ok']:.0f}, failed {totals['calls error']:.0f}"
+    )
 
 
 def forwarded(fake: FakeUpstream) -> list[dict[str, Any]]:
@@ -359,16 +381,18 @@ def main() -> None:
     sets = conversations(args)
     context = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in args.context)}
     for mode in args.modes.split(","):
-        with served(windows, mode, context) as parts:
+        with served(windows, mode, context) as run:
             for data, chats in sets:
                 results: dict[int, dict[str, list[Scored]]] = {w: defaultdict(list) for w in windows}
                 for conversation in chats:
                     for window in windows:
-                        for kind, scored in replay(conversation, window, mode, parts, args.questions, answerer).items():
+                        replayed = replay(conversation, window, mode, run.parts, args.questions, answerer)
+                        for kind, scored in replayed.items():
                             results[window][kind].extend(scored)
                 for window in windows:
                     title = f"{data} ({len(chats)} conversations), {window}-token window, summarizer {mode}"
                     add_rows(report.table(f"{data}-{window}-{mode}", title, METRICS), results[window])
+            report.notes.append(summaries_note(run.proxy, mode))
     report.publish(args.json)
 
 

@@ -7,7 +7,10 @@ app (in-process, `httpx.ASGITransport`): the user's prompt, answered by a call o
 output (`--tool-output-tokens`, lines like the marathon's `seq`), answered by text. The client re-sends its whole
 conversation every request, in its door's API, with the answers as the door rendered them (Codex-like Responses
 input items, Claude Code-like Messages blocks, or chat messages), and a system prompt and tools of about
-`--preamble-tokens`. The model is in-process too, at the upstream seam (`proxy.upstream.protocol.Upstream`):
+`--preamble-tokens`. With `--socket` (Responses only) each turn is Codex's over its WebSocket (0.171.0, with its
+OpenAI provider): a new socket per turn (`InProcessSocket`, the app's own WebSocket route in-process), the whole
+input first, then the tool's output alone continuing that response (`previous_response_id`). The model is
+in-process too, at the upstream seam (`proxy.upstream.protocol.Upstream`):
 it answers at once, so a request's time is the proxy's own. The summarizer (a separate `summarizer` model,
 `context.summarizer_model`) answers a short summary. Pre-compaction runs in the background as served; the bench
 waits for it before each turn, so what it does after a turn's requests are answered is counted in neither column.
@@ -19,7 +22,7 @@ length then. On a machine others share, the least time and the median CPU move l
 under cProfile (the event loop's thread; worker threads are not seen; a coroutine counts a call per resumption)
 and the top functions by cumulative time printed, to compare an early window with a late one.
 
-Run by hand: `python bench/growth.py [--door responses|messages|chat] [--turns 300] [--window 32768]
+Run by hand: `python bench/growth.py [--door responses|messages|chat] [--socket] [--turns 300] [--window 32768]
 [--window-turns 10] [--stream] [--profile 10,290] [--json PATH]`; `--parse-lengths 30,300,1000` times only the
 door's parse of a request re-sending the session, at those lengths. Growth shows as the later windows' ms per turn
 over the first's; flat is ~1.
@@ -150,12 +153,17 @@ class InstantModel:
 class Client:
     """An agent re-sending its whole conversation in one door's API."""
 
-    def __init__(self, door: str, preamble_tokens: int, stream: bool) -> None:
+    def __init__(self, door: str, preamble_tokens: int, stream: bool, developer: bool = False) -> None:
+        """`developer`: the system prompt is the input's first item, a developer message, as Codex sends it."""
         self.door = door
         self.stream = stream
         self.system = (FILLER * max(1, preamble_tokens // 2 // 24)).strip()
         self.tool_text = "Runs a shell command and returns its output. " * max(1, preamble_tokens // 2 // 10)
         self.history: list[dict[str, Any]] = []
+        self.developer = developer
+        if developer:
+            text = [{"type": "input_text", "text": self.system}]
+            self.history.append({"type": "message", "role": "developer", "content": text})
 
     def user(self, text: str) -> None:
         if self.door == "responses":
@@ -166,9 +174,10 @@ class Client:
     def body(self) -> dict[str, Any]:
         if self.door == "responses":
             tools = [{"type": "function", "name": SHELL, "description": self.tool_text, "parameters": SHELL_PARAMETERS}]
+            instructions = {} if self.developer else {"instructions": self.system}
             return {
-                "model": MAIN, "instructions": self.system, "input": self.history, "tools": tools,
-                "stream": self.stream, "store": False,
+                "model": MAIN, **instructions, "input": self.history, "tools": tools, "stream": self.stream,
+                "store": False,
             }  # fmt: skip
         if self.door == "messages":
             tools = [{"name": SHELL, "description": self.tool_text, "input_schema": SHELL_PARAMETERS}]
@@ -183,9 +192,9 @@ class Client:
             "stream": self.stream,
         }  # fmt: skip
 
-    def answered(self, response: httpx.Response) -> str | None:
-        """Append the answer as the client keeps it; the shell call's id, if the model called it."""
-        payload = streamed(self.door, response.text) if self.stream else response.json()
+    def answered(self, payload: Mapping[str, Any]) -> str | None:
+        """Append the answer (its non-stream shape) as the client keeps it; the shell call's id, if the model
+        called it."""
         if self.door == "responses":
             output = [item for item in payload["output"] if item.get("type") != "reasoning"]
             self.history.extend(output)
@@ -247,6 +256,45 @@ def streamed(door: str, text: str) -> dict[str, Any]:
     return {"choices": [{"message": message}]}
 
 
+class InProcessSocket:
+    """A WebSocket to the app in-process: its ASGI messages through two queues, as uvicorn would pass them."""
+
+    def __init__(self, app: Any, path: str, headers: Mapping[str, str]) -> None:
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        scope = {
+            "type": "websocket", "asgi": {"version": "3.0"}, "scheme": "ws", "http_version": "1.1", "path": path,
+            "raw_path": path.encode(), "root_path": "", "query_string": b"", "server": ("bench", 80),
+            "client": ("127.0.0.1", 1), "subprotocols": [],
+            "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        }  # fmt: skip
+        self._served = asyncio.ensure_future(app(scope, self._inbox.get, self._outbox.put))
+
+    @classmethod
+    async def open(cls, app: Any, path: str, headers: Mapping[str, str]) -> InProcessSocket:
+        socket = cls(app, path, headers)
+        await socket._inbox.put({"type": "websocket.connect"})
+        accepted = await socket._outbox.get()
+        if accepted["type"] != "websocket.accept":
+            raise RuntimeError(f"the socket was refused: {accepted}")
+        return socket
+
+    async def ask(self, raw: bytes) -> dict[str, Any]:
+        """The `response` of the `response.completed` event answering `raw`."""
+        await self._inbox.put({"type": "websocket.receive", "text": raw.decode()})
+        while True:
+            message = await self._outbox.get()
+            event = json.loads(message.get("text") or "{}")
+            if event.get("type") == "response.completed":
+                return dict(event["response"])
+            if event.get("type") in ("error", "response.failed", "response.incomplete"):
+                raise RuntimeError(f"the socket answered {str(event)[:500]}")
+
+    async def close(self) -> None:
+        await self._inbox.put({"type": "websocket.disconnect", "code": 1000})
+        await self._served
+
+
 def config_for(tmp: Path, window: int) -> Any:
     common = {"api_base": "http://127.0.0.1:9", "api_key": "k", "context_window": window}
     raw = {
@@ -278,7 +326,7 @@ async def replay(args: argparse.Namespace, report: Report) -> None:
             transport = httpx.ASGITransport(app=app)
             compactor = app.state.services.pipeline.compactor
             async with httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=600) as http:
-                client = Client(args.door, args.preamble_tokens, args.stream)
+                client = Client(args.door, args.preamble_tokens, args.stream, developer=args.socket)
                 headers = {
                     "x-api-key": "k", "authorization": "Bearer k", "anthropic-version": "2023-06-01",
                     "content-type": "application/json",
@@ -287,16 +335,19 @@ async def replay(args: argparse.Namespace, report: Report) -> None:
                 client_s = client_cpu = 0.0
                 """The client's own time and CPU (encoding the growing body): taken out of the request's."""
 
-                async def send() -> httpx.Response:
+                async def send(body: Mapping[str, Any], socket: InProcessSocket | None = None) -> dict[str, Any]:
+                    """The answer to `body`, in its non-stream shape: over HTTP, or on `socket`."""
                     nonlocal client_s, client_cpu
                     encoding, encoding_cpu = time.perf_counter(), time.process_time()
-                    body = json.dumps(client.body()).encode()
+                    raw = json.dumps({"type": "response.create", **body} if socket else body).encode()
                     client_s += time.perf_counter() - encoding
                     client_cpu += time.process_time() - encoding_cpu
-                    response = await http.post(PATHS[args.door], content=body, headers=headers)
+                    if socket is not None:
+                        return await socket.ask(raw)
+                    response = await http.post(PATHS[args.door], content=raw, headers=headers)
                     if response.status_code != 200:
                         raise RuntimeError(f"{response.status_code}: {response.text[:500]}")
-                    return response
+                    return streamed(args.door, response.text) if args.stream else dict(response.json())
 
                 walls: list[float] = []
                 cpus: list[float] = []
@@ -310,11 +361,24 @@ async def replay(args: argparse.Namespace, report: Report) -> None:
                     if profiler is not None:
                         profiler.enable()
                     client.user(f"Turn {turn}: run the command and tell me its last line.")
-                    call_id = client.answered(await send())
-                    if call_id is None:
-                        raise RuntimeError(f"turn {turn}: the model did not call the shell")
-                    client.result(call_id, tool_output(turn, args.tool_output_tokens))
-                    client.answered(await send())
+                    if args.socket:
+                        # Codex's turn: a new socket, the whole input, then the tool's output continuing the answer.
+                        socket = await InProcessSocket.open(app, PATHS[args.door], headers)
+                        body = {key: value for key, value in client.body().items() if key != "stream"}
+                        answer = await send(body, socket)
+                        call_id = client.answered(answer)
+                        if call_id is None:
+                            raise RuntimeError(f"turn {turn}: the model did not call the shell")
+                        client.result(call_id, tool_output(turn, args.tool_output_tokens))
+                        body = {**body, "input": client.history[-1:], "previous_response_id": answer["id"]}
+                        client.answered(await send(body, socket))
+                        await socket.close()
+                    else:
+                        call_id = client.answered(await send(client.body()))
+                        if call_id is None:
+                            raise RuntimeError(f"turn {turn}: the model did not call the shell")
+                        client.result(call_id, tool_output(turn, args.tool_output_tokens))
+                        client.answered(await send(client.body()))
                     if profiler is not None:
                         profiler.disable()
                     walls.append(time.perf_counter() - started - client_s)
@@ -416,6 +480,7 @@ def main(argv: list[str] | None = None, run: Callable[..., Any] = asyncio.run) -
     parser.add_argument("--tool-output-tokens", type=int, default=2400)
     parser.add_argument("--preamble-tokens", type=int, default=6000, help="about what system prompt and tools cost")
     parser.add_argument("--stream", action="store_true", help="stream every answer, as the CLIs do")
+    parser.add_argument("--socket", action="store_true", help="Responses over a WebSocket per turn, as Codex's")
     parser.add_argument("--profile", default="", help="turn numbers whose window runs under cProfile")
     parser.add_argument("--profile-lines", type=int, default=40)
     parser.add_argument(
@@ -423,6 +488,8 @@ def main(argv: list[str] | None = None, run: Callable[..., Any] = asyncio.run) -
     )
     add_json_option(parser)
     args = parser.parse_args(argv)
+    if args.socket and args.door != "responses":
+        parser.error("--socket is the Responses door's")
     report = Report.start("growth", args)
     if args.parse_lengths:
         parse_costs(args, report)

@@ -40,7 +40,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from proxy.auth import BEARER, NO_QUERY, Caller, KeyPlace, authenticate
 from proxy.canonical.answers import Answer, Streaming
 from proxy.canonical.conversation import ContextOptions, Conversation
-from proxy.canonical.pieces import Received
+from proxy.canonical.pieces import Reading, Received
 from proxy.config.schema import Config, RequestLimits
 from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
@@ -148,8 +148,9 @@ class Door(Generic[R]):
     def render(self, answer: Answer, request: DoorRequest[R]) -> Response:
         raise NotImplementedError
 
-    def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[R]:
-        """A client event on the door's socket as a request (pure, like `parse`)."""
+    def parse_event(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[R]:
+        """A client event on the door's socket as a request (pure but for the door's kept requests, like `parse`:
+        a client re-sends its conversation on a new socket as it would in a new request)."""
         raise NotImplementedError
 
     def events(self, answer: Answer, request: DoorRequest[R]) -> AsyncIterator[list[JSONBody]]:
@@ -294,7 +295,11 @@ class Doors:
         self, door: Door[R], caller: Caller, raw: bytes, websocket: WebSocket, socket: SocketContinuations
     ) -> None:
         limits = self.config.request_limits
-        parsed = await parse_off_loop(raw, lambda raw: door.parse_event(raw, limits), door.lane)
+        reading = Reading(door.resent.earlier(caller.tenant))
+        reading.add(raw)
+        parsed = await parse_off_loop(
+            reading.received(), lambda raw: door.parse_event(raw, limits, caller.tenant), door.lane
+        )
         parsed = replace(parsed, conversation=socket.resolve(parsed.conversation))
         await door.respond_on_socket(caller, parsed, websocket, socket)
 

@@ -168,6 +168,7 @@ class Listed:
         prelude: Sequence[Message] = (),
         *,
         answered_later: bool = False,
+        keep: bool = True,
     ) -> Conversion:
         """The list as chat messages: the elements a kept request had as they were, the others checked against
         the limits (`check_messages`) and converted; the whole then passed to `check`, with how many leading
@@ -175,7 +176,7 @@ class Listed:
         anywhere after it, only when that list held no tool output past them). The request's messages,
         `prelude`'s (`Listed.prelude`: a system prompt, instructions) then these, become `messages`, made from the
         kept request's as far as they are its very objects (`proxy.canonical.sharing.Resent`), and are kept, with the
-        list, for the next request."""
+        list, for the next request (unless not to `keep`: a list no later request begins with)."""
         elements = self.elements
         assert elements is not None, "the door checks that its list is a list"
         scan = self._scan
@@ -210,7 +211,7 @@ class Listed:
             None if kept is None else kept.messages,
             len(prelude) + base if same_prelude else 0,
         )
-        if self._lists is not None and scan is not None:
+        if self._lists is not None and scan is not None and keep:
             scanned = scan.scanned
             byte_ends, kept_elements = _byte_ends(scan), list(elements)
             self.raw = RawList(scan.raw, kept_elements, byte_ends)

@@ -162,6 +162,8 @@ class RecentPaths:
         then holds; `matched`: what `match` found them to start with (for an answer: the cached path it
         extends). Returns the path, its totals worked out past what it shares with the path cached before."""
         before = self._paths.get(key, [])
+        # A derived session stays one when a request names it (one continuing an answer of it, by its id).
+        derived = derived or self._is_derived(key)
         shared = matched.reused if matched.base is before else shared_prefix(entries, before)
         running = _running_weights(entries, shared, self._running.get(key, []))
         totals = _totals(entries, before, shared, self._totals.get(key))
@@ -216,6 +218,21 @@ class RecentPaths:
             if not count:
                 continue  # read from the store (`proxy.history.warming`): no request of this process sent it
             return [sent[at] if at < count else stored.message for at, stored in enumerate(path)]
+        return None
+
+    def sent_path(self, tenant: str, message_id: str) -> tuple[list[StoredMessage], list[Message]] | None:
+        """The path to `message_id` and its messages as `sent_forms` gives them, when one of the tenant's cached
+        paths that a request of this process sent holds it (searched from the end: an answer a client continues
+        by its id is its path's last node); else None."""
+        for key in reversed(self._paths):
+            sent, count = self._sent.get(key, ((), 0))
+            if key[0] != tenant or not count:
+                continue
+            entries = self._paths[key]
+            end = next((at for at in range(len(entries) - 1, -1, -1) if entries[at].stored.id == message_id), None)
+            if end is not None:
+                path = list(self._stored[key][: end + 1])
+                return path, [sent[at] if at < count else stored.message for at, stored in enumerate(path)]
         return None
 
     def extend(self, key: PathKey, parent_id: str, stored: StoredMessage) -> None:

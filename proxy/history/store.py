@@ -103,6 +103,17 @@ class History(HistoryReads):
         forms = self.recent.sent_forms(tenant, path)
         return forms if forms is not None else await self._warming.last_forms(path)
 
+    async def sent_path(self, tenant: str, message_id: str) -> tuple[list[StoredMessage], list[Message]] | None:
+        """The path to one of the tenant's messages and its messages as `sent_forms` gives them; None when it is no
+        message of the tenant's. From the recent paths when they hold it: nothing is read or decoded, and the
+        messages are the very objects its request sent, which a request continuing it then shares
+        (`proxy.canonical.sharing`); else from the store (`owned_path`)."""
+        cached = self.recent.sent_path(tenant, message_id)
+        if cached is not None:
+            return cached
+        path = await self.owned_path(tenant, message_id)
+        return None if path is None else (path, await self.sent_forms(tenant, path))
+
     @contextlib.asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
         """The session's requests one at a time: in this process first (waiting there costs nothing), then

@@ -30,8 +30,9 @@ from proxy.compaction.span_store import StoredSpan, in_force
 from proxy.config.schema import TOOL_RESULTS
 from proxy.history.messages import StoredMessage
 from proxy.history.reads import HistoryReads
+from proxy.offload import compute
 from proxy.request.references import reference, reference_in
-from proxy.tokens import content_text
+from proxy.tokens import content_text, rough_size
 
 CANDIDATE_SESSIONS = 8
 """The tenant's most recent sessions a serialized summary request is looked for in."""
@@ -100,6 +101,16 @@ def _same_answer(stored: StoredMessage, role: str, shown: str) -> bool:
         if whole == shown or (role == "tool" and whole.startswith(shown)):
             return True
     return False
+
+
+async def summary_off_loop(
+    path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end_id: str, tagged: bool
+) -> str:
+    """`summary_text`, in a worker thread when the turns it reads are long: its extractive part counts the tokens of
+    each tool output's lines as it reduces them (~0.1-0.2 s for 64 turns of long outputs: Pi asks at every turn
+    past its threshold), which on the event loop would stall every other request."""
+    size = sum(rough_size(stored.message) for stored in path[-REST_MESSAGES:])
+    return await compute(size, summary_text, path, spans, end_id, tagged)
 
 
 def summary_text(path: Sequence[StoredMessage], spans: Sequence[StoredSpan], end_id: str, tagged: bool) -> str:

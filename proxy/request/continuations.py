@@ -40,15 +40,15 @@ async def continued(
     if continuation is None:
         return await _summarized(history, references, tenant, conversation), None
     if continuation.message_id is not None:
-        path = await history.owned_path(tenant, continuation.message_id)
-        if path is None:
+        found = await history.sent_path(tenant, continuation.message_id)
+        if found is None:
             raise NotFound(
                 f"The conversation {continuation.reference} ({continuation.param}) stands for is not in this "
                 "proxy's store.",
                 param=continuation.param,
                 code="compaction_not_found",
             )
-        return extended(conversation, [stored.message for stored in path if not is_instructions(stored)]), None
+        return extended(conversation, without_instructions(found[1])), None
     record = None if continuation.step_id is None else await reader.step(tenant, continuation.step_id)
     if record is None or not record.readable_through(continuation.door, unstored=continuation.same_connection):
         raise NotFound(
@@ -62,8 +62,8 @@ async def continued(
             param=continuation.param,
             code="previous_response_not_found",
         )
-    earlier = [stored.message for stored in await history.path_to(record.message_id) if not is_instructions(stored)]
-    return extended(conversation, earlier), record.session_id
+    found = await history.sent_path(tenant, record.message_id)
+    return extended(conversation, [] if found is None else without_instructions(found[1])), record.session_id
 
 
 async def _summarized(
@@ -142,9 +142,14 @@ def extended(conversation: Conversation, earlier: list[Message]) -> Conversation
     return replace(conversation, messages=messages, door_state=door_state, continues=None)
 
 
-def is_instructions(stored: StoredMessage) -> bool:
+def without_instructions(forms: Sequence[Message]) -> list[Message]:
+    """A continued conversation's messages (`History.sent_path`), the instructions it was asked with left out."""
+    return [form for form in forms if not is_instructions(form)]
+
+
+def is_instructions(message: Message) -> bool:
     """A request's `instructions` enter the conversation as a system message with no items of their own."""
-    return stored.role in SYSTEM_ROLES and stored.message.get(ITEMS) == []
+    return message.get("role") in SYSTEM_ROLES and message.get(ITEMS) == []
 
 
 @dataclass

@@ -46,7 +46,7 @@ from proxy.journal.steps import Step
 from proxy.journal.writer import Journal
 from proxy.request import continuations
 from proxy.request.budget import count_tokens, counted, fit_output, model_entry, request_budget
-from proxy.request.client_compaction import StoredConversation, summarized_session, summary_text
+from proxy.request.client_compaction import StoredConversation, summarized_session, summary_off_loop
 from proxy.request.plan import Plan, Planner
 from proxy.request.references import References
 from proxy.tokens import content_text
@@ -210,7 +210,7 @@ class Pipeline:
     async def _summary(self, tenant: str, plan: Plan, asked: ClientCompaction) -> Upstream:
         path = plan.reconciled.path
         spans = await self.compactor.spans_on(tenant, path)
-        text = summary_text(path, spans, plan.reconciled.end_id, asked.recognizer.tagged)
+        text = await summary_off_loop(path, spans, plan.reconciled.end_id, asked.recognizer.tagged)
         self.journal.metrics.client_compactions.labels("summary").inc()
         log.info(
             "%s summary request answered: session %s, %d messages kept",

@@ -28,6 +28,7 @@ from starlette.websockets import WebSocket
 
 from proxy.auth import Caller
 from proxy.canonical.answers import Answer, Completed, Replayed, Streaming
+from proxy.canonical.pieces import Received
 from proxy.canonical.types import Chunk
 from proxy.canonical.vocabulary import RESPONSE
 from proxy.config.schema import Config, RequestLimits
@@ -80,8 +81,8 @@ class Responses(Door[Echo]):
     def parse(self, request: RequestView, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
         return _door_request(parse_responses_request(request.body, limits, self.resent.of(tenant)))
 
-    def parse_event(self, raw: bytes, limits: RequestLimits) -> DoorRequest[Echo]:
-        return _door_request(parse_socket_event(raw, limits))
+    def parse_event(self, raw: Received | bytes, limits: RequestLimits, tenant: str) -> DoorRequest[Echo]:
+        return _door_request(parse_socket_event(raw, limits, self.resent.of(tenant)))
 
     async def respond(self, caller: Caller, parsed: DoorRequest[Echo], request: Request) -> Response:
         """An input ending in `compaction_trigger` is answered by its compaction item: a response object, or the

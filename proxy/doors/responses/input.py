@@ -16,7 +16,7 @@ from proxy.canonical.types import Message, NativeRequest
 from proxy.canonical.vocabulary import ITEMS, SYSTEM_ROLES
 from proxy.config.models import RESPONSES_API
 from proxy.config.schema import RequestLimits
-from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape, parse_json_object
+from proxy.doors.body import check_message_size, check_messages, check_metadata, check_shape
 from proxy.doors.resent import Conversion, Listed, TenantLists, parse_listed
 from proxy.doors.responses.compaction import CompactedInput, compacts, split_input
 from proxy.doors.responses.fields import ToolNames, chat_params, chat_tools
@@ -78,10 +78,14 @@ def parse_responses_request(
     return responses_request(listed.body, limits, listed)
 
 
-def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
+def parse_socket_event(
+    raw: Received | bytes, limits: RequestLimits, resent: TenantLists | None = None
+) -> ResponsesRequest:
     """A client event of WebSocket mode: `response.create` with the fields of `POST /v1/responses`, streamed
-    (the stream is implicit over a socket)."""
-    event = parse_json_object(raw, limits.max_body_values)
+    (the stream is implicit over a socket). `resent`: as for a request; Codex opens a socket per turn and sends
+    the whole input first, so the kept events are what its next turn's input is read after."""
+    listed = parse_listed(raw, "input", limits, resent)
+    event = listed.body
     kind = event.get("type")
     if kind != "response.create":
         raise InvalidRequest(
@@ -95,7 +99,7 @@ def parse_socket_event(raw: bytes, limits: RequestLimits) -> ResponsesRequest:
             f"Invalid type for 'generate': expected a boolean, but got {json_type(generate)}.", param="generate"
         )
     body = {key: value for key, value in event.items() if key not in ("type", "generate")}
-    return replace(responses_request({**body, "stream": True}, limits), generate=generate)
+    return replace(responses_request({**body, "stream": True}, limits, listed), generate=generate)
 
 
 def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Listed | None = None) -> ResponsesRequest:
@@ -121,7 +125,9 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
         compacted = CompactedInput(raw_input, None, trigger=False)
         checked = body.get("previous_response_id") is None
         check = _checked_pairs if checked else None
-        listed.convert(input_conversion, "input", check, instructions, answered_later=True)
+        # One that continues a response holds only what is new since: no later request begins with it, and kept it
+        # would push out a whole input (Codex sends several per turn on its socket, then the whole input again).
+        listed.convert(input_conversion, "input", check, instructions, answered_later=True, keep=checked)
         messages = listed.messages
     elif isinstance(raw_input, list):
         check_messages(raw_input, "input", limits)

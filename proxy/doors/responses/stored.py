@@ -82,7 +82,7 @@ class StoredResponses:
         start = int(record.door_state().get("input_from", 0))
         items: list[Event] = []
         for stored in path[start:]:
-            if is_instructions(stored):
+            if is_instructions(stored.message):
                 continue
             kept = stored.message.get(ITEMS)
             own = kept if isinstance(kept, list) else [_as_item(stored.message)]

@@ -12,8 +12,10 @@ import pytest
 from proxy.canonical.conversation import Continuation
 from proxy.canonical.vocabulary import ITEMS, chat_messages
 from proxy.config.schema import RequestLimits
-from proxy.doors.responses.input import ResponsesRequest, echoed, parse_responses_request
-from proxy.doors.responses.items import input_messages
+from proxy.doors.resent import RECENT_LISTS, ResentLists
+from proxy.doors.responses import input as responses_input
+from proxy.doors.responses.input import ResponsesRequest, echoed, parse_responses_request, parse_socket_event
+from proxy.doors.responses.items import input_conversion, input_messages
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.formats.responses_items import input_items
 
@@ -442,3 +444,42 @@ def test_infinity_in_a_responses_body_is_refused() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_responses_request(b'{"model": "m", "input": "hi", "temperature": Infinity}', LIMITS)
     assert refused.value.param == "temperature"
+
+
+def socket_event(**body: Any) -> bytes:
+    return json.dumps({"type": "response.create", "model": "m", **body}).encode()
+
+
+def test_a_socket_event_re_sending_an_earlier_ones_input_converts_only_what_is_new(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex opens a socket per turn and sends the whole input first: read after the door's kept events, as an
+    HTTP request is, the items the last turn sent are neither parsed nor converted again, and their messages are
+    the very objects they were."""
+    converted: list[int] = []
+
+    def counting(elements: Any, first: int) -> Any:
+        converted.append(len(elements))
+        return input_conversion(elements, first)
+
+    monkeypatch.setattr(responses_input, "input_conversion", counting)
+    lists = ResentLists().of("tenant")
+    first = parse_socket_event(socket_event(input=[user("one")]), LIMITS, lists).conversation
+    call = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"}
+    items = [user("one"), call, {"type": "function_call_output", "call_id": "c1", "output": "ok"}, user("two")]
+    second = parse_socket_event(socket_event(input=items), LIMITS, lists).conversation
+
+    assert converted == [1, 3]
+    assert second.messages[0] is first.messages[0]
+
+
+def test_a_socket_event_continuing_a_response_is_not_kept() -> None:
+    """It holds only what is new since the response: no later event begins with it, and kept, the several Codex
+    sends in a turn would push out the whole input its next turn is read after."""
+    lists = ResentLists().of("tenant")
+    parse_socket_event(socket_event(input=[user("one")]), LIMITS, lists)
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    for _ in range(RECENT_LISTS):
+        parse_socket_event(socket_event(input=[output], previous_response_id="resp_0000000000000001"), LIMITS, lists)
+
+    assert len(lists.earlier()) == 1

@@ -795,3 +795,18 @@ async def test_a_request_leaving_out_a_later_message_or_not_resending_the_whole_
     assert cut.stored_before == 2
     assert cut.path[2].message["role"] == "assistant"
     assert first.path[2].message["content"] == "Turn 1"
+
+
+def test_a_derived_session_stays_one_when_a_request_names_it() -> None:
+    """A request continuing an answer by its id names that answer's session; when the session is a derived one,
+    the next request without a session id (Codex's next turn, the whole input) still finds its cached path."""
+    recent = RecentPaths()
+    key = ("t", "derived", ENCODING)
+    first = [cached_entry(depth, "a") for depth in range(4)]
+    messages = [entry.private for entry in first]
+    recent.put(key, first, derived=True, sent=(messages, len(messages)))
+    recent.put(key, first, derived=False, sent=(messages, len(messages)))
+
+    found = recent.match("t", ENCODING, None, messages)
+
+    assert (found.session_id, found.whole) == ("derived", True)
