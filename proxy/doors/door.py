@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -46,7 +47,8 @@ from proxy.doors.body import parse_off_loop, request_body
 from proxy.doors.context_headers import context_options, is_session_id
 from proxy.doors.resent import ResentLists
 from proxy.errors import JSONBody, PayloadTooLarge, ProxyError, TooManySockets, openai_error
-from proxy.observability.requests import observe_model
+from proxy.observability.metrics import Metrics
+from proxy.observability.requests import observe_model, observe_socket_request, sent_on_socket
 from proxy.offload import Lane
 from proxy.request.continuations import SocketContinuations
 from proxy.request.pipeline import Pipeline
@@ -245,6 +247,7 @@ class Doors:
 
     config: Config
     pipeline: Pipeline
+    metrics: Metrics
     by_name: dict[str, Door[Any]] = field(default_factory=dict)
     sockets: OpenSockets = field(default_factory=OpenSockets)
 
@@ -280,6 +283,7 @@ class Doors:
         try:
             while True:
                 raw = await _receive(websocket, self.config.request_limits.max_body_bytes)
+                started, status = time.monotonic(), 200
                 try:
                     await self._answer_event(door, caller, raw, websocket, socket)
                 except WebSocketDisconnect:
@@ -287,7 +291,10 @@ class Doors:
                 except Exception as exc:
                     if not isinstance(exc, ProxyError):
                         log.error("unexpected failure on a %s socket", door.name, exc_info=exc)
+                    status = door.error(exc)[0]
                     await websocket.send_text(_json(door.event_error(exc)))
+                finally:
+                    observe_socket_request(self.metrics, websocket.scope, status, started)
         except WebSocketDisconnect:
             return
 
@@ -322,6 +329,7 @@ async def _receive(websocket: WebSocket, max_bytes: int) -> bytes:
 
 
 async def send_events(websocket: WebSocket, events: Sequence[JSONBody]) -> None:
+    sent_on_socket(websocket.scope)
     for event in events:
         await websocket.send_text(_json(event))
 

@@ -34,7 +34,7 @@ class Metrics:
         registry = self.registry
         self.requests = Counter(
             "context_proxy_requests",
-            "HTTP requests answered, by route template, model and status code.",
+            "Requests answered (over HTTP, and each one on a WebSocket), by route template, model and status code.",
             ["route", "model", "status"],
             registry=registry,
         )
@@ -47,7 +47,7 @@ class Metrics:
         )
         self.first_byte_seconds = Histogram(
             "context_proxy_stream_first_byte_seconds",
-            "Streams: from the request's arrival to the first byte of the response body.",
+            "Streams: from the request's arrival to the first byte of the response (on a WebSocket, its first event).",
             ["route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

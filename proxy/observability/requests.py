@@ -1,9 +1,11 @@
-"""Timing every HTTP request for the metrics: an ASGI middleware around the whole app.
+"""Timing every request for the metrics: an ASGI middleware around the whole app for HTTP, and each request on a
+WebSocket as the door's socket loop answers it (`observe_socket_request`), under the same names.
 
-It sees what no single route does: the status the client got (an error handler's included), when the first
-byte of a stream's body left, and when the last did. The route label is the matched route's template
+The middleware sees what no single route does: the status the client got (an error handler's included), when the
+first byte of a stream's body left, and when the last did. The route label is the matched route's template
 (`/sessions/{session_id}`, never the id itself); the model label is what a front door found in the body and
-put in the scope (`observe_model`), or `none` for routes that name no model.
+put in the scope (`observe_model`), or `none` for routes that name no model. A socket request is a stream whose
+first byte is its first event (`sent_on_socket`) and whose status is its error event's, or 200.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy.observability.metrics import OTHER, Metrics
 
 MODEL_SCOPE_KEY = "context_proxy.model"
+FIRST_EVENT_SCOPE_KEY = "context_proxy.first_event"
 NO_MODEL = "none"
 SSE_MEDIA_TYPE = b"text/event-stream"
 
@@ -60,6 +63,23 @@ class ObservedRequests:
             self._metrics.request_seconds.labels(route).observe(time.monotonic() - started)
             if streaming and first_byte is not None:
                 self._metrics.first_byte_seconds.labels(route, model).observe(first_byte - started)
+
+
+def sent_on_socket(scope: MutableMapping[str, Any]) -> None:
+    """An answer's events are leaving on a socket: the first marks the request's first byte."""
+    scope.setdefault(FIRST_EVENT_SCOPE_KEY, time.monotonic())
+
+
+def observe_socket_request(metrics: Metrics, scope: MutableMapping[str, Any], status: int, started: float) -> None:
+    """One request on a socket answered (`status`: 200, or its error event's), timed from its event's arrival;
+    what it put in the connection's scope is taken out for the next."""
+    route = _route(scope)
+    model = metrics.model(scope.pop(MODEL_SCOPE_KEY)) if MODEL_SCOPE_KEY in scope else NO_MODEL
+    first_event = scope.pop(FIRST_EVENT_SCOPE_KEY, None)
+    metrics.requests.labels(route, model, str(status)).inc()
+    metrics.request_seconds.labels(route).observe(time.monotonic() - started)
+    if first_event is not None:
+        metrics.first_byte_seconds.labels(route, model).observe(first_event - started)
 
 
 def _route(scope: Scope) -> str:

@@ -60,7 +60,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
             app.state.services = services
             lane = Lane()
             doors = {door.name: door(config, services.pipeline, lane) for door in DOORS}
-            app.state.doors = Doors(config, services.pipeline, doors)
+            app.state.doors = Doors(config, services.pipeline, services.metrics, doors)
             app.state.started = int(time.time())
             services.upstream.warn_missing_keys()
             for encoding in {encoding_for_model(entry.model) for entry in config.models}:

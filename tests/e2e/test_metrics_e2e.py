@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import ServeProxy
 from tests.e2e.test_compaction_e2e import SMALL_WINDOW, model_entries
+from tests.e2e.test_responses_socket_e2e import answer
 from tests.support.exposition import Exposition
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.proxy_server import ProxyServer
@@ -107,6 +108,32 @@ def test_a_conversation_with_compactions_is_counted_as_the_upstream_and_the_stor
     assert metrics.value("context_proxy_sessions") == 1
     # Bounded labels: routes are templates and models configured names; no session id anywhere.
     assert "agent" not in {value for (_, series) in metrics.samples for _, value in series}
+
+
+def test_requests_on_a_websocket_are_counted_and_timed_as_streams(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:
+    """Each request on a Responses socket is a request of the socket's route, its first event a stream's first
+    byte, a refused one counted with its status and no first byte."""
+    proxy = start(serve_proxy, fake)
+    route = "/v1/responses"
+    before = scrape(proxy)
+    with (
+        openai.OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=30) as client,
+        client.responses.connect() as connection,
+    ):
+        for text in ("first", "second"):
+            connection.response.create(model="small", input=text)
+            assert answer(connection)[-1]["type"] == "response.completed"
+        connection.response.create(model="nope", input="hi")
+        assert answer(connection)[-1]["type"] == "error"
+    metrics = scrape(proxy)
+    assert before.total("context_proxy_requests_total", route=route) == 0
+    assert metrics.value("context_proxy_requests_total", route=route, model="small", status="200") == 2
+    assert metrics.value("context_proxy_requests_total", route=route, model="nope", status="404") == 0
+    assert metrics.total("context_proxy_requests_total", route=route, status="404") == 1
+    assert metrics.value("context_proxy_request_duration_seconds_count", route=route) == 3
+    assert metrics.value("context_proxy_stream_first_byte_seconds_count", route=route, model="small") == 2
+    first_byte = metrics.value("context_proxy_stream_first_byte_seconds_sum", route=route, model="small")
+    assert 0 < first_byte <= metrics.value("context_proxy_request_duration_seconds_sum", route=route)
 
 
 def test_a_failing_summarizer_is_counted_as_fallbacks_and_errors(serve_proxy: ServeProxy, fake: FakeUpstream) -> None:

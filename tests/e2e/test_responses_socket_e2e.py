@@ -148,6 +148,36 @@ def test_a_warm_up_is_answered_at_once_and_the_next_request_continues_it(
     ]
 
 
+def test_a_warm_up_of_the_developer_message_alone_is_continued_by_the_turn(
+    sdk: openai.OpenAI, fake: FakeUpstream
+) -> None:
+    """Codex 0.171.0 warms each turn's socket with its developer message alone; refused, it opened another socket
+    and sent the whole input again on every turn."""
+    developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]}
+    body: dict[str, Any] = {"model": "fake", "store": False, "input": [developer]}
+    with sdk.responses.connect(extra_headers={"X-Session-Id": "warm-developer"}) as connection:
+        connection.send({"type": "response.create", **body, "generate": False})  # type: ignore[arg-type]
+        warm = answer(connection)
+        assert warm[-1]["type"] == "response.completed", warm[-1]
+        assert fake.requests == []
+        question = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "first question"}]}
+        connection.response.create(**{**body, "input": [question], "previous_response_id": warm[-1]["response"]["id"]})
+        events = answer(connection)
+    assert events[-1]["type"] == "response.completed", events[-1]
+    assert fake.requests[-1].body["messages"] == [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "first question"},
+    ]
+
+
+def test_a_warm_up_with_nothing_in_it_is_refused(sdk: openai.OpenAI) -> None:
+    with sdk.responses.connect() as connection:
+        connection.send({"type": "response.create", "model": "fake", "input": [], "generate": False})  # type: ignore[arg-type]
+        [refused] = answer(connection)
+    assert refused["type"] == "error"
+    assert refused["status"] == 400
+
+
 def test_an_unknown_previous_response_asks_for_the_whole_input(sdk: openai.OpenAI) -> None:
     """Codex resends the whole request when told `previous_response_not_found` (a new socket knows nothing)."""
     with sdk.responses.connect() as connection:

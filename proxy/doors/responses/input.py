@@ -99,12 +99,15 @@ def parse_socket_event(
             f"Invalid type for 'generate': expected a boolean, but got {json_type(generate)}.", param="generate"
         )
     body = {key: value for key, value in event.items() if key not in ("type", "generate")}
-    return replace(responses_request({**body, "stream": True}, limits, listed), generate=generate)
+    return replace(responses_request({**body, "stream": True}, limits, listed, warm_up=not generate), generate=generate)
 
 
-def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Listed | None = None) -> ResponsesRequest:
+def responses_request(
+    body: dict[str, Any], limits: RequestLimits, listed: Listed | None = None, *, warm_up: bool = False
+) -> ResponsesRequest:
     """A Responses request body, parsed, as the canonical conversation (`listed`: the body as `ResentLists` read
-    it, whose input items it converts)."""
+    it, whose input items it converts). A socket's `warm_up` may hold its system messages alone: Codex 0.171.0
+    warms with its developer message only, then sends the turn's items continuing the warm-up."""
     check_shape({key: value for key, value in body.items() if key != "input"}, "", limits)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -154,7 +157,8 @@ def responses_request(body: dict[str, Any], limits: RequestLimits, listed: Liste
             )
         continues = Continuation(step_of(previous), "responses", previous, _PREVIOUS)
     if continues is None:
-        if not compacted.trigger and not any(message["role"] not in SYSTEM_ROLES for message in messages):
+        conversing = any(message["role"] not in SYSTEM_ROLES for message in messages)
+        if not compacted.trigger and not conversing and not (warm_up and messages):
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         if not checked:
             check_pairs(messages)  # else the calls may be in what it continues: checked once that is put in
