@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy.canonical.types import Message
 from proxy.errors import Conflict
-from proxy.history.caches import NO_MATCH, CachedMessage, PathMatch
+from proxy.history.path_match import NO_MATCH, CachedMessage, PathMatch
 
 
 @dataclass(frozen=True)

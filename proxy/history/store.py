@@ -34,10 +34,11 @@ from proxy.canonical.types import Clock, Message
 from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, PathMatch, RecentPaths, json_copy
+from proxy.history.caches import ENTRY_OVERHEAD, RecentPaths
 from proxy.history.located import CachedPathGone, KnownNode, Located, SessionDeleted
 from proxy.history.locks import SessionLocks
 from proxy.history.messages import Reconciled, Session, StoredMessage
+from proxy.history.path_match import CachedMessage, PathMatch, json_copy
 from proxy.history.queries import (
     BUILT_ON_SQL,
     KNOWN_SQL,
@@ -167,7 +168,7 @@ class History(HistoryReads):
         found = self.recent.match(tenant, encoding, session_id, messages)
         if not found.whole and await self._warming.warm(tenant, session_id, encoding):
             found = self.recent.match(tenant, encoding, session_id, messages)
-        messages = found.restored(messages)  # the opening turns a client left out, back in place (`caches._match`)
+        messages = found.restored(messages)  # the opening turns a client left out, back in place (`match_path`)
         rest = messages[len(found.entries) :]
         # What is new or changed is hashed and counted: in a thread when that is a lot of text (proxy.offload).
         size = sum(map(tokens.rough_size, rest)) + sum(map(tokens.rough_size, found.variants.values()))

@@ -2,7 +2,7 @@
 replica), so that a session's first request there lands where its requests before did.
 
 A client may re-send a stored node in another form than it was stored in, and only the recent paths recognize it
-(`caches._match`), since a form hashes to another node: a tool output the client masked, the opening turns it left
+(`match_path`), since a form hashes to another node: a tool output the client masked, the opening turns it left
 out (Gemini CLI), the model's turns in its own encoding (Pi). Without its cached path, the first request of a session
 after a restart would start a branch at such a node, or bring a conversation back in its stored forms once (a
 prompt-cache break). So a request that extends no cached path first has its session's path read into the cache: a
@@ -23,8 +23,9 @@ from typing import Any
 
 from proxy.canonical.types import Message
 from proxy.history import chain
-from proxy.history.caches import ENTRY_OVERHEAD, CachedMessage, RecentPaths, json_copy
+from proxy.history.caches import ENTRY_OVERHEAD, RecentPaths
 from proxy.history.messages import StoredMessage
+from proxy.history.path_match import CachedMessage, json_copy
 from proxy.history.reads import HistoryReads
 from proxy.history.settings import fold
 from proxy.offload import compute

@@ -15,8 +15,9 @@ from proxy.canonical.sharing import LINEAGE_DEPTH, known_shared, shared_prefix
 from proxy.canonical.vocabulary import ITEMS
 from proxy.errors import InvalidRequest
 from proxy.history import chain
-from proxy.history.caches import CachedMessage, RecentPaths
+from proxy.history.caches import RecentPaths
 from proxy.history.messages import StoredMessage, StoredPath
+from proxy.history.path_match import CachedMessage
 from proxy.history.store import History
 from proxy.store.database import Database
 
